@@ -1,0 +1,538 @@
+"""Lower a State to the loop IR: bound inference, loop nests, guards for non-dividing splits.
+
+Splits need not divide their extent: every root axis gets a guard unless the simplifier proves
+it, and a guard that is affine in one loop variable becomes a clamp of that loop's extent (a
+vectorized loop with a clamped extent runs masked lanes).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+from aotc.ir.expr import (
+    INDEX,
+    Binary,
+    Buffer,
+    Const,
+    Expr,
+    Load,
+    Reduce,
+    Select,
+    TensorRead,
+    Var,
+    binary,
+    children,
+    const,
+    free_vars,
+    logical_and,
+    rebuild,
+    reduce_identity,
+    substitute,
+    walk,
+)
+from aotc.ir.simplify import bounds, from_terms, linear_terms, simplify
+from aotc.ir.stmt import (
+    Allocate,
+    BufferStore,
+    For,
+    ForKind,
+    IfThenElse,
+    LetStmt,
+    PrimFunc,
+    Seq,
+    Stmt,
+    seq,
+    substitute_stmt,
+)
+from aotc.schedule.state import (
+    THREAD_TAGS,
+    Annotation,
+    ComputeAtKind,
+    IterKind,
+    ScheduleError,
+    Stage,
+    State,
+    propagate_extents,
+    root_expressions,
+)
+from aotc.te.tensor import ComputeOp, PlaceholderOp
+
+_FOR_KIND = {
+    Annotation.NONE: ForKind.SERIAL,
+    Annotation.PARALLEL: ForKind.PARALLEL,
+    Annotation.VECTORIZE: ForKind.VECTORIZED,
+    Annotation.UNROLL: ForKind.UNROLLED,
+}
+
+
+@dataclass
+class _StageInfo:
+    index: int
+    stage: Stage
+    leaf_vars: list[Var] = field(default_factory=list)
+    extents: dict[int, int] = field(default_factory=dict)
+    prefix: list[Var] = field(default_factory=list)
+    region_min: list[Expr] = field(default_factory=list)
+    region_ext: list[int] = field(default_factory=list)
+    local: dict[int, Expr] = field(default_factory=dict)
+    absolute: dict[int, Expr] = field(default_factory=dict)
+    buffer: Buffer | None = None
+
+    @property
+    def path(self) -> list[Var]:
+        return self.prefix + self.leaf_vars
+
+
+@dataclass(frozen=True)
+class _Guard:
+    """`expr < upper` (upper not None) or `expr >= 0`."""
+
+    expr: Expr
+    upper: int | None
+
+    def cond(self) -> Expr:
+        return self.expr < self.upper if self.upper is not None else self.expr >= 0
+
+
+class _Lowering:
+    def __init__(self, state: State):
+        if not state.concrete:
+            raise ScheduleError("cannot lower a state with undefined split lengths (a sketch)")
+        self.state = state
+        self.stages = state.stages
+        self.op_stage = {st.op: i for i, st in enumerate(self.stages)}
+        self.ranges: dict[Var, tuple[int, int]] = {}
+        self.bodies: dict[int, Expr] = {}
+        self.infos: dict[int, _StageInfo] = {}
+        self.attached: dict[tuple[int, int], list[int]] = {}
+        self.names: set[str] = set()
+        for i, st in enumerate(self.stages):
+            if st.compute_at == ComputeAtKind.ITER:
+                assert st.attach is not None
+                self.attached.setdefault(st.attach, []).append(i)
+        for i, st in enumerate(self.stages):
+            if isinstance(st.op, ComputeOp):
+                self.bodies[i] = self._expand_inlined(st.op.body)
+        for i in reversed(range(len(self.stages))):
+            st = self.stages[i]
+            if st.is_placeholder or st.compute_at == ComputeAtKind.INLINED:
+                continue
+            self.infos[i] = self._infer(i)
+
+    def _unique(self, name: str) -> str:
+        base, n = name, 1
+        while name in self.names:
+            n += 1
+            name = f"{base}_{n}"
+        self.names.add(name)
+        return name
+
+    def _expand_inlined(self, body: Expr) -> Expr:
+        def visit(node: Expr) -> Expr:
+            if isinstance(node, TensorRead):
+                idx = tuple(visit(i) for i in node.indices)
+                sid = self.op_stage.get(node.tensor)
+                if sid is None:
+                    raise ScheduleError(f"tensor {node.tensor.name} is read but has no stage")
+                st = self.stages[sid]
+                if st.compute_at == ComputeAtKind.INLINED:
+                    op = st.op
+                    assert isinstance(op, ComputeOp)
+                    inner = self.bodies[sid]
+                    return substitute(inner, {a.var: i for a, i in zip(op.axes, idx)})
+                return TensorRead(node.tensor, idx)
+            kids = children(node)
+            if not kids:
+                return node
+            new = tuple(visit(k) for k in kids)
+            return rebuild(node, new) if any(a is not b for a, b in zip(new, kids)) else node
+
+        return visit(body)
+
+    def _consumers(self, sid: int) -> list[int]:
+        op = self.stages[sid].op
+        out = []
+        for j, body in self.bodies.items():
+            st = self.stages[j]
+            if st.compute_at == ComputeAtKind.INLINED or j == sid:
+                continue
+            if any(isinstance(n, TensorRead) and n.tensor is op for n in _walk(body)):
+                out.append(j)
+        return out
+
+    def _infer(self, sid: int) -> _StageInfo:
+        st = self.stages[sid]
+        op = st.op
+        assert isinstance(op, ComputeOp)
+        info = _StageInfo(sid, st)
+        n_sp = len(op.axes)
+        if st.compute_at == ComputeAtKind.ROOT:
+            info.region_min = [const(0)] * n_sp
+            info.region_ext = list(op.shape)
+        else:
+            assert st.attach is not None
+            tid, uid = st.attach
+            target = self.infos.get(tid)
+            if target is None:
+                raise ScheduleError(
+                    f"stage {st.name} is computed at {self.stages[tid].name}, which is not lowered"
+                )
+            pos = target.stage.position(uid)
+            info.prefix = target.prefix + target.leaf_vars[: pos + 1]
+            info.region_min, info.region_ext = self._region(sid, info.prefix)
+        roots = {k: e for k, e in enumerate(info.region_ext)}
+        for k, a in enumerate(op.reduce_axes, start=n_sp):
+            roots[k] = a.extent
+        ext = propagate_extents(st, roots)
+        info.extents = {uid: e for uid, e in ext.items() if e is not None}
+        for it in st.iters:
+            v = Var(it.name)
+            info.leaf_vars.append(v)
+            self.ranges[v] = (0, info.extents[it.uid] - 1)
+        leaf_map = {it.uid: v for it, v in zip(st.iters, info.leaf_vars)}
+        info.local = {
+            k: simplify(e, self.ranges) for k, e in root_expressions(st, leaf_map, info.extents).items()
+        }
+        info.absolute = {
+            k: simplify(info.region_min[k] + e, self.ranges) if k < n_sp else e for k, e in info.local.items()
+        }
+        info.buffer = self._buffer(sid, info)
+        return info
+
+    def _buffer(self, sid: int, info: _StageInfo) -> Buffer:
+        st = self.stages[sid]
+        op = st.op
+        if st.compute_at == ComputeAtKind.ROOT:
+            scope = "param" if op in self.state.outputs else "global"
+            return Buffer(self._unique(op.name), op.dtype, tuple(op.shape), scope)
+        shape = tuple(info.region_ext)
+        strides = None
+        if st.storage_align:
+            strides_l = [1] * len(shape)
+            acc = 1
+            aligns = {axis: (factor, offset) for axis, factor, offset in st.storage_align}
+            for d in reversed(range(len(shape))):
+                if d + 1 in aligns:
+                    factor, offset = aligns[d + 1]
+                    acc = acc + ((offset - acc) % factor)
+                strides_l[d] = acc
+                acc *= shape[d]
+            strides = tuple(strides_l)
+        return Buffer(self._unique(op.name), op.dtype, shape, "local", strides)
+
+    def _region(self, sid: int, prefix: list[Var]) -> tuple[list[Expr], list[int]]:
+        """Region of stage `sid` that its consumers read within one iteration of its attach loop."""
+        st = self.stages[sid]
+        op = st.op
+        fixed = set(prefix)
+        lows: list[list[tuple[dict, int]]] = [[] for _ in op.shape]
+        highs: list[list[int]] = [[] for _ in op.shape]
+        full = [False] * len(op.shape)
+        consumers = self._consumers(sid)
+        if not consumers:
+            raise ScheduleError(f"stage {st.name} is computed at a loop but nothing reads it")
+        for cid in consumers:
+            cinfo = self.infos.get(cid)
+            if cinfo is None:
+                raise ScheduleError(f"consumer {self.stages[cid].name} of {st.name} is not lowered before it")
+            if cinfo.path[: len(prefix)] != prefix:
+                raise ScheduleError(
+                    f"stage {st.name} is computed inside a loop that its consumer "
+                    f"{self.stages[cid].name} is not in"
+                )
+            cop = self.stages[cid].op
+            assert isinstance(cop, ComputeOp)
+            vmap = {a.var: cinfo.absolute[k] for k, a in enumerate(cop.all_axes)}
+            for node in _walk(self.bodies[cid]):
+                if not (isinstance(node, TensorRead) and node.tensor is op):
+                    continue
+                for d, idx in enumerate(node.indices):
+                    if full[d]:
+                        continue
+                    e = substitute(idx, vmap)
+                    sym = self._split_fixed(e, fixed)
+                    if sym is None:
+                        full[d] = True
+                        continue
+                    terms, lo, hi = sym
+                    lows[d].append((terms, lo))
+                    highs[d].append(hi)
+        mins: list[Expr] = []
+        exts: list[int] = []
+        for d, extent in enumerate(op.shape):
+            if full[d] or not lows[d] or any(t != lows[d][0][0] for t, _ in lows[d]):
+                mins.append(const(0))
+                exts.append(extent)
+                continue
+            terms = lows[d][0][0]
+            lo = min(v for _, v in lows[d])
+            hi = max(highs[d])
+            width = int(hi - lo + 1)
+            if width >= extent and not terms:
+                mins.append(const(0))
+                exts.append(extent)
+                continue
+            mins.append(simplify(from_terms(terms, int(lo)), self.ranges))
+            exts.append(min(width, extent) if not terms else width)
+        return mins, exts
+
+    def _split_fixed(self, e: Expr, fixed: set[Var]) -> tuple[dict, float, float] | None:
+        """e = (symbolic part over `fixed`) + v with v in [lo, hi]; None if not separable."""
+        terms, c = linear_terms(e)
+        sym: dict = {}
+        lo = hi = c
+        for atom, coef in terms.items():
+            vs = free_vars(atom)
+            if vs <= fixed:
+                sym[atom] = coef
+                continue
+            if vs & fixed:
+                return None
+            alo, ahi = bounds(atom, self.ranges)
+            if math.isinf(alo) or math.isinf(ahi):
+                return None
+            a, b = alo * coef, ahi * coef
+            lo += min(a, b)
+            hi += max(a, b)
+        return sym, lo, hi
+
+    # ---- emission -------------------------------------------------------------------------
+
+    def lower(self, name: str) -> PrimFunc:
+        params = []
+        for op in self.state.dag.placeholders:
+            sid = self.op_stage.get(op)
+            if sid is None:
+                continue
+            params.append(Buffer(self._unique(op.name), op.dtype, tuple(op.shape), "param"))
+        self.placeholder_buffers = {op: b for op, b in zip(self.state.dag.placeholders, params)}
+        out_buffers = [self.infos[self.op_stage[o]].buffer for o in self.state.outputs]
+        body_parts = []
+        for i, st in enumerate(self.stages):
+            if i in self.infos and st.compute_at == ComputeAtKind.ROOT:
+                body_parts.append(self._emit_stage(i))
+        body = seq(*body_parts)
+        for _, info in sorted(self.infos.items(), reverse=True):
+            if info.stage.compute_at == ComputeAtKind.ROOT and info.buffer.scope == "global":
+                body = Allocate(info.buffer, body)
+        return PrimFunc(name, tuple(params) + tuple(out_buffers), body)  # type: ignore[arg-type]
+
+    def _load(self, node: TensorRead, in_select: bool) -> Expr:
+        op = node.tensor
+        if isinstance(op, PlaceholderOp):
+            buf = self.placeholder_buffers[op]
+            idx = [simplify(i, self.ranges) for i in node.indices]
+        else:
+            info = self.infos[self.op_stage[op]]
+            buf = info.buffer
+            idx = [simplify(i - m, self.ranges) for i, m in zip(node.indices, info.region_min)]
+        if in_select:
+            idx = [self._clamp(i, e) for i, e in zip(idx, buf.shape)]
+        return Load(buf, tuple(idx))
+
+    def _clamp(self, idx: Expr, extent: int) -> Expr:
+        lo, hi = bounds(idx, self.ranges)
+        if lo >= 0 and hi <= extent - 1:
+            return idx
+        return binary("max", binary("min", idx, extent - 1), 0)
+
+    def _value(self, e: Expr, vmap: dict[Var, Expr], in_select: bool = False) -> Expr:
+        if isinstance(e, Var):
+            return vmap.get(e, e)
+        if isinstance(e, TensorRead):
+            idx = tuple(self._value(i, vmap, in_select) for i in e.indices)
+            return self._load(TensorRead(e.tensor, idx), in_select)
+        if isinstance(e, Select):
+            return simplify(
+                Select(
+                    self._value(e.cond, vmap, in_select),
+                    self._value(e.true_value, vmap, True),
+                    self._value(e.false_value, vmap, True),
+                ),
+                self.ranges,
+            )
+        kids = children(e)
+        if not kids:
+            return e
+        new = tuple(self._value(k, vmap, in_select) for k in kids)
+        return simplify(rebuild(e, new), self.ranges)
+
+    def _guards(self, info: _StageInfo) -> list[_Guard]:
+        op = info.stage.op
+        assert isinstance(op, ComputeOp)
+        out: list[_Guard] = []
+        for k, a in enumerate(op.all_axes):
+            local = info.local[k]
+            is_spatial = k < len(op.axes)
+            limit = info.region_ext[k] if is_spatial else a.extent
+            cands = [_Guard(local, limit)]
+            if is_spatial and info.stage.compute_at == ComputeAtKind.ITER:
+                cands += [_Guard(info.absolute[k], a.extent), _Guard(info.absolute[k], None)]
+            for g in cands:
+                proven = simplify(g.cond(), self.ranges)
+                if isinstance(proven, Const) and proven.value:
+                    continue
+                out.append(g)
+        return out
+
+    def _emit_stage(self, sid: int) -> Stmt:
+        info = self.infos[sid]
+        st = info.stage
+        op = st.op
+        assert isinstance(op, ComputeOp) and info.buffer is not None
+        vmap = {a.var: info.absolute[k] for k, a in enumerate(op.all_axes)}
+        store_idx = tuple(info.local[k] for k in range(len(op.axes)))
+        body = self.bodies[sid]
+        guards = self._guards(info)
+        iters = list(st.iters)
+        first_red = next((p for p, it in enumerate(iters) if it.kind != IterKind.SPATIAL), None)
+        if not isinstance(body, Reduce):
+            store = BufferStore(info.buffer, self._value(body, vmap), store_idx)
+            nest = self._nest(info, list(range(len(iters))), guards, store)
+        else:
+            cur = Load(info.buffer, store_idx)
+            src = self._value(body.source, vmap)
+            update: Stmt = BufferStore(info.buffer, simplify(_combine(body.combiner, cur, src)), store_idx)
+            if body.condition is not None:
+                update = IfThenElse(self._value(body.condition, vmap), update)
+            init = BufferStore(info.buffer, reduce_identity(body.combiner, op.dtype), store_idx)
+            if first_red is None:
+                first_red = len(iters)
+            inner = list(range(first_red, len(iters)))
+            outer_vars = set(info.prefix) | {info.leaf_vars[p] for p in range(first_red)}
+            spatial_vars = {info.leaf_vars[p] for p, it in enumerate(iters) if it.kind == IterKind.SPATIAL}
+            inner_guards = [g for g in guards if not free_vars(g.expr) <= outer_vars]
+            outer_guards = [g for g in guards if free_vars(g.expr) <= outer_vars]
+            init_positions = [p for p in inner if iters[p].kind == IterKind.SPATIAL]
+            init_guards = [g for g in inner_guards if free_vars(g.expr) <= spatial_vars | outer_vars]
+            init_nest = self._nest(info, init_positions, init_guards, init, attach=False)
+            update_nest = self._nest(info, inner, inner_guards, update)
+            nest = self._nest(info, list(range(first_red)), outer_guards, seq(init_nest, update_nest))
+        if st.auto_unroll_max_step > 0:
+            nest, _ = _auto_unroll(nest, st.auto_unroll_max_step)
+        return nest
+
+    def _nest(
+        self, info: _StageInfo, positions: list[int], guards: list[_Guard], body: Stmt, attach: bool = True
+    ) -> Stmt:
+        """Loops over `positions` of the stage's iterators around `body`, guards at the outermost legal level."""
+        level_of: dict[Var, int] = {info.leaf_vars[p]: n for n, p in enumerate(positions)}
+        placed: dict[int, list[_Guard]] = {}
+        for g in guards:
+            lv = [level_of[v] for v in free_vars(g.expr) if v in level_of]
+            placed.setdefault(max(lv) if lv else -1, []).append(g)
+        st = info.stage
+        for n in reversed(range(len(positions))):
+            p = positions[n]
+            it = st.iters[p]
+            var = info.leaf_vars[p]
+            extent = info.extents[it.uid]
+            kind, tag = self._kind(it.annotation)
+            ext_expr: Expr = const(extent)
+            conds: list[Expr] = []
+            for g in placed.get(n, []):
+                clamp = self._clamp_extent(g, var) if kind != ForKind.UNROLLED else None
+                if clamp is None:
+                    conds.append(g.cond())
+                else:
+                    ext_expr = simplify(binary("min", ext_expr, clamp), self.ranges)
+            if conds:
+                body = IfThenElse(logical_and(*conds), body)
+            if attach:
+                body = self._with_attached(info.index, it.uid, body)
+            if isinstance(ext_expr, Const) and ext_expr.value == 1 and kind == ForKind.SERIAL:
+                body = _bind_const(body, var)
+            else:
+                body = For(var, ext_expr, extent, kind, body, tag)
+        top = [g.cond() for g in placed.get(-1, [])]
+        if top:
+            body = IfThenElse(logical_and(*top), body)
+        return body
+
+    def _kind(self, ann: Annotation) -> tuple[ForKind, str]:
+        if ann in THREAD_TAGS:
+            return ForKind.THREAD_BINDING, THREAD_TAGS[ann]
+        if ann not in _FOR_KIND:
+            raise ScheduleError(f"annotation {ann.name} cannot be lowered")
+        return _FOR_KIND[ann], ""
+
+    def _clamp_extent(self, g: _Guard, var: Var) -> Expr | None:
+        """For `c*var + rest < upper` with c > 0, the loop bound `ceil((upper - rest) / c)`."""
+        if g.upper is None:
+            return None
+        terms, c0 = linear_terms(g.expr)
+        coef = terms.pop(var, 0)
+        if coef <= 0 or any(var in free_vars(a) for a in terms):
+            return None
+        rest = from_terms(terms, c0)
+        return simplify((const(g.upper) - rest + (coef - 1)) // coef, self.ranges)
+
+    def _with_attached(self, tid: int, uid: int, body: Stmt) -> Stmt:
+        sids = self.attached.get((tid, uid), [])
+        if not sids:
+            return body
+        parts = [self._emit_stage(s) for s in sids if s in self.infos]
+        out = seq(*parts, body)
+        for s in reversed(sids):
+            if s in self.infos:
+                out = Allocate(self.infos[s].buffer, out)  # type: ignore[arg-type]
+        return out
+
+
+_walk = walk
+
+
+def _combine(combiner: str, cur: Expr, value: Expr) -> Expr:
+    if combiner == "sum":
+        return cur + value
+    return Binary("max" if combiner == "max" else "min", cur, value)
+
+
+def _bind_const(body: Stmt, var: Var) -> Stmt:
+    """Substitute 0 for a loop variable of a loop of extent 1."""
+    return substitute_stmt(body, {var: const(0, INDEX)})
+
+
+def _auto_unroll(s: Stmt, max_step: int) -> tuple[Stmt, float]:
+    """Unroll constant serial loops whose unrolled size stays within `max_step` statements."""
+    if isinstance(s, BufferStore):
+        return s, 1
+    if isinstance(s, Seq):
+        parts, total = [], 0.0
+        for c in s.stmts:
+            c2, n = _auto_unroll(c, max_step)
+            parts.append(c2)
+            total += n
+        return Seq(tuple(parts)), total
+    if isinstance(s, IfThenElse):
+        t, nt = _auto_unroll(s.then_case, max_step)
+        e, ne = (None, 0.0) if s.else_case is None else _auto_unroll(s.else_case, max_step)
+        return IfThenElse(s.cond, t, e), nt + ne
+    if isinstance(s, (Allocate, LetStmt)):
+        b, n = _auto_unroll(s.body, max_step)
+        return replace(s, body=b), n
+    if isinstance(s, For):
+        b, n = _auto_unroll(s.body, max_step)
+        constant = isinstance(s.extent, Const)
+        if s.kind == ForKind.VECTORIZED:
+            return replace(s, body=b), n
+        if s.kind in (ForKind.SERIAL, ForKind.UNROLLED) and constant and s.max_extent * n <= max_step:
+            return replace(s, body=b, kind=ForKind.UNROLLED), s.max_extent * n
+        return replace(s, body=b), math.inf
+    return s, 1
+
+
+def lower(state: State, name: str = "kernel") -> PrimFunc:
+    """The loop program of `state`; its params are the DAG's placeholders, then its outputs."""
+    return _Lowering(state).lower(name)
+
+
+def infer_bound(state: State) -> State:
+    """`state` with the extents of every iterator filled in (compute_at stages included)."""
+    low = _Lowering(state)
+    stages = list(state.stages)
+    for i, info in low.infos.items():
+        st = stages[i]
+        stages[i] = replace(st, iters=tuple(replace(it, extent=info.extents.get(it.uid)) for it in st.iters))
+    return replace(state, stages=tuple(stages))

@@ -1,0 +1,282 @@
+"""ComputeDAG: the ops of a subgraph in topological order, their access analysis and fingerprint."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cached_property
+
+from aotc.ir.expr import (
+    Binary,
+    Call,
+    Cast,
+    Compare,
+    Const,
+    Expr,
+    Logical,
+    Reduce,
+    Select,
+    TensorRead,
+    Var,
+    children,
+    free_vars,
+    is_float,
+    walk,
+)
+from aotc.ir.simplify import affine
+from aotc.te.tensor import ComputeOp, Operation, PlaceholderOp, TEError
+
+EXPENSIVE_CALLS = frozenset({"exp", "log", "tanh", "erf", "sigmoid"})
+
+
+def reads_of(op: Operation) -> list[TensorRead]:
+    """Every tensor read in the body of `op`, in pre-order."""
+    if not isinstance(op, ComputeOp):
+        return []
+    return [n for n in walk(op.body) if isinstance(n, TensorRead)]
+
+
+@dataclass(frozen=True)
+class OpAnalysis:
+    is_simple_access: bool
+    is_strictly_inlineable: bool
+    needs_multi_level_tiling: bool
+    is_output: bool
+    has_branch: bool
+    has_expensive_op: bool
+
+
+class ComputeDAG:
+    """The ops reachable from `outputs`, producers before consumers."""
+
+    def __init__(self, outputs: Sequence[Operation]):
+        if not outputs:
+            raise TEError("a ComputeDAG needs at least one output")
+        self.outputs: tuple[Operation, ...] = tuple(outputs)
+        self.ops: tuple[Operation, ...] = tuple(_topo_order(self.outputs))
+        self.index = {op: i for i, op in enumerate(self.ops)}
+        self.producers: dict[Operation, list[Operation]] = {}
+        self.consumers: dict[Operation, list[Operation]] = {op: [] for op in self.ops}
+        for op in self.ops:
+            prods: list[Operation] = []
+            for r in reads_of(op):
+                if r.tensor not in prods:
+                    prods.append(r.tensor)
+            self.producers[op] = prods
+            for p in prods:
+                self.consumers[p].append(op)
+        self.analysis = {op: self._analyze(op) for op in self.ops}
+
+    @property
+    def placeholders(self) -> list[PlaceholderOp]:
+        return [op for op in self.ops if isinstance(op, PlaceholderOp)]
+
+    @property
+    def compute_ops(self) -> list[ComputeOp]:
+        return [op for op in self.ops if isinstance(op, ComputeOp)]
+
+    @property
+    def tensors(self) -> list[Operation]:
+        """The kernel's arguments: placeholders, then outputs."""
+        return [*self.placeholders, *self.outputs]
+
+    @cached_property
+    def flop_count(self) -> int:
+        total = 0
+        for op in self.compute_ops:
+            points = 1
+            for a in op.all_axes:
+                points *= a.extent
+            per_point = _count_flops(op.body.source if isinstance(op.body, Reduce) else op.body)
+            if isinstance(op.body, Reduce):
+                per_point += 1
+            total += points * per_point
+        return total
+
+    def _analyze(self, op: Operation) -> OpAnalysis:
+        is_output = not self.consumers[op] or op in self.outputs
+        if not isinstance(op, ComputeOp):
+            return OpAnalysis(True, False, False, is_output, False, False)
+        reads = reads_of(op)
+        axis_vars = [a.var for a in op.axes]
+        simple = all(_is_simple_index(r, set(axis_vars)) for r in reads)
+        has_branch = any(isinstance(n, Select) for n in walk(op.body))
+        expensive = any(isinstance(n, Call) and n.name in EXPENSIVE_CALLS for n in walk(op.body))
+        in_order = all(_is_in_order(r, axis_vars) for r in reads)
+        inlineable = not op.reduce_axes and (
+            not reads or (simple and in_order and not has_branch and not expensive)
+        )
+        return OpAnalysis(
+            is_simple_access=simple,
+            is_strictly_inlineable=inlineable and not is_output,
+            needs_multi_level_tiling=_needs_multi_level_tiling(op, reads),
+            is_output=is_output,
+            has_branch=has_branch,
+            has_expensive_op=expensive,
+        )
+
+    def elementwise_match(self, op: Operation, target: Operation) -> bool:
+        """True if `target` is reached from `op` through single consumers reading it element-wise."""
+        cur = op
+        while cur is not target:
+            cons = self.consumers[cur]
+            if len(cons) != 1:
+                return False
+            nxt = cons[0]
+            if not isinstance(nxt, ComputeOp) or nxt.shape != cur.shape:
+                return False
+            axis_vars = [a.var for a in nxt.axes]
+            for r in reads_of(nxt):
+                if r.tensor is cur and list(r.indices) != axis_vars:
+                    return False
+            cur = nxt
+        return True
+
+    @cached_property
+    def fingerprint(self) -> str:
+        """sha256 of structure + shapes + dtypes; independent of tensor and axis names."""
+        return hashlib.sha256(self.canonical_text().encode()).hexdigest()
+
+    @property
+    def workload_key(self) -> str:
+        return self.fingerprint[:32]
+
+    def canonical_text(self) -> str:
+        entries = []
+        for op in self.ops:
+            if isinstance(op, PlaceholderOp):
+                entries.append(["placeholder", list(op.shape), op.dtype, op.tag])
+                continue
+            var_ids = {a.var: f"v{i}" for i, a in enumerate(op.all_axes)}
+            entries.append(
+                [
+                    "compute",
+                    [a.extent for a in op.axes],
+                    [a.extent for a in op.reduce_axes],
+                    op.tag,
+                    _canonical_expr(op.body, var_ids, self.index),
+                    sorted((k, str(v)) for k, v in op.attrs.items()),
+                ]
+            )
+        outputs = [self.index[o] for o in self.outputs]
+        return json.dumps({"ops": entries, "outputs": outputs}, separators=(",", ":"))
+
+    def __repr__(self) -> str:
+        return f"ComputeDAG({', '.join(op.name for op in self.ops)})"
+
+
+def _topo_order(outputs: Sequence[Operation]) -> list[Operation]:
+    order: list[Operation] = []
+    state: dict[Operation, int] = {}
+    for out in outputs:
+        stack: list[tuple[Operation, bool]] = [(out, False)]
+        while stack:
+            op, expanded = stack.pop()
+            if expanded:
+                if state.get(op) != 2:
+                    state[op] = 2
+                    order.append(op)
+                continue
+            if state.get(op) == 2:
+                continue
+            state[op] = 1
+            stack.append((op, True))
+            producers: list[Operation] = []
+            for r in reads_of(op):
+                if r.tensor not in producers:
+                    producers.append(r.tensor)
+            for p in reversed(producers):
+                if state.get(p) == 1:
+                    raise TEError(f"cycle through {p.name}")
+                if state.get(p) != 2:
+                    stack.append((p, False))
+    return order
+
+
+def _is_simple_index(r: TensorRead, axis_vars: set[Var]) -> bool:
+    for idx in r.indices:
+        if isinstance(idx, Const):
+            continue
+        form = affine(idx)
+        if form is None:
+            return False
+        coeffs, _ = form
+        if len(coeffs) != 1:
+            return False
+        ((var, coef),) = coeffs.items()
+        if coef != 1 or var not in axis_vars:
+            return False
+    return True
+
+
+def _is_in_order(r: TensorRead, axis_vars: list[Var]) -> bool:
+    """Each index uses at most one axis, no axis twice, and axes appear in the op's order."""
+    seen: list[int] = []
+    for idx in r.indices:
+        vs = free_vars(idx)
+        if len(vs) > 1:
+            return False
+        for v in vs:
+            if v not in axis_vars:
+                return False
+            seen.append(axis_vars.index(v))
+    return seen == sorted(set(seen))
+
+
+def _needs_multi_level_tiling(op: ComputeOp, reads: list[TensorRead]) -> bool:
+    if op.attrs.get("no_multi_level_tiling"):
+        return False
+    by_tensor: dict[Operation, set[Var]] = {}
+    for r in reads:
+        vs = by_tensor.setdefault(r.tensor, set())
+        for idx in r.indices:
+            vs |= free_vars(idx)
+    n_missing = 0
+    for vs in by_tensor.values():
+        if any(a.extent > 1 and a.var not in vs for a in op.axes):
+            n_missing += 1
+        if n_missing >= 2 or (n_missing >= 1 and op.reduce_axes):
+            return True
+    return False
+
+
+def _count_flops(e: Expr) -> int:
+    """Arithmetic on values (not on indices) at one point of the iteration space."""
+    if isinstance(e, TensorRead):
+        return 0
+    own = 0
+    if (
+        isinstance(e, (Binary, Call, Compare))
+        and (is_float(e.dtype) or isinstance(e, Call))
+        or isinstance(e, Binary)
+        and e.dtype != "int64"
+    ):
+        own = 1
+    return own + sum(_count_flops(c) for c in children(e))
+
+
+def _canonical_expr(e: Expr, var_ids: dict[Var, str], op_index: dict[Operation, int]):
+    if isinstance(e, Var):
+        return var_ids.get(e, "free")
+    if isinstance(e, Const):
+        return ["c", e.dtype, e.value]
+    if isinstance(e, TensorRead):
+        return ["read", op_index[e.tensor], [_canonical_expr(i, var_ids, op_index) for i in e.indices]]
+    if isinstance(e, Reduce):
+        return [
+            "reduce",
+            e.combiner,
+            [var_ids[a.var] for a in e.axes],
+            _canonical_expr(e.source, var_ids, op_index),
+            None if e.condition is None else _canonical_expr(e.condition, var_ids, op_index),
+        ]
+    head: list = [type(e).__name__]
+    if isinstance(e, (Binary, Compare, Logical)):
+        head.append(e.op)
+    elif isinstance(e, Call):
+        head.append(e.name)
+    elif isinstance(e, Cast):
+        head.append(e.dtype)
+    return head + [_canonical_expr(c, var_ids, op_index) for c in children(e)]
