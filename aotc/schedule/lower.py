@@ -11,19 +11,18 @@ import math
 from dataclasses import dataclass, field, replace
 
 from aotc.ir.expr import (
-    INDEX,
     Binary,
     Buffer,
     Const,
     Expr,
     Load,
     Reduce,
-    Select,
     TensorRead,
     Var,
     binary,
     children,
     const,
+    eq,
     free_vars,
     logical_and,
     rebuild,
@@ -43,7 +42,6 @@ from aotc.ir.stmt import (
     Seq,
     Stmt,
     seq,
-    substitute_stmt,
 )
 from aotc.schedule.state import (
     THREAD_TAGS,
@@ -53,8 +51,9 @@ from aotc.schedule.state import (
     ScheduleError,
     Stage,
     State,
+    iterator_values,
+    overflowing_splits,
     propagate_extents,
-    root_expressions,
 )
 from aotc.te.tensor import ComputeOp, PlaceholderOp
 
@@ -78,6 +77,7 @@ class _StageInfo:
     local: dict[int, Expr] = field(default_factory=dict)
     absolute: dict[int, Expr] = field(default_factory=dict)
     buffer: Buffer | None = None
+    inner_guards: list = field(default_factory=list)
 
     @property
     def path(self) -> list[Var]:
@@ -186,14 +186,19 @@ class _Lowering:
             roots[k] = a.extent
         ext = propagate_extents(st, roots)
         info.extents = {uid: e for uid, e in ext.items() if e is not None}
+        leaf_map: dict[int, Expr] = {}
         for it in st.iters:
             v = Var(it.name)
             info.leaf_vars.append(v)
             self.ranges[v] = (0, info.extents[it.uid] - 1)
-        leaf_map = {it.uid: v for it, v in zip(st.iters, info.leaf_vars)}
-        info.local = {
-            k: simplify(e, self.ranges) for k, e in root_expressions(st, leaf_map, info.extents).items()
-        }
+            leaf_map[it.uid] = v if info.extents[it.uid] > 1 else const(0)
+        values = iterator_values(st, leaf_map, info.extents)
+        info.local = {uid: simplify(values[uid], self.ranges) for uid, *_ in st.root_iters}
+        info.inner_guards = [
+            _Guard(simplify(values[uid], self.ranges), info.extents[uid])
+            for uid in overflowing_splits(st, info.extents)
+            if uid not in info.local
+        ]
         info.absolute = {
             k: simplify(info.region_min[k] + e, self.ranges) if k < n_sp else e for k, e in info.local.items()
         }
@@ -318,7 +323,7 @@ class _Lowering:
                 body = Allocate(info.buffer, body)
         return PrimFunc(name, tuple(params) + tuple(out_buffers), body)  # type: ignore[arg-type]
 
-    def _load(self, node: TensorRead, in_select: bool) -> Expr:
+    def _load(self, node: TensorRead) -> Expr:
         op = node.tensor
         if isinstance(op, PlaceholderOp):
             buf = self.placeholder_buffers[op]
@@ -327,41 +332,31 @@ class _Lowering:
             info = self.infos[self.op_stage[op]]
             buf = info.buffer
             idx = [simplify(i - m, self.ranges) for i, m in zip(node.indices, info.region_min)]
-        if in_select:
-            idx = [self._clamp(i, e) for i, e in zip(idx, buf.shape)]
         return Load(buf, tuple(idx))
 
-    def _clamp(self, idx: Expr, extent: int) -> Expr:
-        lo, hi = bounds(idx, self.ranges)
-        if lo >= 0 and hi <= extent - 1:
-            return idx
-        return binary("max", binary("min", idx, extent - 1), 0)
+    def _value(self, e: Expr, vmap: dict[Var, Expr]) -> Expr:
+        """`e` over the stage's loop variables, reads turned into loads.
 
-    def _value(self, e: Expr, vmap: dict[Var, Expr], in_select: bool = False) -> Expr:
+        A Select is lazy in codegen, so a load in its untaken arm may be out of bounds (padding).
+        """
         if isinstance(e, Var):
             return vmap.get(e, e)
         if isinstance(e, TensorRead):
-            idx = tuple(self._value(i, vmap, in_select) for i in e.indices)
-            return self._load(TensorRead(e.tensor, idx), in_select)
-        if isinstance(e, Select):
-            return simplify(
-                Select(
-                    self._value(e.cond, vmap, in_select),
-                    self._value(e.true_value, vmap, True),
-                    self._value(e.false_value, vmap, True),
-                ),
-                self.ranges,
-            )
+            return self._load(TensorRead(e.tensor, tuple(self._value(i, vmap) for i in e.indices)))
         kids = children(e)
         if not kids:
             return e
-        new = tuple(self._value(k, vmap, in_select) for k in kids)
+        new = tuple(self._value(k, vmap) for k in kids)
         return simplify(rebuild(e, new), self.ranges)
 
     def _guards(self, info: _StageInfo) -> list[_Guard]:
         op = info.stage.op
         assert isinstance(op, ComputeOp)
         out: list[_Guard] = []
+        for g in info.inner_guards:
+            proven = simplify(g.cond(), self.ranges)
+            if not (isinstance(proven, Const) and proven.value):
+                out.append(g)
         for k, a in enumerate(op.all_axes):
             local = info.local[k]
             is_spatial = k < len(op.axes)
@@ -397,6 +392,12 @@ class _Lowering:
             if body.condition is not None:
                 update = IfThenElse(self._value(body.condition, vmap), update)
             init = BufferStore(info.buffer, reduce_identity(body.combiner, op.dtype), store_idx)
+            if any(it.kind == IterKind.MIXED for it in iters):
+                # No loop separates the spatial and reduce parts: initialize on the first visit of each
+                # element, which is the iteration where every reduce index is 0.
+                first = logical_and(*[eq(info.absolute[k], 0) for k in range(len(op.axes), len(op.all_axes))])
+                combined = seq(IfThenElse(simplify(first, self.ranges), init), update)
+                return self._finish(st, self._nest(info, list(range(len(iters))), guards, combined))
             if first_red is None:
                 first_red = len(iters)
             inner = list(range(first_red, len(iters)))
@@ -409,6 +410,9 @@ class _Lowering:
             init_nest = self._nest(info, init_positions, init_guards, init, attach=False)
             update_nest = self._nest(info, inner, inner_guards, update)
             nest = self._nest(info, list(range(first_red)), outer_guards, seq(init_nest, update_nest))
+        return self._finish(st, nest)
+
+    def _finish(self, st: Stage, nest: Stmt) -> Stmt:
         if st.auto_unroll_max_step > 0:
             nest, _ = _auto_unroll(nest, st.auto_unroll_max_step)
         return nest
@@ -441,9 +445,7 @@ class _Lowering:
                 body = IfThenElse(logical_and(*conds), body)
             if attach:
                 body = self._with_attached(info.index, it.uid, body)
-            if isinstance(ext_expr, Const) and ext_expr.value == 1 and kind == ForKind.SERIAL:
-                body = _bind_const(body, var)
-            else:
+            if extent > 1:
                 body = For(var, ext_expr, extent, kind, body, tag)
         top = [g.cond() for g in placed.get(-1, [])]
         if top:
@@ -487,11 +489,6 @@ def _combine(combiner: str, cur: Expr, value: Expr) -> Expr:
     if combiner == "sum":
         return cur + value
     return Binary("max" if combiner == "max" else "min", cur, value)
-
-
-def _bind_const(body: Stmt, var: Var) -> Stmt:
-    """Substitute 0 for a loop variable of a loop of extent 1."""
-    return substitute_stmt(body, {var: const(0, INDEX)})
 
 
 def _auto_unroll(s: Stmt, max_step: int) -> tuple[Stmt, float]:

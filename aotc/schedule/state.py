@@ -135,13 +135,22 @@ def initial_stage(op: Operation) -> Stage:
 def split_extents(
     extent: int | None, lengths: tuple[int | None, ...], inner_to_outer: bool
 ) -> list[int | None]:
-    """Extents of the children of a split (outer to inner); the free part rounds up."""
-    if any(v is None for v in lengths):
-        free = None
-    else:
-        prod = math.prod(lengths)  # type: ignore[arg-type]
-        free = None if extent is None else -(-extent // prod)
-    return [free, *lengths] if inner_to_outer else [*lengths, free]
+    """Extents of the children of a split (outer to inner).
+
+    A length larger than what is left of the extent shrinks to it, and the free part rounds up,
+    so the children always cover the extent without wholly empty iterations.
+    """
+    if extent is None or any(v is None for v in lengths):
+        return [None, *lengths] if inner_to_outer else [*lengths, None]
+    rem = extent
+    fixed: list[int] = []
+    for length in reversed(lengths) if inner_to_outer else lengths:
+        e = min(length, rem)  # type: ignore[type-var]
+        fixed.append(e)
+        rem = -(-rem // e)
+    if inner_to_outer:
+        return [rem, *reversed(fixed)]
+    return [*fixed, rem]
 
 
 def propagate_extents(stage: Stage, root_extents: dict[int, int | None]) -> dict[int, int | None]:
@@ -159,10 +168,10 @@ def propagate_extents(stage: Stage, root_extents: dict[int, int | None]) -> dict
     return ext
 
 
-def root_expressions(
+def iterator_values(
     stage: Stage, leaf_vars: dict[int, Expr], extents: dict[int, int | None]
 ) -> dict[int, Expr]:
-    """Value of every root iterator as an expression of the leaf loop variables."""
+    """Value of every iterator (leaf, intermediate and root) as an expression of the leaf variables."""
     values: dict[int, Expr] = dict(leaf_vars)
     for rel in reversed(stage.relations):
         if isinstance(rel, SplitRel):
@@ -178,7 +187,29 @@ def root_expressions(
                 e = _req(extents[p])
                 values[p] = (f // stride) % e if p != rel.parents[0] else f // stride
                 stride *= e
+    return values
+
+
+def root_expressions(
+    stage: Stage, leaf_vars: dict[int, Expr], extents: dict[int, int | None]
+) -> dict[int, Expr]:
+    """Value of every root iterator as an expression of the leaf loop variables."""
+    values = iterator_values(stage, leaf_vars, extents)
     return {uid: values[uid] for uid, *_ in stage.root_iters}
+
+
+def overflowing_splits(stage: Stage, extents: dict[int, int | None]) -> list[int]:
+    """Uids of split parents whose children cover more than the parent's extent.
+
+    Such a parent's value must be guarded: past its extent it would alias another index.
+    """
+    out = []
+    for rel in stage.relations:
+        if isinstance(rel, SplitRel):
+            covered = math.prod(_req(extents[c]) for c in rel.children)
+            if covered != _req(extents[rel.parent]):
+                out.append(rel.parent)
+    return out
 
 
 def _req(e: int | None) -> int:
@@ -237,8 +268,9 @@ class State:
         from aotc.schedule.steps import SplitStep
 
         sid = self.stage_id(stage)
-        it = _iter_at(self.stages[sid], iter_id)
-        return self.apply(SplitStep(sid, iter_id, it.extent, tuple(lengths), inner_to_outer))
+        iters = self.stages[sid].iters
+        extent = iters[iter_id].extent if 0 <= iter_id < len(iters) else None
+        return self.apply(SplitStep(sid, iter_id, extent, tuple(lengths), inner_to_outer))
 
     def follow_split(self, stage, iter_id: int, src_step_id: int, n_split: int) -> State:
         from aotc.schedule.steps import FollowSplitStep
@@ -321,11 +353,3 @@ class State:
         from aotc.schedule.steps import RfactorStep
 
         return self.apply(RfactorStep(self.stage_id(stage), iter_id, factor_iter_id))
-
-
-def _iter_at(stage: Stage, iter_id: int) -> Iterator:
-    if not 0 <= iter_id < len(stage.iters):
-        raise ScheduleError(
-            f"stage {stage.name}: iterator {iter_id} out of range ({len(stage.iters)} iterators)"
-        )
-    return stage.iters[iter_id]

@@ -26,8 +26,9 @@ from aotc.schedule.state import (
     Stage,
     State,
     initial_stage,
+    iterator_values,
+    overflowing_splits,
     propagate_extents,
-    root_expressions,
     split_extents,
 )
 from aotc.te.tensor import ComputeOp, IterVar, Operation
@@ -246,8 +247,7 @@ class FollowSplitStep(Step):
             )
         head = list(src.lengths[: self.n_split - 1])
         rest = src.lengths[self.n_split - 1 :]
-        if rest:
-            head.append(None if any(v is None for v in rest) else math.prod(rest))  # type: ignore[arg-type]
+        head.append(None if any(v is None for v in rest) else math.prod(rest))  # type: ignore[arg-type]
         return tuple(head)
 
     def apply_to(self, state: State) -> State:
@@ -572,13 +572,11 @@ class RfactorStep(Step):
         spatial_axes = tuple(IterVar(Var(a.name), a.extent, "spatial") for a in op.axes)
         for k, a in enumerate(spatial_axes):
             leaf_vars[k] = a.var
-        values = root_expressions(st, leaf_vars, ext)
+        values = iterator_values(st, leaf_vars, ext)
         vmap = {a.var: values[k] for k, a in enumerate(op.all_axes)}
         red = op.body
         conds = [] if red.condition is None else [substitute(red.condition, vmap)]
-        for k, a in enumerate(op.reduce_axes, start=n_sp):
-            if _split_may_overflow(st, k, ext):
-                conds.append(values[k] < a.extent)
+        conds += [values[uid] < ext[uid] for uid in overflowing_splits(st, ext)]
         source = substitute(red.source, vmap)
         rf_axes = spatial_axes[: self.factor_iter_id] + (factor_iv,) + spatial_axes[self.factor_iter_id :]
         cond = logical_and(*conds) if conds else None
@@ -612,19 +610,6 @@ def _known(extent: int | None, step: Step) -> int:
     if extent is None:
         raise ScheduleError(f"{step.describe()}: iterator extents must be defined")
     return extent
-
-
-def _split_may_overflow(stage: Stage, root_uid: int, ext: dict[int, int | None]) -> bool:
-    """True if the splits under root iterator `root_uid` cover more than its extent."""
-    descend = {root_uid}
-    for rel in stage.relations:
-        if isinstance(rel, SplitRel) and rel.parent in descend:
-            if math.prod(ext[c] or 0 for c in rel.children) != ext[rel.parent]:
-                return True
-            descend.update(rel.children)
-        elif isinstance(rel, FuseRel) and any(p in descend for p in rel.parents):
-            descend.add(rel.child)
-    return False
 
 
 STEP_TYPES: dict[str, type[Step]] = {

@@ -27,7 +27,9 @@ from aotc.te.tensor import ComputeOp, Operation
 _erf = np.frompyfunc(math.erf, 1, 1)
 
 
-def evaluate(dag: ComputeDAG, inputs: Mapping[str, np.ndarray], float_dtype: str | None = None) -> list[np.ndarray]:
+def evaluate(
+    dag: ComputeDAG, inputs: Mapping[str, np.ndarray], float_dtype: str | None = None
+) -> list[np.ndarray]:
     """Outputs of `dag` for placeholder values given by name.
 
     `float_dtype="float64"` evaluates float ops in double precision (a tighter reference).

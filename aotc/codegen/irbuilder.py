@@ -1,0 +1,257 @@
+"""Textual LLVM IR construction: types, constants, function and module builders."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from aotc.ir.expr import dtype_bits, is_float
+
+
+class CodegenError(Exception):
+    """A construct of the loop IR that the code generator cannot (or must not) compile."""
+
+
+_SCALAR_TYPES = {
+    "float16": "half",
+    "float32": "float",
+    "float64": "double",
+    "int8": "i8",
+    "int16": "i16",
+    "int32": "i32",
+    "int64": "i64",
+    "uint8": "i8",
+    "uint16": "i16",
+    "uint32": "i32",
+    "uint64": "i64",
+    "bool": "i1",
+}
+
+
+def scalar_type(dtype: str) -> str:
+    """LLVM register type of one element of `dtype`."""
+    try:
+        return _SCALAR_TYPES[dtype]
+    except KeyError:
+        raise CodegenError(f"dtype {dtype!r} is not supported by the LLVM code generator") from None
+
+
+def mem_type(dtype: str) -> str:
+    """LLVM in-memory element type (bool is stored as one byte, like numpy)."""
+    return "i8" if dtype == "bool" else scalar_type(dtype)
+
+
+def vtype(elem: str, lanes: int) -> str:
+    return elem if lanes == 0 else f"<{lanes} x {elem}>"
+
+
+def elem_bytes(dtype: str) -> int:
+    return 1 if dtype == "bool" else dtype_bits(dtype) // 8
+
+
+def is_signed(dtype: str) -> bool:
+    return dtype.startswith("int")
+
+
+def _float_hex(value: float, dtype: str) -> str:
+    if dtype == "float16":
+        return f"0xH{int(np.float16(value).view(np.uint16)):04X}"
+    if dtype == "float32" and math.isfinite(value):
+        with np.errstate(over="ignore"):
+            value = float(np.float32(value))
+    return f"0x{int(np.float64(value).view(np.uint64)):016X}"
+
+
+def const_text(value: int | float | bool, dtype: str) -> str:
+    """Operand text of a scalar constant (without its type)."""
+    if dtype == "bool":
+        return "true" if value else "false"
+    if is_float(dtype):
+        return _float_hex(float(value), dtype)
+    bits = dtype_bits(dtype)
+    v = int(value) & ((1 << bits) - 1)
+    if v >= 1 << (bits - 1):
+        v -= 1 << bits
+    return str(v)
+
+
+def vector_const_text(values: list, dtype: str) -> str:
+    elem = scalar_type(dtype)
+    return "<" + ", ".join(f"{elem} {const_text(v, dtype)}" for v in values) + ">"
+
+
+def splat_const_text(value: int | float | bool, dtype: str) -> str:
+    return f"splat ({scalar_type(dtype)} {const_text(value, dtype)})"
+
+
+def string_const(data: bytes) -> tuple[str, int]:
+    """LLVM `c"..."` literal for bytes plus a NUL terminator, and its length."""
+    data = data + b"\0"
+    out = []
+    for b in data:
+        ch = chr(b)
+        if 32 <= b < 127 and ch not in '"\\':
+            out.append(ch)
+        else:
+            out.append(f"\\{b:02X}")
+    return 'c"' + "".join(out) + '"', len(data)
+
+
+@dataclass(frozen=True, slots=True)
+class Val:
+    """An SSA value or constant: `lanes == 0` is a scalar, else a `<lanes x T>` vector."""
+
+    ref: str
+    dtype: str
+    lanes: int = 0
+    const: int | float | bool | None = None
+
+    @property
+    def ty(self) -> str:
+        return vtype(scalar_type(self.dtype), self.lanes)
+
+    @property
+    def typed(self) -> str:
+        return f"{self.ty} {self.ref}"
+
+
+def const_val(value: int | float | bool, dtype: str) -> Val:
+    if dtype == "bool":
+        value = bool(value)
+    elif is_float(dtype):
+        value = float(value)
+    else:
+        bits = dtype_bits(dtype)
+        value = int(value) & ((1 << bits) - 1)
+        if is_signed(dtype) and value >= 1 << (bits - 1):
+            value -= 1 << bits
+    return Val(const_text(value, dtype), dtype, 0, value)
+
+
+_INT_OPS = {"add", "sub", "mul", "shl", "ashr", "lshr", "and", "or", "xor", "sdiv", "udiv", "srem", "urem"}
+_FLOAT_OPS = {"fadd", "fsub", "fmul", "fdiv", "frem", "fneg", "icmp", "fcmp", "select"}
+_CAST_OPS = {"sext", "zext", "trunc", "sitofp", "uitofp", "fptosi", "fptoui", "fpext", "fptrunc"}
+_VECTOR_OPS = {"getelementptr", "insertelement", "extractelement", "shufflevector"}
+_PURE_OPCODES = frozenset(_INT_OPS | _FLOAT_OPS | _CAST_OPS | _VECTOR_OPS)
+
+
+class FunctionBuilder:
+    """Accumulates the basic blocks of one LLVM function as text."""
+
+    def __init__(self, header: str) -> None:
+        self.header = header
+        self._n = 0
+        self._entry_allocas: list[str] = []
+        self._blocks: list[tuple[str, list[str]]] = []
+        self.cur_label = ""
+        self._cur: list[str] = []
+        self.terminated = True
+        self.start_block("entry")
+
+    def tmp(self) -> str:
+        self._n += 1
+        return f"%t{self._n}"
+
+    def label(self, hint: str) -> str:
+        self._n += 1
+        return f"{hint}{self._n}"
+
+    def start_block(self, label: str) -> None:
+        if not self.terminated:
+            self.br(label)
+        self._cur = []
+        self._pure: dict[str, str] = {}
+        self._blocks.append((label, self._cur))
+        self.cur_label = label
+        self.terminated = False
+
+    def emit(self, line: str) -> None:
+        if self.terminated:
+            self.start_block(self.label("dead"))
+        self._cur.append("  " + line)
+
+    def op(self, text: str) -> str:
+        """Emit `%tN = text`; a pure instruction repeated within a block reuses the first result."""
+        pure = text.split(" ", 1)[0] in _PURE_OPCODES
+        if pure and not self.terminated and text in self._pure:
+            return self._pure[text]
+        name = self.tmp()
+        self.emit(f"{name} = {text}")
+        if pure:
+            self._pure[text] = name
+        return name
+
+    def br(self, label: str) -> None:
+        self.emit(f"br label %{label}")
+        self.terminated = True
+
+    def cond_br(self, cond: str, then_label: str, else_label: str) -> None:
+        self.emit(f"br i1 {cond}, label %{then_label}, label %{else_label}")
+        self.terminated = True
+
+    def ret(self, text: str) -> None:
+        self.emit(f"ret {text}")
+        self.terminated = True
+
+    def alloca(self, elem: str, count: int, align: int) -> str:
+        name = self.tmp()
+        self._entry_allocas.append(f"  {name} = alloca {elem}, i64 {count}, align {align}")
+        return name
+
+    def render(self) -> str:
+        lines = [self.header + " {"]
+        for i, (label, body) in enumerate(self._blocks):
+            lines.append(f"{label}:")
+            if i == 0:
+                lines.extend(self._entry_allocas)
+            lines.extend(body)
+        lines.append("}")
+        return "\n".join(lines)
+
+
+class ModuleBuilder:
+    """Collects declarations, globals, functions and metadata of one module."""
+
+    def __init__(self) -> None:
+        self.decls: dict[str, str] = {}
+        self.globals: list[str] = []
+        self.functions: list[str] = []
+        self.metadata: list[str] = []
+        self._md = 0
+        self._names: set[str] = set()
+
+    def declare(self, name: str, line: str) -> str:
+        self.decls.setdefault(name, line)
+        return f"@{name}"
+
+    def intrinsic(self, name: str, ret: str, args: list[str], attrs: str = "") -> str:
+        return self.declare(name, f"declare {ret} @{name}({', '.join(args)}){attrs}")
+
+    def unique_name(self, base: str) -> str:
+        name, n = base, 0
+        while name in self._names:
+            n += 1
+            name = f"{base}.{n}"
+        self._names.add(name)
+        return name
+
+    def md(self, body: str, distinct: bool = False) -> str:
+        ref = f"!{self._md}"
+        self._md += 1
+        body = body.replace("SELF", ref)
+        self.metadata.append(f"{ref} = {'distinct ' if distinct else ''}{body}")
+        return ref
+
+    def render(self, triple: str) -> str:
+        parts = [f'target triple = "{triple}"', ""]
+        parts.extend(self.globals)
+        parts.extend(self.decls.values())
+        for fn in self.functions:
+            parts.append("")
+            parts.append(fn)
+        parts.append("")
+        parts.append("attributes #0 = { nounwind }")
+        parts.extend(self.metadata)
+        return "\n".join(parts) + "\n"

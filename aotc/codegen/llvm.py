@@ -1,0 +1,210 @@
+"""LLVM CPU code generation: loop-IR PrimFuncs to LLVM IR text, object code and shared libraries.
+
+Each PrimFunc becomes an exported C function `int32_t name(void **args)` (args[i] is the data
+pointer of params[i]; returns 0, or nonzero when a heap allocation failed). Every module also
+exports `aotc_set_num_threads(int)` and `aotc_get_max_threads()`, and a NUL-terminated JSON
+description of each kernel's parameters in the symbol `__aotc_meta_<name>`.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import threading
+
+import llvmlite.binding as llvm
+
+from aotc.codegen.irbuilder import CodegenError, FunctionBuilder, ModuleBuilder, string_const
+from aotc.codegen.stmtgen import StmtGen, all_buffers
+from aotc.codegen.vecmath import LIBMVEC_PATH, VecLib, veclib_for
+from aotc.ir.expr import Buffer
+from aotc.ir.stmt import PrimFunc
+from aotc.target import Target
+
+__all__ = ["CodegenError", "build_llvm_ir", "compile_to_object", "link_shared", "META_PREFIX"]
+
+META_PREFIX = "__aotc_meta_"
+_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_RESERVED = ("aotc_set_num_threads", "aotc_get_max_threads")
+
+
+def build_llvm_ir(funcs: list[PrimFunc], target: Target) -> str:
+    """Textual LLVM IR of a module holding one exported kernel per PrimFunc."""
+    if not target.is_cpu:
+        raise CodegenError(f"the LLVM CPU code generator cannot compile for target {target}")
+    mod = ModuleBuilder()
+    veclib = veclib_for(target)
+    for func in funcs:
+        _check_name(func.name, mod)
+    for func in funcs:
+        _emit_kernel(mod, func, veclib)
+    _emit_runtime_helpers(mod)
+    for func in funcs:
+        if func.name in mod.decls:
+            raise CodegenError(f"kernel name {func.name!r} clashes with the external function it calls")
+    return mod.render(target.triple)
+
+
+def _check_name(name: str, mod: ModuleBuilder) -> None:
+    if not _NAME_RE.match(name) or name in _RESERVED or name.startswith(META_PREFIX):
+        raise CodegenError(f"kernel name {name!r} is not a usable C identifier")
+    if mod.unique_name(name) != name:
+        raise CodegenError(f"two kernels are named {name!r}")
+
+
+def _alias_scopes(mod: ModuleBuilder, func: PrimFunc) -> dict[Buffer, str]:
+    """One alias scope per buffer: distinct buffers never overlap, so accesses are marked noalias."""
+    bufs = all_buffers(func)
+    if len(bufs) < 2:
+        return {}
+    domain = mod.md(f'!{{SELF, !"{func.name}"}}', distinct=True)
+    scopes = [mod.md(f'!{{SELF, {domain}, !"b{i}"}}', distinct=True) for i in range(len(bufs))]
+    out = {}
+    for i, buf in enumerate(bufs):
+        own = mod.md(f"!{{{scopes[i]}}}")
+        others = mod.md("!{" + ", ".join(s for j, s in enumerate(scopes) if j != i) + "}")
+        out[buf] = f", !alias.scope {own}, !noalias {others}"
+    return out
+
+
+def _emit_kernel(mod: ModuleBuilder, func: PrimFunc, veclib: VecLib | None) -> None:
+    if len(set(func.params)) != len(func.params):
+        raise CodegenError(f"kernel {func.name!r} lists the same buffer twice among its params")
+    fb = FunctionBuilder(f'define i32 @"{func.name}"(ptr %args) #0')
+    gen = StmtGen(mod, fb, veclib, _alias_scopes(mod, func), func.name, lambda: fb.ret("i32 1"))
+    for i, buf in enumerate(func.params):
+        slot = fb.op(f"getelementptr ptr, ptr %args, i64 {i}") if i else "%args"
+        gen.bind_buffer(buf, fb.op(f"load ptr, ptr {slot}, align 8"))
+    gen.stmt(func.body)
+    fb.ret("i32 0")
+    mod.functions.append(fb.render())
+    mod.globals.append(_metadata_global(func))
+
+
+def _metadata_global(func: PrimFunc) -> str:
+    params = [
+        {"name": b.name, "dtype": b.dtype, "shape": list(b.shape), "num_elements": b.num_elements}
+        for b in func.params
+    ]
+    text, n = string_const(json.dumps({"name": func.name, "params": params}).encode())
+    return f'@"{META_PREFIX}{func.name}" = constant [{n} x i8] {text}, align 1'
+
+
+def _emit_runtime_helpers(mod: ModuleBuilder) -> None:
+    mod.declare("omp_set_num_threads", "declare void @omp_set_num_threads(i32) nounwind")
+    mod.declare("omp_get_max_threads", "declare i32 @omp_get_max_threads() nounwind")
+    mod.functions.append(
+        "define weak_odr void @aotc_set_num_threads(i32 %n) #0 {\n"
+        "entry:\n  call void @omp_set_num_threads(i32 %n)\n  ret void\n}"
+    )
+    mod.functions.append(
+        "define weak_odr i32 @aotc_get_max_threads() #0 {\n"
+        "entry:\n  %n = call i32 @omp_get_max_threads()\n  ret i32 %n\n}"
+    )
+
+
+# ----------------------------------------------------------------------------- object code
+
+_LOCK = threading.Lock()
+_MACHINES: dict[tuple[str, str, str, int], llvm.TargetMachine] = {}
+
+
+@functools.cache
+def _init_llvm() -> None:
+    llvm.initialize_all_targets()
+    llvm.initialize_all_asmprinters()
+
+
+def _target_machine(target: Target, opt_level: int) -> llvm.TargetMachine:
+    key = (target.triple, target.mcpu, target.features, opt_level)
+    tm = _MACHINES.get(key)
+    if tm is None:
+        _init_llvm()
+        cpu = llvm.get_host_cpu_name() if target.mcpu == "native" else target.mcpu
+        try:
+            llvm_target = llvm.Target.from_triple(target.triple)
+        except RuntimeError as err:
+            raise CodegenError(f"LLVM has no backend for triple {target.triple!r}: {err}") from None
+        tm = llvm_target.create_target_machine(
+            cpu=cpu, features=target.features, opt=opt_level, reloc="pic", codemodel="default"
+        )
+        _MACHINES[key] = tm
+    return tm
+
+
+def compile_to_object(ir_text: str, target: Target, opt_level: int = 3) -> bytes:
+    """Parse and verify `ir_text`, optimize it (new pass manager) and emit an ELF object."""
+    with _LOCK:
+        tm = _target_machine(target, opt_level)
+        try:
+            mod = llvm.parse_assembly(ir_text, context=llvm.create_context())
+            mod.triple = target.triple
+            mod.data_layout = str(tm.target_data)
+            mod.verify()
+        except RuntimeError as err:
+            raise CodegenError(f"generated LLVM IR is invalid: {err}") from None
+        if opt_level > 0:
+            pto = llvm.create_pipeline_tuning_options(speed_level=min(opt_level, 3))
+            pto.loop_vectorization = True
+            pto.slp_vectorization = True
+            pto.loop_unrolling = True
+            pto.loop_interleaving = True
+            pb = llvm.create_pass_builder(tm, pto)
+            pb.getModulePassManager().run(mod, pb)
+        return tm.emit_object(mod)
+
+
+# ----------------------------------------------------------------------------- linking
+
+_LIB_DIRS = ("/usr/lib/x86_64-linux-gnu", "/lib/x86_64-linux-gnu", "/usr/lib64", "/lib64", "/usr/lib", "/lib")
+
+
+def _find_lib(soname: str, dev_name: str | None = None) -> str | None:
+    for d in _LIB_DIRS:
+        path = os.path.join(d, soname)
+        if os.path.exists(path):
+            return path
+    if dev_name and shutil.which("gcc"):
+        out = subprocess.run(["gcc", f"-print-file-name={dev_name}"], capture_output=True, text=True).stdout
+        if os.path.isabs(out.strip()):
+            return os.path.realpath(out.strip())
+    return None
+
+
+@functools.cache
+def _link_inputs() -> tuple[str, list[str], dict[bytes, str]]:
+    """The linker, libraries every module needs, and libraries needed when a symbol prefix occurs."""
+    ld = "/usr/bin/ld" if os.path.exists("/usr/bin/ld") else shutil.which("ld")
+    if ld is None:
+        raise CodegenError("no linker: /usr/bin/ld not found")
+    gomp = _find_lib("libgomp.so.1", "libgomp.so")
+    if gomp is None:
+        raise CodegenError("libgomp not found (install gcc's OpenMP runtime)")
+    libm = _find_lib("libm.so.6")
+    on_use = {b"_ZGV": LIBMVEC_PATH, b"hf2": _find_lib("libgcc_s.so.1")}
+    return ld, [gomp] + ([libm] if libm else []), {k: v for k, v in on_use.items() if v and os.path.exists(v)}
+
+
+def link_shared(objects: list[bytes], out_path: str) -> None:
+    """Link objects into a shared library at `out_path` (atomically replaced) needing libgomp and libm."""
+    ld, libs, on_use = _link_inputs()
+    libs = libs + [lib for marker, lib in on_use.items() if any(marker in obj for obj in objects)]
+    out_dir = os.path.dirname(os.path.abspath(out_path))
+    with tempfile.TemporaryDirectory(dir=out_dir, prefix=".aotc-link-") as tmp:
+        paths = []
+        for i, obj in enumerate(objects):
+            path = os.path.join(tmp, f"m{i}.o")
+            with open(path, "wb") as f:
+                f.write(obj)
+            paths.append(path)
+        tmp_out = os.path.join(tmp, "out.so")
+        cmd = [ld, "-shared", "-z", "noexecstack", "-o", tmp_out, *paths, *libs]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise CodegenError(f"linking {out_path} failed: {proc.stderr.strip()}")
+        os.replace(tmp_out, out_path)

@@ -1,0 +1,427 @@
+"""Statement code generation: loops (serial, unrolled, vectorized, OpenMP-parallel), allocation, control flow."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from aotc.codegen.exprgen import BufInfo, ExprGen, Ramp, VecCtx
+from aotc.codegen.irbuilder import (
+    CodegenError,
+    FunctionBuilder,
+    ModuleBuilder,
+    Val,
+    const_val,
+    elem_bytes,
+    mem_type,
+    vector_const_text,
+)
+from aotc.codegen.vecmath import VecLib
+from aotc.ir.expr import Buffer, Expr, Load, Var, walk
+from aotc.ir.stmt import (
+    Allocate,
+    BufferStore,
+    For,
+    ForKind,
+    IfThenElse,
+    LetStmt,
+    PrimFunc,
+    Seq,
+    Stmt,
+    walk_stmts,
+)
+
+MAX_STACK_BYTES = 256 * 1024
+MAX_UNROLL = 512
+MAX_LANES = 64
+_MISSING = object()
+
+
+def stmt_exprs(s: Stmt) -> tuple[Expr, ...]:
+    if isinstance(s, For):
+        return (s.extent,)
+    if isinstance(s, IfThenElse):
+        return (s.cond,)
+    if isinstance(s, BufferStore):
+        return (s.value, *s.indices)
+    if isinstance(s, LetStmt):
+        return (s.value,)
+    return ()
+
+
+def used_names(body: Stmt) -> tuple[list[Var], list[Buffer]]:
+    """Variables and buffers referenced in `body`, in first-use order."""
+    vars_: dict[Var, None] = {}
+    bufs: dict[Buffer, None] = {}
+    for s in walk_stmts(body):
+        if isinstance(s, BufferStore):
+            bufs[s.buffer] = None
+        for e in stmt_exprs(s):
+            for n in walk(e):
+                if isinstance(n, Var):
+                    vars_[n] = None
+                elif isinstance(n, Load):
+                    bufs[n.buffer] = None
+    return list(vars_), list(bufs)
+
+
+def all_buffers(func: PrimFunc) -> list[Buffer]:
+    bufs: dict[Buffer, None] = dict.fromkeys(func.params)
+    for s in walk_stmts(func.body):
+        if isinstance(s, Allocate):
+            bufs[s.buffer] = None
+    bufs.update(dict.fromkeys(used_names(func.body)[1]))
+    return list(bufs)
+
+
+def _on_heap(buf: Buffer) -> bool:
+    return buf.scope != "local" or buf.num_elements * elem_bytes(buf.dtype) > MAX_STACK_BYTES
+
+
+def _may_fail(body: Stmt) -> bool:
+    return any(isinstance(s, Allocate) and _on_heap(s.buffer) for s in walk_stmts(body))
+
+
+class StmtGen(ExprGen):
+    """Emits one LLVM function (a kernel or an outlined parallel region) from a statement."""
+
+    def __init__(
+        self,
+        mod: ModuleBuilder,
+        fb: FunctionBuilder,
+        veclib: VecLib | None,
+        alias_md: dict[Buffer, str],
+        func_name: str,
+        exit_failure: Callable[[], None],
+        in_parallel: bool = False,
+    ) -> None:
+        super().__init__(mod, fb, veclib)
+        self.alias_md = alias_md
+        self.func_name = func_name
+        self.exit_failure = exit_failure
+        self.in_parallel = in_parallel
+        self.heap: list[str] = []
+
+    @contextmanager
+    def bind(self, var: Var, val: Val | Ramp) -> Iterator[None]:
+        if ("int64" if isinstance(val, Ramp) else val.dtype) != var.dtype:
+            val = self.cast_val(self.mat(val), var.dtype)
+        old = self.env.get(var, _MISSING)
+        self.env[var] = val
+        try:
+            yield
+        finally:
+            if old is _MISSING:
+                del self.env[var]
+            else:
+                self.env[var] = old  # type: ignore[assignment]
+
+    def bind_buffer(self, buf: Buffer, ptr: str) -> None:
+        self.bufs[buf] = BufInfo(ptr, self.alias_md.get(buf, ""))
+
+    def fail(self) -> None:
+        """Free the live heap buffers of this function and leave it with an error status."""
+        for p in reversed(self.heap):
+            self.fb.emit(f"call void @free(ptr {p})")
+        self.exit_failure()
+
+    def stmt(self, s: Stmt) -> None:
+        fn = _STMT.get(type(s))
+        if fn is None:
+            raise CodegenError(f"cannot generate code for statement {type(s).__name__}")
+        fn(self, s)
+
+    def _seq(self, s: Seq) -> None:
+        for child in s.stmts:
+            self.stmt(child)
+
+    def _store(self, s: BufferStore) -> None:
+        off = self.flat_offset(s.buffer, s.indices)
+        self.store(s.buffer, off, self.value(s.value))
+
+    def _let(self, s: LetStmt) -> None:
+        if s.value.dtype != s.var.dtype:
+            raise CodegenError(f"let {s.var.name}: value dtype {s.value.dtype} differs from {s.var.dtype}")
+        with self.bind(s.var, self.expr(s.value)):
+            self.stmt(s.body)
+
+    # ------------------------------------------------------------- branches
+
+    def _if(self, s: IfThenElse) -> None:
+        c = self.bool_value(s.cond)
+        if c.const is not None:
+            branch = s.then_case if c.const else s.else_case
+            if branch is not None:
+                self.stmt(branch)
+            return
+        if c.lanes:
+            self._vector_if(c, s)
+            return
+        fb = self.fb
+        then_l, end_l = fb.label("then"), fb.label("endif")
+        else_l = fb.label("else") if s.else_case is not None else end_l
+        fb.cond_br(c.ref, then_l, else_l)
+        fb.start_block(then_l)
+        self.stmt(s.then_case)
+        fb.br(end_l)
+        if s.else_case is not None:
+            fb.start_block(else_l)
+            self.stmt(s.else_case)
+            fb.br(end_l)
+        fb.start_block(end_l)
+
+    def _vector_if(self, c: Val, s: IfThenElse) -> None:
+        """Per-lane condition: each branch runs under the narrowed mask, skipped if no lane is active."""
+        assert self.vec is not None
+        outer = self.vec.mask
+        arms = [(c, s.then_case)]
+        if s.else_case is not None:
+            arms.append((self.lnot(c), s.else_case))
+        for cond, body in arms:
+            mask = self.logic("and", outer, cond) if outer is not None else cond
+            self.guarded(self.any_active(mask), lambda m=mask, b=body: self._under_mask(m, b))
+
+    def _under_mask(self, mask: Val, body: Stmt) -> None:
+        assert self.vec is not None
+        saved = (self.vec.mask, self.vec.nonempty)
+        self.vec.mask, self.vec.nonempty = mask, True
+        try:
+            self.stmt(body)
+        finally:
+            self.vec.mask, self.vec.nonempty = saved
+
+    def guarded(self, cond: Val, body: Callable[[], None]) -> None:
+        fb = self.fb
+        body_l, end_l = fb.label("guard"), fb.label("guard_end")
+        fb.cond_br(cond.ref, body_l, end_l)
+        fb.start_block(body_l)
+        body()
+        fb.br(end_l)
+        fb.start_block(end_l)
+
+    # ---------------------------------------------------------------- loops
+
+    def _for(self, s: For) -> None:
+        kind = ForKind(s.kind)
+        if kind == ForKind.THREAD_BINDING:
+            raise CodegenError(
+                f"thread binding {s.thread_tag or s.var.name!r} is not supported on CPU target (llvm)"
+            )
+        if kind == ForKind.PARALLEL:
+            self._parallel(s)
+            return
+        ext = self.value(s.extent)
+        if ext.lanes:
+            raise CodegenError(f"extent of loop {s.var.name!r} varies across the lanes of a vectorized loop")
+        if ext.const is not None and ext.const <= 0:
+            return
+        if kind == ForKind.VECTORIZED and s.max_extent > 1:
+            self._vectorized(s, ext)
+        elif kind == ForKind.UNROLLED:
+            self._unrolled(s, ext)
+        elif ext.const == 1:
+            with self.bind(s.var, const_val(0, "int64")):
+                self.stmt(s.body)
+        else:
+            self.loop(s.var, const_val(0, "int64"), ext, lambda: self.stmt(s.body))
+
+    def loop(self, var: Var, begin: Val, end: Val, body: Callable[[], None]) -> None:
+        fb = self.fb
+        pre = fb.cur_label
+        head, body_l, latch, exit_l = (fb.label(n) for n in ("loop", "body", "latch", "endloop"))
+        i, nxt = fb.tmp(), fb.tmp()
+        fb.br(head)
+        fb.start_block(head)
+        fb.emit(f"{i} = phi i64 [ {begin.ref}, %{pre} ], [ {nxt}, %{latch} ]")
+        fb.cond_br(fb.op(f"icmp slt i64 {i}, {end.ref}"), body_l, exit_l)
+        fb.start_block(body_l)
+        with self.bind(var, Val(i, "int64")):
+            body()
+        fb.br(latch)
+        fb.start_block(latch)
+        fb.emit(f"{nxt} = add nuw nsw i64 {i}, 1")
+        fb.br(head)
+        fb.start_block(exit_l)
+
+    def _unrolled(self, s: For, ext: Val) -> None:
+        """Constant extent: one copy per iteration; otherwise `max_extent` copies guarded by `k < extent`."""
+        if ext.const is not None and ext.const <= MAX_UNROLL:
+            for k in range(int(ext.const)):
+                with self.bind(s.var, const_val(k, "int64")):
+                    self.stmt(s.body)
+            return
+        if ext.const is not None or s.max_extent > MAX_LANES:
+            self.loop(s.var, const_val(0, "int64"), ext, lambda: self.stmt(s.body))
+            return
+        fb = self.fb
+        end_l = fb.label("unroll_end")
+        for k in range(s.max_extent):
+            next_l = fb.label("unroll")
+            fb.cond_br(fb.op(f"icmp sgt i64 {ext.ref}, {k}"), next_l, end_l)
+            fb.start_block(next_l)
+            with self.bind(s.var, const_val(k, "int64")):
+                self.stmt(s.body)
+        fb.br(end_l)
+        fb.start_block(end_l)
+
+    def _vectorized(self, s: For, ext: Val) -> None:
+        lanes = s.max_extent
+        if self.vec is not None:
+            raise CodegenError(
+                f"vectorized loop {s.var.name!r} nested inside vectorized loop {self.vec.var.name!r}"
+            )
+        if lanes > MAX_LANES:
+            raise CodegenError(f"vectorized loop {s.var.name!r} has {lanes} lanes (at most {MAX_LANES})")
+        if ext.const is not None:
+            if ext.const > lanes:
+                raise CodegenError(f"vectorized loop {s.var.name!r}: extent {ext.const} > max_extent {lanes}")
+            mask = None
+            if ext.const < lanes:
+                bits = [i < ext.const for i in range(lanes)]
+                mask = Val(vector_const_text(bits, "bool"), "bool", lanes)
+            self._vector_body(s, lanes, mask)
+            return
+        iota = Val(vector_const_text(list(range(lanes)), "int64"), "int64", lanes)
+        positive = self.icmp("sgt", ext, const_val(0, "int64"))
+        self.guarded(positive, lambda: self._vector_body(s, lanes, self.icmp("slt", iota, ext)))
+
+    def _vector_body(self, s: For, lanes: int, mask: Val | None) -> None:
+        self.vec = VecCtx(s.var, lanes, mask, True)
+        try:
+            with self.bind(s.var, Ramp(const_val(0, "int64"), 1, lanes)):
+                self.stmt(s.body)
+        finally:
+            self.vec = None
+
+    # -------------------------------------------------------------- parallel
+
+    def _parallel(self, s: For) -> None:
+        if self.vec is not None:
+            raise CodegenError(f"parallel loop {s.var.name!r} inside vectorized loop {self.vec.var.name!r}")
+        if self.in_parallel:
+            raise CodegenError(f"nested parallel loop {s.var.name!r} (parallel inside parallel)")
+        ext = self.value(s.extent)
+        if ext.const is not None and ext.const <= 0:
+            return
+        vars_, bufs = used_names(s.body)
+        vars_ = [v for v in vars_ if v in self.env and v is not s.var]
+        bufs = [b for b in bufs if b in self.bufs]
+        values: list[tuple[str, str]] = [("i64", ext.ref)]
+        values += [("ptr", self.bufs[b].ptr) for b in bufs]
+        values += [(self.env[v].ty, self.env[v].ref) for v in vars_]  # type: ignore[union-attr]
+        may_fail = _may_fail(s.body)
+        fb = self.fb
+        status = fb.alloca("i32", 1, 4) if may_fail else None
+        if status:
+            values.append(("ptr", status))
+            fb.emit(f"store i32 0, ptr {status}")
+        closure = fb.alloca("i64", len(values), 8)
+        for k, (ty, ref) in enumerate(values):
+            slot = fb.op(f"getelementptr i64, ptr {closure}, i64 {k}") if k else closure
+            fb.emit(f"store {ty} {ref}, ptr {slot}")
+        outlined = self._outline(s, vars_, bufs, [ty for ty, _ in values])
+        gomp = self.mod.declare("GOMP_parallel", "declare void @GOMP_parallel(ptr, ptr, i32, i32) nounwind")
+        fb.emit(f"call void {gomp}(ptr @{outlined}, ptr {closure}, i32 0, i32 0)")
+        if status:
+            failed = fb.op(f"icmp ne i32 {fb.op(f'load i32, ptr {status}')}, 0")
+            fail_l, ok_l = fb.label("par_fail"), fb.label("par_ok")
+            fb.cond_br(failed, fail_l, ok_l)
+            fb.start_block(fail_l)
+            self.fail()
+            fb.start_block(ok_l)
+
+    def _outline(self, s: For, vars_: list[Var], bufs: list[Buffer], types: list[str]) -> str:
+        name = self.mod.unique_name(f"{self.func_name}.par")
+        fb = FunctionBuilder(f'define internal void @"{name}"(ptr %closure) #0')
+        loaded = []
+        for k, ty in enumerate(types):
+            slot = fb.op(f"getelementptr i64, ptr %closure, i64 {k}") if k else "%closure"
+            loaded.append(fb.op(f"load {ty}, ptr {slot}"))
+        status = loaded[-1] if _may_fail(s.body) else None
+
+        def exit_failure() -> None:
+            if status is not None:
+                fb.emit(f"store i32 1, ptr {status}")
+            fb.ret("void")
+
+        gen = StmtGen(
+            self.mod, fb, self.veclib, self.alias_md, self.func_name, exit_failure, in_parallel=True
+        )
+        for b, ref in zip(bufs, loaded[1:]):
+            gen.bind_buffer(b, ref)
+        for v, ref in zip(vars_, loaded[1 + len(bufs) :]):
+            gen.env[v] = Val(ref, self.env[v].dtype)  # type: ignore[union-attr]
+        begin, end = gen._thread_range(Val(loaded[0], "int64"))
+        gen.loop(s.var, begin, end, lambda: gen.stmt(s.body))
+        fb.ret("void")
+        self.mod.functions.append(fb.render())
+        return f'"{name}"'
+
+    def _thread_range(self, ext: Val) -> tuple[Val, Val]:
+        """This thread's block of [0, ext): sizes differ by at most one iteration."""
+        mod, fb = self.mod, self.fb
+        num = mod.declare("omp_get_num_threads", "declare i32 @omp_get_num_threads() nounwind")
+        tid = mod.declare("omp_get_thread_num", "declare i32 @omp_get_thread_num() nounwind")
+        n = Val(fb.op(f"sext i32 {fb.op(f'call i32 {num}()')} to i64"), "int64")
+        t = Val(fb.op(f"sext i32 {fb.op(f'call i32 {tid}()')} to i64"), "int64")
+        q, r = self.inst("sdiv", ext, n), self.inst("srem", ext, n)
+        begin = self.inst("add nsw", self.inst("mul nsw", t, q), self.intrinsic("smin", [t, r]))
+        extra = self.cast_val(self.icmp("slt", t, r), "int64")
+        end = self.inst("add nsw", self.inst("add nsw", begin, q), extra)
+        return begin, end
+
+    # ------------------------------------------------------------ allocation
+
+    def _allocate(self, s: Allocate) -> None:
+        buf = s.buffer
+        if self.vec is not None:
+            raise CodegenError(f"allocation of {buf.name!r} inside vectorized loop {self.vec.var.name!r}")
+        if buf.scope not in ("local", "global"):
+            raise CodegenError(
+                f"buffer {buf.name!r} has scope {buf.scope!r}; the CPU target has local/global"
+            )
+        old = self.bufs.get(buf)
+        count = buf.num_elements
+        if not _on_heap(buf):
+            p = self.fb.alloca(mem_type(buf.dtype), count, 64)
+            self.bind_buffer(buf, p)
+            for marker in ("start", "end"):
+                self.mod.intrinsic(f"llvm.lifetime.{marker}.p0", "void", ["ptr"])
+            self.fb.emit(f"call void @llvm.lifetime.start.p0(ptr {p})")
+            self.stmt(s.body)
+            self.fb.emit(f"call void @llvm.lifetime.end.p0(ptr {p})")
+        else:
+            self._heap_allocate(buf, s.body)
+        if old is None:
+            del self.bufs[buf]
+        else:
+            self.bufs[buf] = old
+
+    def _heap_allocate(self, buf: Buffer, body: Stmt) -> None:
+        fb, mod = self.fb, self.mod
+        size = -(-buf.num_elements * elem_bytes(buf.dtype) // 64) * 64
+        if size >= 1 << 63:
+            raise CodegenError(f"buffer {buf.name!r} of {size} bytes is too large to allocate")
+        alloc = mod.declare("aligned_alloc", "declare noalias ptr @aligned_alloc(i64, i64) nounwind")
+        free = mod.declare("free", "declare void @free(ptr) nounwind")
+        p = fb.op(f"call ptr {alloc}(i64 64, i64 {size})")
+        ok_l, fail_l = fb.label("alloc_ok"), fb.label("alloc_fail")
+        fb.cond_br(fb.op(f"icmp ne ptr {p}, null"), ok_l, fail_l)
+        fb.start_block(fail_l)
+        self.fail()
+        fb.start_block(ok_l)
+        self.bind_buffer(buf, p)
+        self.heap.append(p)
+        self.stmt(body)
+        self.heap.pop()
+        fb.emit(f"call void {free}(ptr {p})")
+
+
+_STMT = {
+    Seq: StmtGen._seq,
+    BufferStore: StmtGen._store,
+    LetStmt: StmtGen._let,
+    IfThenElse: StmtGen._if,
+    For: StmtGen._for,
+    Allocate: StmtGen._allocate,
+}

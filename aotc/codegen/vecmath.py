@@ -1,0 +1,49 @@
+"""Vector math through glibc's libmvec (x86-64) and per-lane splitting of wide vectors."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from aotc.target import Target
+
+LIBMVEC_PATH = "/lib/x86_64-linux-gnu/libmvec.so.1"
+
+_LIBMVEC_FUNCS = {"exp": 1, "log": 1, "tanh": 1, "erf": 1, "pow": 2}
+_ISA_BYTES = {"b": 16, "c": 32, "d": 32, "e": 64}
+
+
+@dataclass(frozen=True, slots=True)
+class VecLib:
+    """The libmvec ISA variants usable on a target, widest first."""
+
+    isas: tuple[str, ...]
+
+    def supports(self, fn: str, dtype: str) -> bool:
+        return fn in _LIBMVEC_FUNCS and dtype in ("float32", "float64")
+
+    def plan(self, dtype: str, lanes: int) -> tuple[str, int]:
+        """(ISA letter, lanes per call) for a `lanes`-wide vector of `dtype`."""
+        elem = 4 if dtype == "float32" else 8
+        for isa in self.isas:
+            if _ISA_BYTES[isa] // elem <= lanes:
+                return isa, _ISA_BYTES[isa] // elem
+        return self.isas[-1], _ISA_BYTES[self.isas[-1]] // elem
+
+    @staticmethod
+    def symbol(fn: str, dtype: str, isa: str, width: int) -> str:
+        suffix = "f" if dtype == "float32" else ""
+        return f"_ZGV{isa}N{width}{'v' * _LIBMVEC_FUNCS[fn]}_{fn}{suffix}"
+
+
+def veclib_for(target: Target) -> VecLib | None:
+    """libmvec variants for an x86-64 Linux target whose objects are linked on this host."""
+    triple = target.triple
+    if not triple.startswith("x86_64") or "linux" not in triple or not os.path.exists(LIBMVEC_PATH):
+        return None
+    vb = target.hw.vector_bytes
+    if vb >= 64:
+        return VecLib(("e", "d", "b"))
+    if vb >= 32:
+        return VecLib(("d", "b") if "+avx2" in target.mattr else ("c", "b"))
+    return VecLib(("b",))

@@ -1,0 +1,642 @@
+"""LLVM CPU code generator: hand-built loop IR compiled to shared libraries and compared with numpy."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from aotc.codegen.llvm import CodegenError, build_llvm_ir, compile_to_object
+from aotc.codegen.module import KernelError, build_module, load_library
+from aotc.ir.expr import (
+    Buffer,
+    Call,
+    Const,
+    Load,
+    Var,
+    cast,
+    const,
+    eq,
+    logical_and,
+    logical_not,
+    logical_or,
+    maximum,
+    minimum,
+    ne,
+    select,
+)
+from aotc.ir.stmt import Allocate, BufferStore, For, ForKind, IfThenElse, LetStmt, PrimFunc, seq
+from aotc.target import parse_target
+
+S, V, U, P = ForKind.SERIAL, ForKind.VECTORIZED, ForKind.UNROLLED, ForKind.PARALLEL
+HOST = parse_target("llvm")
+RNG = np.random.default_rng(0)
+
+
+def loop(var, extent, kind, body, max_extent=None):
+    ext = const(extent) if isinstance(extent, int) else extent
+    return For(var, ext, max_extent if max_extent is not None else extent, kind, body)
+
+
+def build(tmp_path, *funcs, name="m"):
+    path = str(tmp_path / f"{name}.so")
+    build_module(list(funcs), HOST, path)
+    return load_library(path)
+
+
+def run1(tmp_path, func, *arrays):
+    build(tmp_path, func).kernel(func.name)(*arrays)
+
+
+def elementwise(name, n, lanes, in_dtypes, out_dtype, fn):
+    """out[i] = fn(in_0[i], ...) over a vectorized loop split by `lanes` with a masked tail."""
+    ins = tuple(Buffer(f"x{k}", d, (n,)) for k, d in enumerate(in_dtypes))
+    out = Buffer("y", out_dtype, (n,))
+    o, v = Var("o"), Var("v")
+    idx = o * lanes + v
+    ext = minimum(const(lanes), n - o * lanes)
+    value = fn(*(Load(b, (idx,)) for b in ins))
+    body = loop(o, -(-n // lanes), S, loop(v, ext, V, BufferStore(out, value, (idx,)), max_extent=lanes))
+    return PrimFunc(name, (*ins, out), body)
+
+
+def scalar_elementwise(name, n, in_dtypes, out_dtype, fn):
+    ins = tuple(Buffer(f"x{k}", d, (n,)) for k, d in enumerate(in_dtypes))
+    out = Buffer("y", out_dtype, (n,))
+    i = Var("i")
+    body = loop(i, n, S, BufferStore(out, fn(*(Load(b, (i,)) for b in ins)), (i,)))
+    return PrimFunc(name, (*ins, out), body)
+
+
+def pointwise(name, n, lanes, in_dtypes, out_dtype, fn):
+    """A vectorized kernel with `lanes` lanes, or a scalar loop when `lanes` is 0."""
+    if lanes:
+        return elementwise(name, n, lanes, in_dtypes, out_dtype, fn)
+    return scalar_elementwise(name, n, in_dtypes, out_dtype, fn)
+
+
+# ----------------------------------------------------------------------------- elementwise
+
+
+@pytest.mark.parametrize("n", [64, 37])
+def test_vector_add(tmp_path, n):
+    f = elementwise("add", n, 16, ["float32", "float32"], "float32", lambda a, b: a + b)
+    a, b = RNG.random(n, dtype=np.float32), RNG.random(n, dtype=np.float32)
+    y = np.full(n, -7.0, np.float32)
+    run1(tmp_path, f, a, b, y)
+    np.testing.assert_array_equal(y, a + b)
+
+
+def test_vector_ir_is_explicit(tmp_path):
+    f = elementwise("add", 37, 16, ["float32", "float32"], "float32", lambda a, b: a + b)
+    ir = build_llvm_ir([f], HOST)
+    assert "@llvm.masked.load.v16f32" in ir and "@llvm.masked.store.v16f32" in ir
+    assert "fadd contract <16 x float>" in ir
+
+
+# ----------------------------------------------------------------------------- matmul
+
+
+def matmul(M, N, K, ti=4, tj=16):
+    A, B, C = Buffer("A", "float32", (M, K)), Buffer("B", "float32", (K, N)), Buffer("C", "float32", (M, N))
+    io, jo, k, ii, jv = (Var(n) for n in ("io", "jo", "k", "ii", "jv"))
+    acc = Buffer("acc", "float32", (ti, tj), scope="local")
+    row, col = io * ti + ii, jo * tj + jv
+
+    def tile(st):
+        return loop(ii, ti, U, loop(jv, tj, V, st))
+
+    init = tile(BufferStore(acc, const(0.0), (ii, jv)))
+    update = Load(acc, (ii, jv)) + Load(A, (row, k)) * Load(B, (k, col))
+    body = seq(
+        init,
+        loop(k, K, S, tile(BufferStore(acc, update, (ii, jv)))),
+        tile(BufferStore(C, Load(acc, (ii, jv)), (row, col))),
+    )
+    nest = loop(io, M // ti, P, loop(jo, N // tj, S, Allocate(acc, body)))
+    return PrimFunc("matmul", (A, B, C), nest)
+
+
+def test_matmul_threads(tmp_path):
+    M, N, K = 64, 48, 40
+    lib = build(tmp_path, matmul(M, N, K))
+    a, b = RNG.random((M, K), dtype=np.float32), RNG.random((K, N), dtype=np.float32)
+    results = []
+    for threads in (1, 2):
+        lib.set_num_threads(threads)
+        assert lib.max_threads() == threads
+        c = np.zeros((M, N), np.float32)
+        lib.kernel("matmul")(a, b, c)
+        results.append(c)
+    np.testing.assert_allclose(results[0], a @ b, rtol=1e-5)
+    np.testing.assert_array_equal(results[0], results[1])
+
+
+def test_prepare_fast_caller(tmp_path):
+    lib = build(tmp_path, matmul(8, 16, 8))
+    a, b = np.ones((8, 8), np.float32), np.ones((8, 16), np.float32)
+    c = np.zeros((8, 16), np.float32)
+    run = lib.kernel("matmul").prepare(a, b, c)
+    run()
+    np.testing.assert_array_equal(c, np.full((8, 16), 8.0, np.float32))
+
+
+def test_rebuild_at_same_path_reloads(tmp_path):
+    path = str(tmp_path / "k.so")
+    x, y = np.zeros(8, np.float32), np.zeros(8, np.float32)
+    for c in (1.0, 2.0):
+        build_module([elementwise("k", 8, 8, ["float32"], "float32", lambda a, c=c: a + c)], HOST, path)
+        load_library(path).kernel("k")(x, y)
+        np.testing.assert_array_equal(y, np.full(8, c, np.float32))
+
+
+def test_kernel_argument_checks(tmp_path):
+    kern = build(tmp_path, matmul(8, 16, 8)).kernel("matmul")
+    a, b, c = np.ones((8, 8), np.float32), np.ones((8, 16), np.float32), np.zeros((8, 16), np.float32)
+    with pytest.raises(TypeError):
+        kern(a, b)
+    with pytest.raises(TypeError):
+        kern(a.astype(np.float64), b, c)
+    with pytest.raises(ValueError):
+        kern(np.ones((8, 9), np.float32), b, c)
+    with pytest.raises(ValueError):
+        kern(np.ones((8, 16), np.float32)[:, ::2], b, c)
+    with pytest.raises(ValueError):
+        kern(a, b, b)
+
+
+# ----------------------------------------------------------------------------- integer division
+
+
+@pytest.mark.parametrize("dtype", ["int32", "int64"])
+@pytest.mark.parametrize("divisor", [4, 7, -3, None])
+@pytest.mark.parametrize("lanes", [0, 16])
+def test_floordiv_floormod(tmp_path, dtype, divisor, lanes):
+    n = 41
+    x = RNG.integers(-100, 100, n).astype(dtype)
+    d = RNG.integers(-9, 9, n).astype(dtype)
+    d[:3] = [0, -1, 1]
+
+    def rhs(b):
+        return b if divisor is None else Const(divisor, dtype)
+
+    fdiv = pointwise("fdiv", n, lanes, [dtype, dtype], dtype, lambda a, b: a // rhs(b))
+    fmod = pointwise("fmod", n, lanes, [dtype, dtype], dtype, lambda a, b: a % rhs(b))
+    lib = build(tmp_path, fdiv, fmod)
+    q, r = np.zeros(n, dtype), np.zeros(n, dtype)
+    lib.kernel("fdiv")(x, d, q)
+    lib.kernel("fmod")(x, d, r)
+    dd = d if divisor is None else np.full(n, divisor, dtype)
+    with np.errstate(divide="ignore"):
+        np.testing.assert_array_equal(q, np.floor_divide(x, dd))
+        np.testing.assert_array_equal(r, np.remainder(x, dd))
+
+
+def test_unsigned_and_float_divmod(tmp_path):
+    n = 37
+    xu, du = RNG.integers(0, 250, n).astype(np.uint8), RNG.integers(0, 20, n).astype(np.uint8)
+    xf = RNG.uniform(-10, 10, n).astype(np.float64)
+    df = RNG.uniform(-3, 3, n).astype(np.float64)
+    df[0], xf[1], df[1] = 0.0, 1.0, 0.1
+    funcs = [
+        elementwise("udiv", n, 16, ["uint8", "uint8"], "uint8", lambda a, b: a // b),
+        elementwise("umod", n, 16, ["uint8", "uint8"], "uint8", lambda a, b: a % b),
+        elementwise("ffdiv", n, 8, ["float64", "float64"], "float64", lambda a, b: a // b),
+        elementwise("ffmod", n, 8, ["float64", "float64"], "float64", lambda a, b: a % b),
+    ]
+    lib = build(tmp_path, *funcs)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        for name, x, d, ref in (
+            ("udiv", xu, du, np.floor_divide),
+            ("umod", xu, du, np.remainder),
+            ("ffdiv", xf, df, np.floor_divide),
+            ("ffmod", xf, df, np.remainder),
+        ):
+            out = np.zeros(n, x.dtype)
+            lib.kernel(name)(x, d, out)
+            np.testing.assert_array_equal(out, ref(x, d), err_msg=name)
+
+
+# ----------------------------------------------------------------------------- casts
+
+CASTS = [
+    ("float32", "int32"),
+    ("float64", "int64"),
+    ("float32", "uint8"),
+    ("int32", "float32"),
+    ("uint32", "float64"),
+    ("int8", "int64"),
+    ("uint8", "int32"),
+    ("int64", "int8"),
+    ("int32", "uint16"),
+    ("float64", "float32"),
+    ("float32", "float64"),
+    ("float32", "bool"),
+    ("int16", "bool"),
+    ("bool", "int32"),
+    ("bool", "float32"),
+    ("float32", "float16"),
+]
+
+
+def _cast_input(dtype, n):
+    if dtype == "bool":
+        return RNG.random(n) < 0.5
+    if dtype.startswith("float"):
+        x = RNG.uniform(0, 200, n).astype(dtype)
+        x[:4] = [0.0, -0.0, 2.5, 0.999]
+        return x
+    info = np.iinfo(dtype)
+    return RNG.integers(max(info.min, -1000), min(info.max, 1000), n).astype(dtype)
+
+
+@pytest.mark.parametrize("lanes", [0, 16])
+def test_casts(tmp_path, lanes):
+    n = 37
+    funcs, cases = [], []
+    for k, (src, dst) in enumerate(CASTS):
+        name = f"c{k}"
+        funcs.append(pointwise(name, n, lanes, [src], dst, lambda a, d=dst: cast(d, a)))
+        cases.append((name, _cast_input(src, n), dst))
+    lib = build(tmp_path, *funcs)
+    for name, x, dst in cases:
+        out = np.zeros(n, dst)
+        lib.kernel(name)(x, out)
+        np.testing.assert_array_equal(out, x.astype(dst), err_msg=f"{x.dtype} -> {dst}")
+
+
+# ----------------------------------------------------------------------------- math
+
+MATH = {
+    "exp": (np.exp, (-10, 10)),
+    "log": (np.log, (0.01, 100)),
+    "sqrt": (np.sqrt, (0, 100)),
+    "rsqrt": (lambda x: 1 / np.sqrt(x), (0.01, 100)),
+    "tanh": (np.tanh, (-5, 5)),
+    "erf": (np.vectorize(math.erf), (-3, 3)),
+    "sigmoid": (lambda x: 1 / (1 + np.exp(-x)), (-20, 20)),
+    "abs": (np.abs, (-5, 5)),
+    "floor": (np.floor, (-5, 5)),
+    "ceil": (np.ceil, (-5, 5)),
+    "round": (np.round, (-5, 5)),
+}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("lanes", [0, 16, 37])
+def test_math_calls(tmp_path, dtype, lanes):
+    n = 37
+    funcs, cases = [], []
+    for name, (ref, (lo, hi)) in MATH.items():
+        funcs.append(pointwise(f"k_{name}", n, lanes, [dtype], dtype, lambda a, name=name: Call(name, (a,))))
+        x = RNG.uniform(lo, hi, n).astype(dtype)
+        if name == "round":
+            x[:6] = [0.5, 1.5, 2.5, -0.5, -1.5, -2.5]
+        cases.append((name, x, ref(x.astype(np.float64)).astype(dtype)))
+    lib = build(tmp_path, *funcs)
+    for name, x, expected in cases:
+        out = np.zeros(n, dtype)
+        lib.kernel(f"k_{name}")(x, out)
+        np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-7, err_msg=name)
+
+
+def test_pow_min_max_int_abs(tmp_path):
+    n = 37
+    x = RNG.uniform(0.1, 3, n).astype(np.float32)
+    y = RNG.uniform(-2, 2, n).astype(np.float32)
+    x[0], y[1] = np.nan, np.nan
+    i = RNG.integers(-50, 50, n).astype(np.int32)
+    j = RNG.integers(-50, 50, n).astype(np.int32)
+    funcs = [
+        elementwise("pw", n, 16, ["float32", "float32"], "float32", lambda a, b: a**b),
+        elementwise("mn", n, 16, ["float32", "float32"], "float32", minimum),
+        elementwise("mx", n, 16, ["float32", "float32"], "float32", maximum),
+        elementwise("imn", n, 16, ["int32", "int32"], "int32", minimum),
+        elementwise("iabs", n, 16, ["int32"], "int32", lambda a: Call("abs", (a,))),
+    ]
+    lib = build(tmp_path, *funcs)
+    out = np.zeros(n, np.float32)
+    for name, ref in (("pw", np.power), ("mn", np.minimum), ("mx", np.maximum)):
+        lib.kernel(name)(x, y, out)
+        np.testing.assert_allclose(out, ref(x, y), rtol=1e-5, err_msg=name)
+    iout = np.zeros(n, np.int32)
+    lib.kernel("imn")(i, j, iout)
+    np.testing.assert_array_equal(iout, np.minimum(i, j))
+    lib.kernel("iabs")(i, iout)
+    np.testing.assert_array_equal(iout, np.abs(i))
+
+
+# ----------------------------------------------------------------------------- select / logic
+
+
+@pytest.mark.parametrize("lanes", [0, 16])
+def test_select_compare_logical(tmp_path, lanes):
+    n = 37
+
+    def fn(a, b, c):
+        cond = logical_or(logical_and(a > b, logical_not(c)), eq(a, 0.0))
+        return select(cond, a * 2.0, b - a)
+
+    f = pointwise("sel", n, lanes, ["float32", "float32", "bool"], "float32", fn)
+    g = pointwise("cmp", n, lanes, ["float32", "float32"], "bool", lambda a, b: ne(a >= b, a < 0.5))
+    lib = build(tmp_path, f, g)
+    a, b = RNG.random(n, dtype=np.float32), RNG.random(n, dtype=np.float32)
+    a[:3] = 0.0
+    c = RNG.random(n) < 0.5
+    out = np.zeros(n, np.float32)
+    lib.kernel("sel")(a, b, c, out)
+    np.testing.assert_array_equal(out, np.where(((a > b) & ~c) | (a == 0), a * 2, b - a))
+    bout = np.zeros(n, bool)
+    lib.kernel("cmp")(a, b, bout)
+    np.testing.assert_array_equal(bout, (a >= b) != (a < 0.5))
+
+
+def test_select_does_not_load_unselected_arm(tmp_path):
+    """Padding: the load in the unselected arm would read out of bounds."""
+    n, pad = 40, 3
+    A, B = Buffer("A", "float32", (n,)), Buffer("B", "float32", (n + 2 * pad,))
+    o, v = Var("o"), Var("v")
+    idx = o * 16 + v
+    src = idx - pad
+    value = select(logical_and(src >= 0, src < n), Load(A, (src,)), const(0.0))
+    ext = minimum(const(16), n + 2 * pad - o * 16)
+    body = loop(o, 3, S, loop(v, ext, V, BufferStore(B, value, (idx,)), max_extent=16))
+    scalar = loop(
+        o,
+        n + 2 * pad,
+        S,
+        BufferStore(B, select(logical_and(o >= pad, o < n + pad), Load(A, (o - pad,)), const(-1.0)), (o,)),
+    )
+    lib = build(tmp_path, PrimFunc("padv", (A, B), body), PrimFunc("pads", (A, B), scalar))
+    a = RNG.random(n, dtype=np.float32)
+    out = np.zeros(n + 2 * pad, np.float32)
+    lib.kernel("padv")(a, out)
+    np.testing.assert_array_equal(out, np.pad(a, pad))
+    lib.kernel("pads")(a, out)
+    np.testing.assert_array_equal(out, np.pad(a, pad, constant_values=-1.0))
+
+
+# ----------------------------------------------------------------------------- gather / scatter / masks
+
+
+def test_gather_strided_load(tmp_path):
+    n = 37
+    A, B = Buffer("A", "float32", (2 * n,)), Buffer("B", "float32", (n,))
+    o, v = Var("o"), Var("v")
+    idx = o * 16 + v
+    body = loop(
+        o, 3, S, loop(v, minimum(const(16), n - o * 16), V, BufferStore(B, Load(A, (idx * 2,)), (idx,)), 16)
+    )
+    f = PrimFunc("gather", (A, B), body)
+    assert "llvm.masked.gather" in build_llvm_ir([f], HOST)
+    a, b = RNG.random(2 * n, dtype=np.float32), np.zeros(n, np.float32)
+    run1(tmp_path, f, a, b)
+    np.testing.assert_array_equal(b, a[::2])
+
+
+def test_gather_indirect_and_scatter(tmp_path):
+    n = 32
+    A, I, B = Buffer("A", "float32", (n,)), Buffer("I", "int64", (n,)), Buffer("B", "float32", (2 * n,))
+    v = Var("v")
+    gather = PrimFunc("ind", (A, I, B), loop(v, n, V, BufferStore(B, Load(A, (Load(I, (v,)),)), (v,))))
+    scatter = PrimFunc("sct", (A, I, B), loop(v, n, V, BufferStore(B, Load(A, (v,)), (v * 2 + 1,))))
+    assert "llvm.masked.scatter" in build_llvm_ir([scatter], HOST)
+    lib = build(tmp_path, gather, scatter)
+    a, perm = RNG.random(n, dtype=np.float32), RNG.permutation(n).astype(np.int64)
+    b = np.zeros(2 * n, np.float32)
+    lib.kernel("ind")(a, perm, b)
+    np.testing.assert_array_equal(b[:n], a[perm])
+    b[:] = 0
+    lib.kernel("sct")(a, perm, b)
+    np.testing.assert_array_equal(b[1::2], a)
+    np.testing.assert_array_equal(b[::2], 0)
+
+
+def test_masked_if_in_vector_loop(tmp_path):
+    n = 37
+    A, B, C = Buffer("A", "float32", (n,)), Buffer("B", "float32", (n,)), Buffer("C", "float32", (1,))
+    o, v = Var("o"), Var("v")
+    idx = o * 16 + v
+    branch = IfThenElse(
+        Load(A, (idx,)) > const(0.0),
+        BufferStore(B, Load(A, (idx,)) * Load(C, (const(0),)), (idx,)),
+        BufferStore(B, const(-1.0), (idx,)),
+    )
+    body = loop(o, 3, S, loop(v, minimum(const(16), n - o * 16), V, branch, 16))
+    a = RNG.uniform(-1, 1, n).astype(np.float32)
+    b = np.full(n, 9.0, np.float32)
+    run1(tmp_path, PrimFunc("mif", (A, B, C), body), a, b, np.array([3.0], np.float32))
+    np.testing.assert_array_equal(b, np.where(a > 0, a * 3, -1.0).astype(np.float32))
+
+
+def test_invariant_if_and_outer_loop_vectorization(tmp_path):
+    """A serial loop nested in a vectorized loop keeps the vector context (column sums)."""
+    m, n = 9, 16
+    A, B = Buffer("A", "float32", (m, n)), Buffer("B", "float32", (n,))
+    v, r = Var("v"), Var("r")
+    body = loop(
+        v,
+        n,
+        V,
+        seq(
+            BufferStore(B, const(0.0), (v,)),
+            loop(r, m, S, IfThenElse(r < 5, BufferStore(B, Load(B, (v,)) + Load(A, (r, v)), (v,)))),
+        ),
+    )
+    a, b = RNG.random((m, n), dtype=np.float32), np.zeros(n, np.float32)
+    run1(tmp_path, PrimFunc("colsum", (A, B), body), a, b)
+    np.testing.assert_allclose(b, a[:5].sum(axis=0), rtol=1e-6)
+
+
+def test_bool_buffers_vector(tmp_path):
+    n = 37
+    f = elementwise("bnot", n, 16, ["bool"], "bool", logical_not)
+    x = RNG.random(n) < 0.5
+    out = np.zeros(n, bool)
+    run1(tmp_path, f, x, out)
+    np.testing.assert_array_equal(out, ~x)
+
+
+# ----------------------------------------------------------------------------- allocation / let
+
+
+def test_local_allocate_in_parallel_loop(tmp_path):
+    rows, n = 10, 24
+    A, B = Buffer("A", "float32", (rows, n)), Buffer("B", "float32", (rows, n))
+    tmpb = Buffer("tmp", "float32", (n,), scope="local")
+    i, j = Var("i"), Var("j")
+    body = Allocate(
+        tmpb,
+        seq(
+            loop(j, n, S, BufferStore(tmpb, Load(A, (i, j)) * 2.0, (j,))),
+            loop(j, n, S, BufferStore(B, Load(tmpb, (n - 1 - j,)), (i, j))),
+        ),
+    )
+    f = PrimFunc("rev", (A, B), loop(i, rows, P, body))
+    a, b = RNG.random((rows, n), dtype=np.float32), np.zeros((rows, n), np.float32)
+    lib = build(tmp_path, f)
+    lib.set_num_threads(2)
+    lib.kernel("rev")(a, b)
+    np.testing.assert_array_equal(b, a[:, ::-1] * 2)
+
+
+def test_global_allocate_and_let(tmp_path):
+    n = 100
+    A, B = Buffer("A", "float64", (n,)), Buffer("B", "float64", (n,))
+    big = Buffer("big", "float64", (n,), scope="global")
+    huge_local = Buffer("hl", "float64", (40000,), scope="local")
+    i, t = Var("i"), Var("t")
+    body = Allocate(
+        big,
+        Allocate(
+            huge_local,
+            seq(
+                loop(i, n, P, LetStmt(t, n - 1 - i, BufferStore(big, Load(A, (t,)) + 1.0, (i,)))),
+                loop(i, n, S, BufferStore(huge_local, Load(big, (i,)), (i * 400,))),
+                loop(i, n, S, BufferStore(B, Load(huge_local, (i * 400,)), (i,))),
+            ),
+        ),
+    )
+    f = PrimFunc("glob", (A, B), body)
+    ir = build_llvm_ir([f], HOST)
+    assert ir.count("@aligned_alloc(") == 3 and ir.count("@free(") >= 3
+    a, b = RNG.random(n), np.zeros(n)
+    run1(tmp_path, f, a, b)
+    np.testing.assert_array_equal(b, a[::-1] + 1)
+
+
+def test_parallel_closure_captures_outer_values(tmp_path):
+    """An outer serial loop var and float/bool let vars flow into the outlined parallel body."""
+    rows, n = 3, 20
+    A, B = Buffer("A", "float32", (rows, n)), Buffer("B", "float32", (rows, n))
+    r, j = Var("r"), Var("j")
+    scale, flip = Var("scale", "float32"), Var("flip", "bool")
+    inner = loop(j, n, P, BufferStore(B, select(flip, -Load(A, (r, j)), Load(A, (r, j))) * scale, (r, j)))
+    body = loop(r, rows, S, LetStmt(scale, cast("float32", r) + 0.5, LetStmt(flip, eq(r % 2, 1), inner)))
+    a, b = RNG.random((rows, n), dtype=np.float32), np.zeros((rows, n), np.float32)
+    run1(tmp_path, PrimFunc("clo", (A, B), body), a, b)
+    sign = np.where(np.arange(rows) % 2 == 1, -1, 1)[:, None]
+    np.testing.assert_allclose(b, a * sign * (np.arange(rows)[:, None] + 0.5), rtol=1e-6)
+
+
+def test_int32_loop_var_and_index(tmp_path):
+    n = 37
+    A, B = Buffer("A", "int32", (n,)), Buffer("B", "int32", (n,))
+    i = Var("i", "int32")
+    f = PrimFunc(
+        "i32", (A, B), loop(i, n, S, BufferStore(B, Load(A, (i,)) * i, (const(n - 1) - cast("int64", i),)))
+    )
+    a, b = RNG.integers(-5, 5, n).astype(np.int32), np.zeros(n, np.int32)
+    run1(tmp_path, f, a, b)
+    np.testing.assert_array_equal(b, (a * np.arange(n, dtype=np.int32))[::-1])
+
+
+def test_masked_select_with_invariant_load(tmp_path):
+    n = 37
+    A, C, B = Buffer("A", "float32", (n,)), Buffer("C", "float32", (2,)), Buffer("B", "float32", (n,))
+    o, v = Var("o"), Var("v")
+    idx = o * 16 + v
+    value = select(Load(A, (idx,)) > const(0.5), Load(C, (cast("int64", o > 1),)), Load(A, (idx,)))
+    body = loop(o, 3, S, loop(v, minimum(const(16), n - o * 16), V, BufferStore(B, value, (idx,)), 16))
+    a, c, b = RNG.random(n, dtype=np.float32), np.array([7.0, 9.0], np.float32), np.zeros(n, np.float32)
+    run1(tmp_path, PrimFunc("msel", (A, C, B), body), a, c, b)
+    np.testing.assert_array_equal(b, np.where(a > 0.5, np.where(np.arange(n) >= 32, 9.0, 7.0), a))
+
+
+def test_allocation_failure_returns_error(tmp_path):
+    A = Buffer("A", "int64", (1,))
+    huge = Buffer("huge", "int64", (1 << 58,), scope="global")
+    i = Var("i")
+
+    def use(k):
+        return Allocate(
+            huge, seq(BufferStore(huge, k, (k,)), BufferStore(A, Load(huge, (Load(A, (k,)),)), (k,)))
+        )
+
+    lib = build(
+        tmp_path, PrimFunc("oom", (A,), use(const(0))), PrimFunc("oom_par", (A,), loop(i, 1, P, use(i)))
+    )
+    for name in ("oom", "oom_par"):
+        with pytest.raises(KernelError):
+            lib.kernel(name)(np.zeros(1, np.int64))
+
+
+def test_unrolled_loops(tmp_path):
+    """Constant extent: full copies; runtime extent (here 2, at most 4): guarded copies."""
+    n = 10
+    A, B = Buffer("A", "int32", (n,)), Buffer("B", "int32", (n,))
+    i, k = Var("i"), Var("k")
+    runtime_extent = const(n) - cast("int64", Load(A, (const(0),)))
+    body = seq(
+        loop(i, 8, U, BufferStore(B, Load(A, (i,)) + 1, (i,))),
+        loop(k, runtime_extent, U, BufferStore(B, Load(A, (8 + k,)) * 2, (8 + k,)), 4),
+    )
+    a = np.arange(n, dtype=np.int32)
+    a[0] = 8
+    b = np.zeros(n, np.int32)
+    run1(tmp_path, PrimFunc("unr", (A, B), body), a, b)
+    np.testing.assert_array_equal(b, np.concatenate([a[:8] + 1, a[8:] * 2]))
+
+
+# ----------------------------------------------------------------------------- errors
+
+
+def _err(func, match):
+    with pytest.raises(CodegenError, match=match):
+        build_llvm_ir([func], HOST)
+
+
+def test_nested_parallel_error():
+    A = Buffer("A", "float32", (4, 4))
+    i, j = Var("i"), Var("j")
+    _err(
+        PrimFunc("np", (A,), loop(i, 4, P, loop(j, 4, P, BufferStore(A, const(0.0), (i, j))))),
+        "nested parallel",
+    )
+
+
+def test_vectorized_reduction_store_error():
+    A, B = Buffer("A", "float32", (16,)), Buffer("B", "float32", (1,))
+    v = Var("v")
+    body = loop(v, 16, V, BufferStore(B, Load(B, (const(0),)) + Load(A, (v,)), (const(0),)))
+    _err(PrimFunc("red", (A, B), body), "reduction")
+
+
+def test_thread_binding_error():
+    A = Buffer("A", "float32", (4,))
+    i = Var("i")
+    f = PrimFunc(
+        "tb",
+        (A,),
+        For(i, const(4), 4, ForKind.THREAD_BINDING, BufferStore(A, const(0.0), (i,)), "threadIdx.x"),
+    )
+    _err(f, "not supported on CPU")
+
+
+def test_other_errors():
+    A = Buffer("A", "float32", (64, 64))
+    i, j = Var("i"), Var("j")
+    _err(
+        PrimFunc("nv", (A,), loop(i, 4, V, loop(j, 4, V, BufferStore(A, const(0.0), (i, j))))),
+        "nested inside",
+    )
+    _err(PrimFunc("wide", (A,), loop(i, 128, V, BufferStore(A, const(0.0), (i, i)))), "lanes")
+    loc = Buffer("l", "float32", (4,), scope="local")
+    _err(PrimFunc("va", (A,), loop(i, 4, V, Allocate(loc, BufferStore(A, const(0.0), (i, i))))), "allocation")
+    _err(PrimFunc("ub", (A,), BufferStore(A, Var("free"), (const(0), const(0)))), "not bound")
+    other = Buffer("other", "float32", (4,))
+    _err(PrimFunc("nb", (A,), BufferStore(other, const(0.0), (const(0),))), "neither a parameter")
+    _err(PrimFunc("bad name", (A,), BufferStore(A, const(0.0), (const(0), const(0)))), "identifier")
+
+
+# ----------------------------------------------------------------------------- cross targets
+
+
+def test_aarch64_object_emission():
+    target = parse_target("llvm -mtriple=aarch64-linux-gnu")
+    f = elementwise("add", 37, 4, ["float32", "float32"], "float32", lambda a, b: a + b)
+    g = matmul(16, 16, 16, ti=2, tj=4)
+    obj = compile_to_object(build_llvm_ir([f, g], target), target)
+    assert isinstance(obj, bytes) and obj[:4] == b"\x7fELF"
+    assert obj[18] == 183  # e_machine == EM_AARCH64

@@ -1,0 +1,41 @@
+from aotc.ir.expr import Const, Var, const
+from aotc.ir.printer import expr_str
+from aotc.ir.simplify import affine, bounds, simplify
+
+
+def test_linear_canonical_form_and_constant_folding():
+    i, j = Var("i"), Var("j")
+    assert expr_str(simplify((i + 2) * 4 + j - 8 - i * 4)) == "j"
+    assert simplify(const(3) * 4 + 1) == Const(13, "int64")
+    assert affine(i * 3 + (j - i) * 2 + 5) == ({i: 1, j: 2}, 5)
+
+
+def test_div_mod_of_split_loops_simplify_with_ranges():
+    i, j = Var("i"), Var("j")
+    ranges = {i: (0, 7), j: (0, 3)}
+    assert simplify((i * 4 + j) // 4, ranges) == i
+    assert simplify((i * 4 + j) % 4, ranges) == j
+    assert simplify((i * 8 + j + 4) // 4, ranges) == simplify(i * 2 + 1)
+    # without a range for j nothing can be proven
+    assert expr_str(simplify((i * 4 + j) // 4)) == "(i + (j // 4))"
+
+
+def test_min_max_and_comparisons_decided_by_bounds():
+    i = Var("i")
+    ranges = {i: (0, 9)}
+    assert simplify(Var.__lt__(i, 10), ranges) == Const(True, "bool")
+    assert simplify(i >= 10, ranges) == Const(False, "bool")
+    assert simplify((i * -4 + 40) // 4 > 0, ranges) == Const(True, "bool")
+    from aotc.ir.expr import maximum, minimum
+
+    assert simplify(minimum(i, 16), ranges) == i
+    assert simplify(maximum(i, 0), ranges) == i
+
+
+def test_bounds_interval_arithmetic():
+    i, j = Var("i"), Var("j")
+    ranges = {i: (0, 3), j: (0, 15)}
+    assert bounds(i * 16 + j, ranges) == (0, 63)
+    assert bounds((i * 16 + j) // 8, ranges) == (0, 7)
+    assert bounds(j % 4, ranges) == (0, 3)
+    assert bounds(i - j, ranges) == (-15, 3)
