@@ -121,3 +121,30 @@ def test_follow_split_reuses_lengths():
     assert [it.extent for it in s.follow_split(2, 0, 0, 3).stages[2].iters[:4]] == [5, 4, 2, 1]
     s = s.follow_fused_split(2, 1, [0], 1, True)
     assert [it.extent for it in s.stages[2].iters[:3]] == [33, 9, 2]
+
+
+_RECORD_SCRIPT = """
+import json, sys
+sys.path.insert(0, {root!r})
+from tests.random_schedules import random_state
+from tests.test_schedule import _conv
+from aotc.schedule.steps import steps_to_json
+from aotc.schedule.lower import lower
+from aotc.ir.printer import func_str
+state = random_state(_conv(), 11)
+print(json.dumps({{"steps": steps_to_json(state.steps), "text": func_str(lower(state))}}))
+"""
+
+
+def test_a_record_from_another_process_replays_to_the_same_loop_text():
+    import pathlib
+    import subprocess
+    import sys
+
+    root = str(pathlib.Path(__file__).parent.parent)
+    out = subprocess.run(
+        [sys.executable, "-c", _RECORD_SCRIPT.format(root=root)], capture_output=True, text=True, check=True
+    )
+    recorded = json.loads(out.stdout)
+    state = replay(_conv(), steps_from_json(recorded["steps"]))
+    assert func_str(lower(state)) == recorded["text"]
