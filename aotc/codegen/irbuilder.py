@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from aotc.ir.expr import dtype_bits, is_float
+from aotc.ir.expr import dtype_bits, is_float, unique_name
 
 
 class CodegenError(Exception):
@@ -230,12 +230,7 @@ class ModuleBuilder:
         return self.declare(name, f"declare {ret} @{name}({', '.join(args)}){attrs}")
 
     def unique_name(self, base: str) -> str:
-        name, n = base, 0
-        while name in self._names:
-            n += 1
-            name = f"{base}.{n}"
-        self._names.add(name)
-        return name
+        return unique_name(base, self._names, ".")
 
     def md(self, body: str, distinct: bool = False) -> str:
         ref = f"!{self._md}"

@@ -537,3 +537,13 @@ def walk(e: Expr):
 
 def free_vars(e: Expr) -> set[Var]:
     return {n for n in walk(e) if isinstance(n, Var)}
+
+
+def unique_name(base: str, taken: set[str], sep: str = "_") -> str:
+    """`base`, or `base{sep}N` for the first N that is free; the result is added to `taken`."""
+    name, n = base, 1
+    while name in taken:
+        n += 1
+        name = f"{base}{sep}{n}"
+    taken.add(name)
+    return name

@@ -28,6 +28,7 @@ from aotc.ir.expr import (
     rebuild,
     reduce_identity,
     substitute,
+    unique_name,
     walk,
 )
 from aotc.ir.simplify import bounds, from_terms, linear_terms, simplify
@@ -120,14 +121,6 @@ class _Lowering:
                 continue
             self.infos[i] = self._infer(i)
 
-    def _unique(self, name: str) -> str:
-        base, n = name, 1
-        while name in self.names:
-            n += 1
-            name = f"{base}_{n}"
-        self.names.add(name)
-        return name
-
     def _expand_inlined(self, body: Expr) -> Expr:
         def visit(node: Expr) -> Expr:
             if isinstance(node, TensorRead):
@@ -210,7 +203,7 @@ class _Lowering:
         op = st.op
         if st.compute_at == ComputeAtKind.ROOT:
             scope = "param" if op in self.state.outputs else "global"
-            return Buffer(self._unique(op.name), op.dtype, tuple(op.shape), scope)
+            return Buffer(unique_name(op.name, self.names), op.dtype, tuple(op.shape), scope)
         shape = tuple(info.region_ext)
         strides = None
         if st.storage_align:
@@ -224,7 +217,7 @@ class _Lowering:
                 strides_l[d] = acc
                 acc *= shape[d]
             strides = tuple(strides_l)
-        return Buffer(self._unique(op.name), op.dtype, shape, "local", strides)
+        return Buffer(unique_name(op.name, self.names), op.dtype, shape, "local", strides)
 
     def _region(self, sid: int, prefix: list[Var]) -> tuple[list[Expr], list[int]]:
         """Region of stage `sid` that its consumers read within one iteration of its attach loop."""
@@ -310,7 +303,7 @@ class _Lowering:
             sid = self.op_stage.get(op)
             if sid is None:
                 continue
-            params.append(Buffer(self._unique(op.name), op.dtype, tuple(op.shape), "param"))
+            params.append(Buffer(unique_name(op.name, self.names), op.dtype, tuple(op.shape), "param"))
         self.placeholder_buffers = {op: b for op, b in zip(self.state.dag.placeholders, params)}
         out_buffers = [self.infos[self.op_stage[o]].buffer for o in self.state.outputs]
         body_parts = []
