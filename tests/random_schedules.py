@@ -13,6 +13,8 @@ from aotc.te.tensor import ComputeOp
 def random_state(dag, seed: int) -> State:
     rng = random.Random(seed)
     s = State.initial(dag)
+    if rng.random() < 0.3:
+        s = _random_cache_read(s, rng)
     for sid in reversed(range(len(s.stages))):
         st = s.stages[sid]
         if not isinstance(st.op, ComputeOp) or not st.op.reduce_axes:
@@ -20,7 +22,7 @@ def random_state(dag, seed: int) -> State:
         r = rng.random()
         if r < 0.25:
             s = s.cache_write(sid)
-        elif r < 0.45:
+        elif r < 0.5:
             s = _random_rfactor(s, sid, rng)
     for sid in reversed(range(len(s.stages))):
         st = s.stages[sid]
@@ -29,8 +31,22 @@ def random_state(dag, seed: int) -> State:
         s = _random_location(s, sid, rng)
         if s.stages[sid].compute_at == ComputeAtKind.INLINED:
             continue
+        n_axes = len(s.stages[sid].op.axes)
+        if n_axes > 1 and s.stages[sid].op not in s.outputs and rng.random() < 0.3:
+            axis = rng.randrange(n_axes - 1)
+            factor = rng.choice([2, 4, 16])
+            s = s.storage_align(sid, axis, factor, rng.randrange(factor))
         s = _random_loops(s, sid, rng)
     return s
+
+
+def _random_cache_read(s: State, rng: random.Random) -> State:
+    readers = {i: effective_consumers(s, i) for i in range(len(s.stages))}
+    readers = {i: r for i, r in readers.items() if r}
+    if not readers:
+        return s
+    sid = rng.choice(sorted(readers))
+    return s.cache_read(sid, "local", [rng.choice(readers[sid])])
 
 
 def _random_rfactor(s: State, sid: int, rng: random.Random) -> State:

@@ -143,7 +143,7 @@ def test_the_seeded_schedules_cover_every_feature():
     for workload in WORKLOADS:
         for seed in range(SEEDS_PER_WORKLOAD):
             covered |= _features(random_state(WORKLOADS[workload](), 1000 * seed + len(workload)))
-    assert {"CA", "CHW", "RF", "SP", "RE", "FU", "AN", "PR", "CI", "non-dividing"} <= covered
+    assert {"CA", "CHW", "CHR", "RF", "SA", "SP", "RE", "FU", "AN", "PR", "CI", "non-dividing"} <= covered
     for workload in WORKLOADS:
         per = set()
         for seed in range(SEEDS_PER_WORKLOAD):

@@ -201,23 +201,12 @@ class _Lowering:
     def _buffer(self, sid: int, info: _StageInfo) -> Buffer:
         st = self.stages[sid]
         op = st.op
-        if st.compute_at == ComputeAtKind.ROOT:
-            scope = "param" if op in self.state.outputs else "global"
-            return Buffer(unique_name(op.name, self.names), op.dtype, tuple(op.shape), scope)
+        name = unique_name(op.name, self.names)
+        if st.compute_at == ComputeAtKind.ROOT and op in self.state.outputs:
+            return Buffer(name, op.dtype, tuple(op.shape), "param")
+        scope = "global" if st.compute_at == ComputeAtKind.ROOT else "local"
         shape = tuple(info.region_ext)
-        strides = None
-        if st.storage_align:
-            strides_l = [1] * len(shape)
-            acc = 1
-            aligns = {axis: (factor, offset) for axis, factor, offset in st.storage_align}
-            for d in reversed(range(len(shape))):
-                if d + 1 in aligns:
-                    factor, offset = aligns[d + 1]
-                    acc = acc + ((offset - acc) % factor)
-                strides_l[d] = acc
-                acc *= shape[d]
-            strides = tuple(strides_l)
-        return Buffer(unique_name(op.name, self.names), op.dtype, shape, "local", strides)
+        return Buffer(name, op.dtype, shape, scope, _aligned_strides(shape, st.storage_align))
 
     def _region(self, sid: int, prefix: list[Var]) -> tuple[list[Expr], list[int]]:
         """Region of stage `sid` that its consumers read within one iteration of its attach loop."""
@@ -476,6 +465,22 @@ class _Lowering:
 
 
 _walk = walk
+
+
+def _aligned_strides(shape: tuple[int, ...], aligns) -> tuple[int, ...] | None:
+    """Row-major strides where stride[axis] % factor == offset for each (axis, factor, offset)."""
+    if not aligns:
+        return None
+    wanted = {axis: (factor, offset) for axis, factor, offset in aligns}
+    strides = [1] * len(shape)
+    acc = 1
+    for d in reversed(range(len(shape))):
+        if d in wanted and d != len(shape) - 1:
+            factor, offset = wanted[d]
+            acc += (offset - acc) % factor
+        strides[d] = acc
+        acc *= shape[d]
+    return tuple(strides)
 
 
 def _combine(combiner: str, cur: Expr, value: Expr) -> Expr:
