@@ -155,6 +155,8 @@ class Logical(Expr):
 
 @dataclass(frozen=True, slots=True)
 class Select(Expr):
+    """`cond ? true_value : false_value`, lazy: loads in the arm not taken are never executed."""
+
     cond: Expr
     true_value: Expr
     false_value: Expr

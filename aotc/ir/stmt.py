@@ -24,8 +24,9 @@ class Stmt:
 class For(Stmt):
     """`for var in range(extent)`; `max_extent` is a constant upper bound of `extent`.
 
-    A vectorized loop has `max_extent` lanes; when `extent` is not that constant the lanes at
-    or past `extent` are masked off. `thread_tag` names the binding of THREAD_BINDING loops.
+    `extent` is evaluated once, before the loop, and must not exceed `max_extent`. A vectorized loop
+    has `max_extent` lanes; when `extent` is not that constant the lanes at or past `extent` are
+    masked off. `thread_tag` names the binding of THREAD_BINDING loops.
     """
 
     var: Var
