@@ -23,6 +23,7 @@ from aotc.ir.expr import (
     children,
     free_vars,
     is_float,
+    unique_name,
     walk,
 )
 from aotc.ir.simplify import affine
@@ -56,6 +57,7 @@ class ComputeDAG:
             raise TEError("a ComputeDAG needs at least one output")
         self.outputs: tuple[Operation, ...] = tuple(outputs)
         self.ops: tuple[Operation, ...] = tuple(_topo_order(self.outputs))
+        _make_names_unique(self.ops)
         self.index = {op: i for i, op in enumerate(self.ops)}
         self.producers: dict[Operation, list[Operation]] = {}
         self.consumers: dict[Operation, list[Operation]] = {op: [] for op in self.ops}
@@ -165,6 +167,16 @@ class ComputeDAG:
 
     def __repr__(self) -> str:
         return f"ComputeDAG({', '.join(op.name for op in self.ops)})"
+
+
+def _make_names_unique(ops: Sequence[Operation]) -> None:
+    """Rename ops in place so names are distinct (stages are looked up by name; fingerprints ignore names)."""
+    taken: set[str] = set()
+    for op in ops:
+        if op.name in taken:
+            op.name = unique_name(op.name, taken)
+        else:
+            taken.add(op.name)
 
 
 def _topo_order(outputs: Sequence[Operation]) -> list[Operation]:

@@ -1,0 +1,152 @@
+"""A deterministic rule-based schedule for any DAG: what an untuned build compiles.
+
+Strictly inlineable stages are inlined. Stages that need multi-level tiling (conv, matmul, ...) get
+SSRSRS tiles with a register block of about 16 vector accumulators, fused into their single
+element-wise consumer or else through a cache_write stage; their outer loops run in parallel and
+their inner loops are vectorized and unrolled. Every other stage runs its outer loops in parallel
+and vectorizes its innermost axis.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from aotc.schedule.state import ComputeAtKind, IterKind, State
+from aotc.schedule.steps import effective_consumers
+from aotc.schedule.tiling import follow_tiling, multi_level_tile
+from aotc.target import Target
+from aotc.te.dag import ComputeDAG
+from aotc.te.tensor import ComputeOp
+
+VECTOR_REGISTERS = 16
+AUTO_UNROLL = 64
+
+
+def default_schedule(dag: ComputeDAG, target: Target) -> State:
+    s = State.initial(dag)
+    for op in reversed(dag.compute_ops):
+        if dag.analysis[op].is_strictly_inlineable:
+            s = s.compute_inline(op.name)
+    done: set[str] = set()
+    for op in reversed(dag.compute_ops):
+        if dag.analysis[op].needs_multi_level_tiling and op.name not in done:
+            s, names = _tile_anchor(s, dag, op, target)
+            done |= names
+    for name in [st.name for st in s.stages]:
+        st = s.stages[s.stage_id(name)]
+        if st.is_placeholder or st.compute_at != ComputeAtKind.ROOT or name in done:
+            continue
+        s = _parallel_vectorize(s, name, target)
+    return s
+
+
+def _lanes(dtype: str, target: Target) -> int:
+    return max(1, target.hw.vector_bytes // np.dtype(dtype).itemsize)
+
+
+def _vector_tile(extent: int, lanes: int) -> int:
+    """A vector length for an axis: a divisor from 2 registers down to a quarter register, else one register."""
+    lanes = min(lanes, 32)
+    for c in (2 * lanes, lanes, lanes // 2, lanes // 4):
+        if c > 1 and extent % c == 0:
+            return c
+    return extent if extent < lanes else lanes
+
+
+def _block(extent: int, most: int) -> int:
+    for c in range(min(most, extent), 0, -1):
+        if extent % c == 0 and c >= min(most, extent) // 2:
+            return c
+    return min(most, extent)
+
+
+def _reduce_tile(extent: int) -> int:
+    if extent <= 16:
+        return extent
+    return max(c for c in range(1, 17) if extent % c == 0)
+
+
+def _tile_lengths(op: ComputeOp, target: Target) -> tuple[dict[str, list[int]], int]:
+    """Inner lengths per iterator name, and the vector tile of the last spatial axis."""
+    lanes = _lanes(op.dtype, target)
+    spatial = list(op.axes)
+    lengths = {a.name: [1, 1, 1] for a in spatial}
+    vec_axis = next((a for a in reversed(spatial) if a.extent > 1), None)
+    vec = 1
+    regs = 1
+    if vec_axis is not None:
+        vec = _vector_tile(vec_axis.extent, lanes)
+        lengths[vec_axis.name] = [1, 1, vec]
+        regs = -(-vec // lanes)
+    others = sorted((a for a in spatial if a is not vec_axis and a.extent > 1), key=lambda a: -a.extent)
+    for a in others:
+        room = VECTOR_REGISTERS // regs
+        if room < 2:
+            break
+        b = _block(a.extent, min(8, room))
+        lengths[a.name] = [1, 1, b]
+        regs *= b
+    for a in op.reduce_axes:
+        lengths[a.name] = [_reduce_tile(a.extent)]
+    return lengths, vec
+
+
+def _tile_anchor(s: State, dag: ComputeDAG, op: ComputeOp, target: Target) -> tuple[State, set[str]]:
+    sid = s.stage_id(op.name)
+    consumers = effective_consumers(s, sid)
+    fused = (
+        len(consumers) == 1
+        and not s.stages[consumers[0]].op.reduce_axes
+        and _original(dag, s.stages[consumers[0]].name) is not None
+        and dag.elementwise_match(op, _original(dag, s.stages[consumers[0]].name))
+        and s.stages[consumers[0]].op.shape == op.shape
+    )
+    if fused:
+        anchor, out = op.name, s.stages[consumers[0]].name
+    else:
+        s = s.cache_write(sid)
+        anchor, out = s.stages[sid].name, op.name
+    lengths, vec = _tile_lengths(op, target)
+    a_id = s.stage_id(anchor)
+    s, spatial = multi_level_tile(s, a_id, "SSRSRS", lengths)
+    o_id = s.stage_id(out)
+    s, at = follow_tiling(s, o_id, spatial, 2)
+    s = s.compute_at(a_id, o_id, at)
+    n_axes = len(spatial)
+    if n_axes > 1:
+        s = s.fuse(o_id, list(range(n_axes)))
+    if s.stages[o_id].iters[0].kind == IterKind.SPATIAL:
+        s = s.parallel(o_id, 0)
+    if vec > 1:
+        s = s.vectorize(o_id, len(s.stages[o_id].iters) - 1)
+        s = s.vectorize(a_id, len(s.stages[a_id].iters) - 1)
+    s = s.pragma(a_id, 0, f"auto_unroll_max_step${AUTO_UNROLL}")
+    return s, {anchor, out}
+
+
+def _original(dag: ComputeDAG, name: str) -> ComputeOp | None:
+    return next((op for op in dag.compute_ops if op.name == name), None)
+
+
+def _parallel_vectorize(s: State, name: str, target: Target) -> State:
+    sid = s.stage_id(name)
+    st = s.stages[sid]
+    n_sp = sum(1 for it in st.iters if it.kind == IterKind.SPATIAL)
+    has_reduce = n_sp < len(st.iters)
+    vec_ok = not has_reduce and n_sp > 0 and (st.iters[n_sp - 1].extent or 1) > 1
+    if vec_ok:
+        vec = _vector_tile(st.iters[n_sp - 1].extent, _lanes(st.op.dtype, target))
+        if vec < st.iters[n_sp - 1].extent:
+            s = s.split(sid, n_sp - 1, [vec])
+            n_sp += 1
+        outer = n_sp - 1
+    else:
+        outer = n_sp
+    if outer > 1:
+        s = s.fuse(sid, list(range(outer)))
+        outer = 1
+    if outer >= 1 and (s.stages[sid].iters[0].extent or 1) > 1:
+        s = s.parallel(sid, 0)
+    if vec_ok:
+        s = s.vectorize(sid, outer)
+    return s
