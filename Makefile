@@ -2,17 +2,23 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test bench lint clean
+.PHONY: demo test bench lint clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml runtime/pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -e ./runtime -e '.[test]'
 	touch $(STAMP)
 
+# Build the bundled recipe, run the package, and compare it with onnxruntime.
+demo: $(STAMP)
+	$(VENV)/bin/aotc build recipes/mlp.yaml
+	$(VENV)/bin/aotc inspect build/mlp.aotc
+	$(VENV)/bin/aotc validate build/mlp.aotc --model recipes/models/mlp.onnx
+
 lint: $(STAMP)
-	$(VENV)/bin/ruff check aotc tests benchmarks
-	$(VENV)/bin/ruff format --check aotc tests benchmarks
+	$(VENV)/bin/ruff check aotc runtime tests benchmarks recipes
+	$(VENV)/bin/ruff format --check aotc runtime tests benchmarks recipes
 
 test: lint
 	OMP_WAIT_POLICY=passive $(PY) -m pytest -q

@@ -224,7 +224,7 @@ def _set_interface(g: FusedGroup, consumers: dict[Value, list[Node]], outputs: s
 
 
 def group_dag(group: FusedGroup) -> tuple[ComputeDAG, list[Value], list[Value]]:
-    """The group's tensor-expression DAG; returns it with the values bound to its placeholders and outputs.
+    """The group's tensor-expression DAG, with the values bound to its placeholders (in the DAG's order) and outputs.
 
     Constant inputs of one element become immediate values, not kernel arguments.
     """
@@ -241,9 +241,8 @@ def group_dag(group: FusedGroup) -> tuple[ComputeDAG, list[Value], list[Value]]:
         for v, op in zip(node.outputs, outs):
             env[v] = op
     dag = ComputeDAG([env[v] for v in group.outputs])
-    used = set(dag.ops)
-    args = [v for v in args if env[v] in used]
-    return dag, args, list(group.outputs)
+    by_op = {env[v]: v for v in args}
+    return dag, [by_op[p] for p in dag.placeholders], list(group.outputs)
 
 
 def _scalar_tensor(v: Value, i: int) -> Operation:

@@ -1,0 +1,140 @@
+"""The `aotc` command: argument parsing and exit codes; each subcommand calls one function elsewhere.
+
+Exit codes: 0 ok, 1 build or runtime error, 2 usage or recipe error, 3 validation mismatch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+OK, BUILD_ERROR, USAGE_ERROR, MISMATCH = 0, 1, 2, 3
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="aotc", description="Ahead-of-time compiler for trained neural networks."
+    )
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    b = sub.add_parser("build", help="compile the model of a recipe into a package")
+    b.add_argument("recipe", type=Path)
+    b.add_argument("--print-config", action="store_true", help="print the resolved recipe and exit")
+
+    r = sub.add_parser("run", help="run a package on inputs from .npy files")
+    r.add_argument("package", type=Path)
+    r.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy")
+    r.add_argument("--output", type=Path, help="directory to write each output as NAME.npy")
+    r.add_argument("--threads", type=int)
+
+    i = sub.add_parser("inspect", help="describe a package: inputs, outputs, kernels, sizes, provenance")
+    i.add_argument("package", type=Path)
+
+    v = sub.add_parser("validate", help="compare a package with onnxruntime on seeded random inputs")
+    v.add_argument("package", type=Path)
+    v.add_argument("--model", type=Path, required=True)
+    v.add_argument("--seed", type=int, default=0)
+    v.add_argument("--rtol", type=float, default=None)
+    v.add_argument("--atol", type=float, default=None)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return {"build": cmd_build, "run": cmd_run, "inspect": cmd_inspect, "validate": cmd_validate}[
+            args.command
+        ](args)
+    except KeyboardInterrupt:
+        print("aotc: interrupted", file=sys.stderr)
+        return 130
+    except Exception as err:  # noqa: BLE001 - every failure becomes one clear line and an exit code
+        code = _exit_code(err)
+        print(f"aotc: error: {err}", file=sys.stderr)
+        return code
+
+
+def _exit_code(err: Exception) -> int:
+    from aotc.recipe import RecipeError
+    from aotc.validate import ValidationError
+
+    if isinstance(err, ValidationError):
+        return MISMATCH
+    if isinstance(err, RecipeError) or type(err).__name__ == "DynamicShapeError":
+        return USAGE_ERROR
+    if isinstance(err, (FileNotFoundError, KeyError)) or type(err) is ValueError:
+        return USAGE_ERROR
+    return BUILD_ERROR
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    from aotc.build import build
+    from aotc.recipe import format_recipe, load_recipe
+    from aotc.validate import format_report_row
+
+    recipe = load_recipe(args.recipe)
+    if args.print_config:
+        print(format_recipe(recipe))
+        return OK
+    result = build(recipe)
+    if result.validation is not None:
+        print("validation against the reference:")
+        for row in result.validation:
+            print(format_report_row(row))
+    print(f"wrote {result.package} in {result.seconds:.1f} s")
+    return OK
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    import aotc_runtime
+    import numpy as np
+
+    model = aotc_runtime.load(str(args.package))
+    if args.threads:
+        model.num_threads = args.threads
+    inputs = {}
+    for item in args.input:
+        name, sep, path = item.partition("=")
+        if not sep:
+            raise ValueError(f"--input {item!r}: expected NAME=FILE.npy")
+        inputs[name] = np.load(path, allow_pickle=False)
+    outputs = model.run(inputs)
+    if args.output:
+        args.output.mkdir(parents=True, exist_ok=True)
+    for name, value in outputs.items():
+        print(f"{name}: {value.dtype}{list(value.shape)}  min {value.min():.6g}  max {value.max():.6g}")
+        if args.output:
+            np.save(args.output / f"{name}.npy", value)
+    return OK
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from aotc.package import describe_package
+
+    print(describe_package(str(args.package)))
+    return OK
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    import aotc_runtime
+
+    from aotc.validate import ATOL, RTOL, format_report_row, validate_package
+
+    model = aotc_runtime.load(str(args.package))
+    shapes = {t.name: (tuple(t.shape), t.dtype) for t in model.inputs}
+    report = validate_package(
+        args.package,
+        args.model,
+        shapes,
+        seed=args.seed,
+        rtol=RTOL if args.rtol is None else args.rtol,
+        atol=ATOL if args.atol is None else args.atol,
+    )
+    for row in report:
+        print(format_report_row(row))
+    return OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

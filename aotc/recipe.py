@@ -1,0 +1,333 @@
+"""Recipe schema and loader: a YAML file that says what to compile, for which target, and how to tune it.
+
+Every error names the recipe file, the line and the key path (``tuning.deadline``, ``inputs.x.shape[1]``).
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from yaml.constructor import SafeConstructor
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+
+from aotc.target import TargetError, parse_target
+
+DEFAULT_TARGET = "llvm -mcpu=native"
+DTYPES = ("float32", "float16", "float64", "int8", "uint8", "int16", "int32", "int64", "bool")
+MODEL_SUFFIXES = (".onnx", ".tflite")
+
+_TOP_KEYS = ("model", "inputs", "target", "output", "tuning", "validate")
+_INPUT_KEYS = ("shape", "dtype")
+_TUNING_KEYS = ("trials", "deadline", "records", "tophub")
+_TAG = "tag:yaml.org,2002:"
+_TYPE_NAMES = {"str": "a string", "int": "an integer", "float": "a number", "bool": "a boolean"}
+_TYPE_NAMES |= {"null": "null", "seq": "a list", "map": "a mapping", "timestamp": "a date"}
+_DURATION = re.compile(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?")
+
+
+class RecipeError(ValueError):
+    """A recipe problem, located as ``file:line: key.path: problem``."""
+
+    def __init__(self, file: str, line: int | None, key: str | None, problem: str) -> None:
+        self.file, self.line, self.key, self.problem = file, line, key, problem
+        where = file if line is None else f"{file}:{line}"
+        super().__init__(f"{where}: {key}: {problem}" if key else f"{where}: {problem}")
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    shape: tuple[int, ...] | None = None
+    dtype: str | None = None
+
+
+@dataclass(frozen=True)
+class TuningSpec:
+    """Tuning options; None means "not set, use the tuner's default". ``tophub=[]`` means no tophub."""
+
+    trials: int | None = None
+    deadline_seconds: float | None = None
+    records: Path | None = None
+    tophub: list[str] | None = None
+
+
+@dataclass(frozen=True)
+class Recipe:
+    path: Path
+    model: Path
+    inputs: dict[str, InputSpec]
+    target: str
+    output: Path
+    tuning: TuningSpec
+    validate: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        """The resolved recipe: absolute paths, defaults filled, the target made concrete for this host."""
+        return {
+            "model": str(self.model),
+            "inputs": {
+                name: {"shape": None if s.shape is None else list(s.shape), "dtype": s.dtype}
+                for name, s in self.inputs.items()
+            },
+            "target": str(parse_target(self.target)),
+            "output": str(self.output),
+            "tuning": {
+                "trials": self.tuning.trials,
+                "deadline": self.tuning.deadline_seconds,
+                "records": None if self.tuning.records is None else str(self.tuning.records),
+                "tophub": self.tuning.tophub,
+            },
+            "validate": self.validate,
+        }
+
+
+def format_recipe(recipe: Recipe) -> str:
+    """The resolved recipe as YAML (itself a loadable recipe); null tuning values mean the tuner's default."""
+    body = yaml.safe_dump(recipe.to_dict(), sort_keys=False, default_flow_style=None, width=1 << 16)
+    return f"# resolved from {recipe.path}\n{body}"
+
+
+def load_recipe(path: str | Path) -> Recipe:
+    """Read, validate and resolve a recipe file; raises RecipeError on any problem."""
+    loader = _Loader(Path(path))
+    return loader.load()
+
+
+def parse_duration(text: str) -> float | None:
+    """Seconds in ``90s``, ``45m``, ``1h30m``, ``2h`` or a plain number; None when unparsable."""
+    text = text.strip().replace(" ", "")
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    m = _DURATION.fullmatch(text)
+    if not text or m is None:
+        return None
+    h, mins, s = (float(g) if g else 0.0 for g in m.groups())
+    return h * 3600 + mins * 60 + s
+
+
+class _Loader:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.file = str(path)
+        self.base = path.resolve().parent
+
+    def fail(self, node: Node | None, key: str | None, problem: str) -> RecipeError:
+        line = None if node is None else node.start_mark.line + 1
+        return RecipeError(self.file, line, key, problem)
+
+    def load(self) -> Recipe:
+        root = self.compose()
+        if not isinstance(root, MappingNode):
+            raise self.fail(root, None, f"the top level must be a mapping of keys, got {_kind(root)}")
+        entries = self.mapping(root, "", _TOP_KEYS)
+        if "model" not in entries or _is_null(entries["model"]):
+            raise self.fail(entries.get("model", root), "model", "required key is missing")
+        model = self.model(entries["model"], "model")
+        return Recipe(
+            path=self.path.resolve(),
+            model=model,
+            inputs=self.optional(entries, "inputs", self.inputs, {}),
+            target=self.optional(entries, "target", self.target, DEFAULT_TARGET),
+            output=self.optional(
+                entries, "output", self.path_value, self.base / "build" / f"{model.stem}.aotc"
+            ),
+            tuning=self.optional(entries, "tuning", self.tuning, TuningSpec()),
+            validate=self.optional(entries, "validate", self.boolean, True),
+        )
+
+    def compose(self) -> Node:
+        try:
+            text = self.path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as err:
+            raise RecipeError(self.file, None, None, f"cannot read recipe: {err}") from None
+        try:
+            root = yaml.compose(text, Loader=yaml.SafeLoader)
+        except yaml.MarkedYAMLError as err:
+            raise RecipeError(self.file, *_syntax_error(err)) from None
+        except yaml.YAMLError as err:
+            raise RecipeError(self.file, None, None, f"YAML syntax error: {err}") from None
+        if root is None or _is_null(root):
+            raise RecipeError(self.file, 1, None, "the recipe is empty (it needs at least 'model: <file>')")
+        return root
+
+    def mapping(self, node: Node, where: str, allowed: tuple[str, ...]) -> dict[str, Node]:
+        """Keys of a mapping node checked against `allowed`: no unknown, duplicate or non-scalar keys."""
+        if not isinstance(node, MappingNode):
+            raise self.fail(node, where, f"expected a mapping, got {_kind(node)}")
+        out: dict[str, Node] = {}
+        lines: dict[str, int] = {}
+        for key_node, value in node.value:
+            key = self.key(key_node, where)
+            full = _join(where, key)
+            if key in out:
+                raise self.fail(key_node, None, f"duplicate key '{full}' (first at line {lines[key]})")
+            if allowed and key not in allowed:
+                raise self.fail(key_node, None, f"unknown key '{full}' ({_suggest(key, allowed)})")
+            out[key] = value
+            lines[key] = key_node.start_mark.line + 1
+        return out
+
+    def key(self, node: Node, where: str) -> str:
+        if not isinstance(node, ScalarNode):
+            raise self.fail(node, where or None, f"a key must be a plain name, got {_kind(node)}")
+        return node.value
+
+    def scalar(self, node: Node, key: str, expected: str, *tags: str) -> Any:
+        """The Python value of a scalar node whose YAML type is one of `tags`."""
+        if not isinstance(node, ScalarNode) or node.tag not in {_TAG + t for t in tags}:
+            raise self.fail(node, key, f"expected {expected}, got {_describe(node)}")
+        try:
+            return SafeConstructor().construct_object(node)
+        except yaml.YAMLError as err:
+            raise self.fail(node, key, f"bad value: {err}") from None
+
+    def optional(
+        self,
+        entries: dict[str, Node],
+        key: str,
+        parse: Callable[[Node, str], Any],
+        default: Any,
+        where: str = "",
+    ) -> Any:
+        """`parse` applied to the value of `key`, or `default` when the key is absent or null."""
+        node = entries.get(key)
+        return default if node is None or _is_null(node) else parse(node, _join(where, key))
+
+    def string(self, node: Node, key: str) -> str:
+        value = self.scalar(node, key, "a string", "str")
+        if not value.strip():
+            raise self.fail(node, key, "must not be empty")
+        return value
+
+    def boolean(self, node: Node, key: str) -> bool:
+        return self.scalar(node, key, "a boolean (true or false)", "bool")
+
+    def path_value(self, node: Node, key: str) -> Path:
+        return (self.base / Path(self.string(node, key)).expanduser()).resolve()
+
+    def model(self, node: Node, key: str) -> Path:
+        path = self.path_value(node, key)
+        if path.suffix.lower() not in MODEL_SUFFIXES:
+            raise self.fail(node, key, f"unsupported model format '{path.name}' (expected .onnx or .tflite)")
+        if not path.is_file():
+            raise self.fail(node, key, f"model file not found: {path}")
+        return path
+
+    def target(self, node: Node, key: str) -> str:
+        text = self.string(node, key)
+        try:
+            parse_target(text)
+        except TargetError as err:
+            raise self.fail(node, key, f"invalid target: {err}") from None
+        return text.strip()
+
+    def inputs(self, node: Node, key: str) -> dict[str, InputSpec]:
+        entries = self.mapping(node, key, ())
+        return {name: self.input_spec(value, _join(key, name)) for name, value in entries.items()}
+
+    def input_spec(self, node: Node, key: str) -> InputSpec:
+        entries = self.mapping(node, key, _INPUT_KEYS)
+        return InputSpec(
+            shape=self.optional(entries, "shape", self.shape, None, key),
+            dtype=self.optional(entries, "dtype", self.dtype, None, key),
+        )
+
+    def shape(self, node: Node, key: str) -> tuple[int, ...]:
+        if not isinstance(node, SequenceNode):
+            raise self.fail(
+                node, key, f"expected a list of dimensions like [1, 3, 224, 224], got {_describe(node)}"
+            )
+        dims = []
+        for i, item in enumerate(node.value):
+            dim = self.scalar(item, f"{key}[{i}]", "a positive integer dimension", "int")
+            if dim <= 0:
+                raise self.fail(item, f"{key}[{i}]", f"a dimension must be a positive integer, got {dim}")
+            dims.append(dim)
+        return tuple(dims)
+
+    def dtype(self, node: Node, key: str) -> str:
+        value = self.string(node, key)
+        if value not in DTYPES:
+            raise self.fail(node, key, f"unsupported dtype '{value}' ({_suggest(value, DTYPES)})")
+        return value
+
+    def tuning(self, node: Node, key: str) -> TuningSpec:
+        entries = self.mapping(node, key, _TUNING_KEYS)
+        return TuningSpec(
+            trials=self.optional(entries, "trials", self.trials, None, key),
+            deadline_seconds=self.optional(entries, "deadline", self.deadline, None, key),
+            records=self.optional(entries, "records", self.path_value, None, key),
+            tophub=self.optional(entries, "tophub", self.tophub, None, key),
+        )
+
+    def trials(self, node: Node, key: str) -> int:
+        value = self.scalar(node, key, "an integer >= 0", "int")
+        if value < 0:
+            raise self.fail(node, key, f"expected an integer >= 0 (0 = no tuning), got {value}")
+        return value
+
+    def deadline(self, node: Node, key: str) -> float:
+        hint = "use e.g. 90s, 45m, 1h30m, 2h, or a number of seconds"
+        value = self.scalar(node, key, f"a duration ({hint})", "str", "int", "float")
+        seconds = parse_duration(value) if isinstance(value, str) else float(value)
+        if seconds is None:
+            raise self.fail(node, key, f"cannot parse duration '{value}' ({hint})")
+        if not math.isfinite(seconds) or seconds <= 0:
+            raise self.fail(node, key, f"the deadline must be a positive duration, got '{value}'")
+        return seconds
+
+    def tophub(self, node: Node, key: str) -> list[str]:
+        if isinstance(node, ScalarNode) and node.tag == _TAG + "str" and node.value.strip().lower() == "none":
+            return []
+        if not isinstance(node, SequenceNode):
+            raise self.fail(node, key, f"expected a list of paths or URLs, or 'none', got {_describe(node)}")
+        return [self.tophub_entry(item, f"{key}[{i}]") for i, item in enumerate(node.value)]
+
+    def tophub_entry(self, node: Node, key: str) -> str:
+        value = self.string(node, key).strip()
+        return value if "://" in value else str(self.path_value(node, key))
+
+
+def _join(where: str, key: str) -> str:
+    return f"{where}.{key}" if where else key
+
+
+def _is_null(node: Node) -> bool:
+    return isinstance(node, ScalarNode) and node.tag == _TAG + "null"
+
+
+def _kind(node: Node | None) -> str:
+    if isinstance(node, MappingNode):
+        return "a mapping"
+    if isinstance(node, SequenceNode):
+        return "a list"
+    tag = "" if node is None else node.tag.removeprefix(_TAG)
+    return _TYPE_NAMES.get(tag, f"a value tagged {tag!r}")
+
+
+def _describe(node: Node) -> str:
+    kind = _kind(node)
+    return f"{kind} '{node.value}'" if isinstance(node, ScalarNode) and node.value else kind
+
+
+def _suggest(word: str, choices: tuple[str, ...]) -> str:
+    """A did-you-mean for the closest choice (ties go to the earlier one), else the list of choices."""
+    ratio = {c: difflib.SequenceMatcher(None, word, c).ratio() for c in choices}
+    best = max(choices, key=ratio.__getitem__)
+    return f"did you mean '{best}'?" if ratio[best] >= 0.6 else f"expected one of: {', '.join(choices)}"
+
+
+def _syntax_error(err: yaml.MarkedYAMLError) -> tuple[int | None, None, str]:
+    mark = err.problem_mark or err.context_mark
+    problem = f"YAML syntax error: {err.problem or err.context or 'cannot parse'}"
+    if err.context and err.context_mark and err.problem_mark:
+        problem += f" ({err.context} started at line {err.context_mark.line + 1})"
+    return (None if mark is None else mark.line + 1), None, problem
