@@ -2,20 +2,35 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
 
 from aotc import te
-from aotc.ir.expr import const, exp, logical_and, maximum, minimum, select
+from aotc.ir.expr import Expr, const, dtype_min, eq, exp, log, logical_and, maximum, minimum, rsqrt, select
 from aotc.te.tensor import Operation
+from aotc.topi.elemwise import broadcast_index, broadcast_read, broadcast_shape, divide
 
 
 def matmul(a: Operation, b: Operation, name: str = "matmul") -> Operation:
-    """C[i, j] = sum_k A[i, k] * B[k, j]."""
-    (m, k), (k2, n) = a.shape, b.shape
+    """numpy.matmul: C[..., i, j] = sum_k A[..., i, k] * B[..., k, j]; batch dims broadcast, 1-D operands."""
+    a_shape = (1, *a.shape) if a.ndim == 1 else a.shape
+    b_shape = (*b.shape, 1) if b.ndim == 1 else b.shape
+    (m, k), (k2, n) = a_shape[-2:], b_shape[-2:]
     if k != k2:
         raise te.TEError(f"matmul: inner dimensions differ ({k} vs {k2})")
+    batch = broadcast_shape(a_shape[:-2], b_shape[:-2])
+    rows = (m,) if a.ndim > 1 else ()
+    cols = (n,) if b.ndim > 1 else ()
     rk = te.reduce_axis(k, "k")
-    return te.compute((m, n), lambda i, j: te.sum(a[i, rk.var] * b[rk.var, j], rk), name, tag="matmul")
+
+    def body(*idx):
+        lead, rest = idx[: len(batch)], idx[len(batch) :]
+        a_idx = (*broadcast_index(a_shape[:-2], lead), *rest[: len(rows)], rk.var)
+        b_idx = (*broadcast_index(b_shape[:-2], lead), rk.var, *rest[len(rows) :])
+        return te.sum(a[a_idx] * b[b_idx], rk)
+
+    tag = "batch_matmul" if batch else "matmul"
+    return te.compute((*batch, *rows, *cols), body, name, tag=tag)
 
 
 def dense(data: Operation, weight: Operation, name: str = "dense") -> Operation:
@@ -28,21 +43,38 @@ def dense(data: Operation, weight: Operation, name: str = "dense") -> Operation:
 
 
 def pad(
-    data: Operation, before: Sequence[int], after: Sequence[int], value: float = 0.0, name: str = "pad"
+    data: Operation,
+    before: Sequence[int],
+    after: Sequence[int],
+    value: float = 0.0,
+    name: str = "pad",
+    mode: str = "constant",
 ) -> Operation:
+    """Pad (or crop, for negative amounts) every axis; `mode` is constant, reflect or edge."""
     if not any(before) and not any(after):
         return data
+    if mode not in ("constant", "reflect", "edge"):
+        raise te.TEError(f"pad: unknown mode {mode!r}")
     shape = tuple(s + b + a for s, b, a in zip(data.shape, before, after))
+    if mode == "reflect" and any(b >= s or a >= s for s, b, a in zip(data.shape, before, after)):
+        raise te.TEError(
+            f"pad: reflect pads {list(before)}, {list(after)} must be smaller than {list(data.shape)}"
+        )
 
     def body(*idx):
-        conds = []
-        src = []
-        for i, b, s in zip(idx, before, data.shape):
-            if b:
-                conds.append(i >= b)
-            if b or s + b < shape[len(src)]:
-                conds.append(i < s + b)
-            src.append(i - b if b else i)
+        conds, src = [], []
+        for i, b, a, s in zip(idx, before, after, data.shape):
+            j = i - b if b else i
+            if mode == "constant":
+                conds += [i >= b] if b > 0 else []
+                conds += [i < s + b] if a > 0 else []
+            elif mode == "reflect":
+                j = select(j < 0, -j, j) if b > 0 else j
+                j = select(j >= s, 2 * (s - 1) - j, j) if a > 0 else j
+            else:
+                j = maximum(j, 0) if b > 0 else j
+                j = minimum(j, s - 1) if a > 0 else j
+            src.append(j)
         if not conds:
             return data[tuple(src)]
         return select(logical_and(*conds), data[tuple(src)], const(value, data.dtype))
@@ -129,46 +161,76 @@ def pool2d_nchw(
     padding: int | Sequence[int] = 0,
     count_include_pad: bool = False,
     name: str = "pool",
+    dilation: int | Sequence[int] = 1,
+    ceil_mode: bool = False,
 ) -> Operation:
-    """Max or average pooling over H and W."""
+    """Max or average pooling over H and W; `padding` is (top, left, bottom, right) or one int or (h, w)."""
     n, c, h, w = data.shape
     kh, kw = _pair(kernel)
     sh, sw = _pair(stride)
+    dh, dw = _pair(dilation)
     pt, pl, pb, pr = _pads(padding)
-    oh = (h + pt + pb - kh) // sh + 1
-    ow = (w + pl + pr - kw) // sw + 1
+    oh = _pool_extent(h, kh, sh, dh, pt, pb, ceil_mode)
+    ow = _pool_extent(w, kw, sw, dw, pl, pr, ceil_mode)
+    if oh < 1 or ow < 1:
+        raise te.TEError(f"pool2d: window {kh}x{kw} does not fit input {h}x{w} with pads {[pt, pl, pb, pr]}")
+    extra_b = max(0, (oh - 1) * sh + dh * (kh - 1) + 1 - (h + pt + pb))
+    extra_r = max(0, (ow - 1) * sw + dw * (kw - 1) + 1 - (w + pl + pr))
+    before, after = (0, 0, pt, pl), (0, 0, pb + extra_b, pr + extra_r)
     ry = te.reduce_axis(kh, "ry")
     rx = te.reduce_axis(kw, "rx")
+
+    def window(padded: Operation, nn, cc, yy, xx):
+        return padded[nn, cc, yy * sh + ry.var * dh, xx * sw + rx.var * dw]
+
     if kind == "max":
-        padded = pad(data, (0, 0, pt, pl), (0, 0, pb, pr), value=float("-inf"), name=f"{name}_pad")
+        padded = pad(data, before, after, value=dtype_min(data.dtype), name=f"{name}_pad")
         return te.compute(
-            (n, c, oh, ow),
-            lambda nn, cc, yy, xx: te.max(padded[nn, cc, yy * sh + ry.var, xx * sw + rx.var], [ry, rx]),
-            name,
-            tag="pool_max",
+            (n, c, oh, ow), lambda *i: te.max(window(padded, *i), [ry, rx]), name, tag="pool_max"
         )
     if kind != "avg":
         raise te.TEError(f"pool2d: kind must be 'max' or 'avg', got {kind!r}")
-    padded = pad(data, (0, 0, pt, pl), (0, 0, pb, pr), name=f"{name}_pad")
+    padded = pad(data, before, after, name=f"{name}_pad")
     total = te.compute(
-        (n, c, oh, ow),
-        lambda nn, cc, yy, xx: te.sum(padded[nn, cc, yy * sh + ry.var, xx * sw + rx.var], [ry, rx]),
-        f"{name}_sum",
-        tag="pool_sum",
+        (n, c, oh, ow), lambda *i: te.sum(window(padded, *i), [ry, rx]), f"{name}_sum", tag="pool_sum"
     )
-    if count_include_pad or not (pt or pl or pb or pr):
+    lo_y, hi_y, lo_x, hi_x = (-pt, h + pb, -pl, w + pr) if count_include_pad else (0, h, 0, w)
+    if all(
+        _uniform_windows(o, s, d, k, p, lo, hi)
+        for o, s, d, k, p, lo, hi in ((oh, sh, dh, kh, pt, lo_y, hi_y), (ow, sw, dw, kw, pl, lo_x, hi_x))
+    ):
         return te.compute((n, c, oh, ow), lambda *i: total[i] / float(kh * kw), name, tag="elemwise")
 
     def count(yy, xx):
-        y0 = maximum(yy * sh - pt, 0)
-        y1 = minimum(yy * sh - pt + kh, h)
-        x0 = maximum(xx * sw - pl, 0)
-        x1 = minimum(xx * sw - pl + kw, w)
-        return ((y1 - y0) * (x1 - x0)).astype(data.dtype)
+        ny = _taps_inside(yy, sh, dh, kh, pt, lo_y, hi_y)
+        nx = _taps_inside(xx, sw, dw, kw, pl, lo_x, hi_x)
+        return (ny * nx).astype(data.dtype)
 
     return te.compute(
         (n, c, oh, ow), lambda nn, cc, yy, xx: total[nn, cc, yy, xx] / count(yy, xx), name, tag="elemwise"
     )
+
+
+def _pool_extent(size: int, k: int, s: int, d: int, p_begin: int, p_end: int, ceil_mode: bool) -> int:
+    span = size + p_begin + p_end - d * (k - 1) - 1
+    if not ceil_mode:
+        return span // s + 1
+    out = -(-span // s) + 1
+    return out - 1 if (out - 1) * s >= size + p_begin else out
+
+
+def _taps_inside(o, s: int, d: int, k: int, p_begin: int, lo: int, hi: int):
+    """How many of the window's k taps (start o*s - p_begin, step d) lie in [lo, hi)."""
+    start = o * s - p_begin
+    first = maximum((lo - start + d - 1) // d, 0)
+    last = minimum((hi - 1 - start) // d, k - 1)
+    return maximum(last - first + 1, 0)
+
+
+def _uniform_windows(out: int, s: int, d: int, k: int, p_begin: int, lo: int, hi: int) -> bool:
+    """True if every window along this axis has all k taps in [lo, hi)."""
+    starts = (-p_begin, (out - 1) * s - p_begin)
+    return all(lo <= st and st + d * (k - 1) < hi for st in starts)
 
 
 def softmax(x: Operation, axis: int = -1, name: str = "softmax") -> Operation:
@@ -202,19 +264,43 @@ def softmax(x: Operation, axis: int = -1, name: str = "softmax") -> Operation:
     )
 
 
+def log_softmax(x: Operation, axis: int = -1, name: str = "log_softmax") -> Operation:
+    """x - max - log(sum(exp(x - max))) along `axis` (three stages: max, sum of exp, output)."""
+    axis %= x.ndim
+    red_shape = tuple(s for d, s in enumerate(x.shape) if d != axis)
+
+    def at(idx, v):
+        return (*idx[:axis], v, *idx[axis:])
+
+    def drop(idx):
+        return idx[:axis] + idx[axis + 1 :]
+
+    k = te.reduce_axis(x.shape[axis], "k")
+    mx = te.compute(red_shape, lambda *i: te.max(x[at(i, k.var)], k), f"{name}_maxelem", tag="softmax_reduce")
+    k2 = te.reduce_axis(x.shape[axis], "k")
+    sm = te.compute(
+        red_shape,
+        lambda *i: te.sum(exp(x[at(i, k2.var)] - mx[i]), k2),
+        f"{name}_expsum",
+        tag="softmax_reduce",
+    )
+    return te.compute(
+        x.shape, lambda *i: x[i] - mx[drop(i)] - log(sm[drop(i)]), f"{name}_norm", tag="softmax_norm"
+    )
+
+
 def reduce(
     x: Operation, kind: str, axes: Sequence[int], keepdims: bool = False, name: str = "reduce"
 ) -> Operation:
-    """Sum / max / min / mean of `x` over `axes`."""
+    """Sum / max / min / mean of `x` over `axes` (all axes with keepdims=False gives a 0-d tensor)."""
     nd = len(x.shape)
-    axes = sorted(a % nd for a in axes)
+    axes = sorted({a % nd for a in axes})
     raxes = {a: te.reduce_axis(x.shape[a], f"k{a}") for a in axes}
     out_shape = (
         tuple(1 if d in raxes else s for d, s in enumerate(x.shape))
         if keepdims
         else tuple(s for d, s in enumerate(x.shape) if d not in raxes)
     )
-    out_shape = out_shape or (1,)
     combiner = {"sum": te.sum, "mean": te.sum, "max": te.max, "min": te.min}.get(kind)
     if combiner is None:
         raise te.TEError(f"reduce: unknown kind {kind!r}")
@@ -234,10 +320,144 @@ def reduce(
     red = te.compute(out_shape, body, name if kind != "mean" else f"{name}_sum", tag=f"reduce_{kind}")
     if kind != "mean":
         return red
-    count = 1
-    for a in axes:
-        count *= x.shape[a]
-    return te.compute(out_shape, lambda *i: red[i] / float(count), name, tag="elemwise")
+    count = const(math.prod(x.shape[a] for a in axes), x.dtype)
+    return te.compute(out_shape, lambda *i: divide(red[i], count), name, tag="elemwise")
+
+
+def normalize(
+    x: Operation,
+    axes: Sequence[int],
+    epsilon: float,
+    affine: Callable[[tuple, Expr], Expr],
+    name: str = "norm",
+) -> Operation:
+    """`affine(idx, (x - mean) / sqrt(var + epsilon))` with mean and variance over `axes`.
+
+    Three stages: sum, centered sum of squares (two reductions), and the element-wise output.
+    """
+    axes = sorted({a % x.ndim for a in axes})
+    red_shape = tuple(s for d, s in enumerate(x.shape) if d not in axes)
+    count = float(math.prod(x.shape[a] for a in axes))
+
+    def full(idx, ks):
+        it, kt = iter(idx), iter(ks)
+        return tuple(next(kt).var if d in axes else next(it) for d in range(x.ndim))
+
+    def kept(idx):
+        return tuple(v for d, v in enumerate(idx) if d not in axes)
+
+    k1 = [te.reduce_axis(x.shape[a], f"k{a}") for a in axes]
+    total = te.compute(red_shape, lambda *i: te.sum(x[full(i, k1)], k1), f"{name}_sum", tag="norm_reduce")
+    k2 = [te.reduce_axis(x.shape[a], f"k{a}") for a in axes]
+
+    def sq_dev(*i):
+        dev = x[full(i, k2)] - total[i] / count
+        return te.sum(dev * dev, k2)
+
+    sqsum = te.compute(red_shape, sq_dev, f"{name}_sqsum", tag="norm_reduce")
+
+    def body(*i):
+        r = kept(i)
+        return affine(i, (x[i] - total[r] / count) * rsqrt(sqsum[r] / count + epsilon))
+
+    return te.compute(x.shape, body, name, tag="norm")
+
+
+def layer_norm(
+    x: Operation, scale: Operation, bias: Operation | None, axis: int = -1, epsilon: float = 1e-5
+) -> Operation:
+    """Normalize over axes [axis, ndim); scale and bias broadcast against those trailing axes."""
+    axis %= x.ndim
+
+    def affine(i, y):
+        y = y * broadcast_read(scale, i[axis:])
+        return y + broadcast_read(bias, i[axis:]) if bias is not None else y
+
+    return normalize(x, range(axis, x.ndim), epsilon, affine, "layer_norm")
+
+
+def instance_norm(x: Operation, scale: Operation, bias: Operation, epsilon: float = 1e-5) -> Operation:
+    """Normalize each (n, c) over the spatial axes; per-channel scale and bias."""
+    return normalize(x, range(2, x.ndim), epsilon, lambda i, y: y * scale[i[1]] + bias[i[1]], "instance_norm")
+
+
+def batch_norm(
+    x: Operation,
+    scale: Operation,
+    bias: Operation,
+    mean: Operation,
+    var: Operation,
+    epsilon: float = 1e-5,
+    name: str = "batch_norm",
+) -> Operation:
+    """Inference batch norm over axis 1: (x - mean) * scale / sqrt(var + epsilon) + bias."""
+
+    def body(*i):
+        c = i[1]
+        return (x[i] - mean[c]) * (scale[c] * rsqrt(var[c] + epsilon)) + bias[c]
+
+    return te.compute(x.shape, body, name, tag="batch_norm")
+
+
+def conv2d_transpose_nchw(
+    data: Operation,
+    weight: Operation,
+    stride: int | Sequence[int] = 1,
+    padding: int | Sequence[int] = 0,
+    dilation: int | Sequence[int] = 1,
+    groups: int = 1,
+    output_padding: int | Sequence[int] = 0,
+    name: str = "conv2d_transpose",
+) -> Operation:
+    """Transposed conv, weight [C, OC / groups, KH, KW]: a conv with the flipped kernel over the input
+    dilated by the stride and padded by dilation * (k - 1) - pad (two stages: dilate+pad, conv)."""
+    n, c, h, w = data.shape
+    ic, ocg, kh, kw = weight.shape
+    if ic != c or c % groups:
+        raise te.TEError(
+            f"conv2d_transpose: weight {list(weight.shape)} does not fit {c} channels, groups={groups}"
+        )
+    sh, sw = _pair(stride)
+    dh, dw = _pair(dilation)
+    pt, pl, pb, pr = _pads(padding)
+    oph, opw = _pair(output_padding)
+    bt, bl = dh * (kh - 1) - pt, dw * (kw - 1) - pl
+    bb, br = dh * (kh - 1) - pb + oph, dw * (kw - 1) - pr + opw
+    span_h, span_w = (h - 1) * sh + 1, (w - 1) * sw + 1
+    ph, pw = span_h + bt + bb, span_w + bl + br
+    oh, ow = ph - dh * (kh - 1), pw - dw * (kw - 1)
+    if oh < 1 or ow < 1:
+        raise te.TEError(f"conv2d_transpose: pads {[pt, pl, pb, pr]} leave no output for input {h}x{w}")
+
+    def source(i, before, after, span, s):
+        j = i - before if before else i
+        conds = ([j >= 0] if before > 0 else []) + ([j < span] if after > 0 else [])
+        conds += [eq(j % s, 0)] if s > 1 else []
+        return (j // s if s > 1 else j), conds
+
+    def dilate_pad(nn, cc, yy, xx):
+        y, cy = source(yy, bt, bb, span_h, sh)
+        x, cx = source(xx, bl, br, span_w, sw)
+        if not cy + cx:
+            return data[nn, cc, y, x]
+        return select(logical_and(*cy, *cx), data[nn, cc, y, x], const(0, data.dtype))
+
+    padded = te.compute((n, c, ph, pw), dilate_pad, f"{name}_dilate_pad", tag="dilate_pad")
+    icg = c // groups
+    rc = te.reduce_axis(icg, "rc")
+    ry = te.reduce_axis(kh, "ry")
+    rx = te.reduce_axis(kw, "rx")
+
+    def body(nn, ff, yy, xx):
+        cin = rc.var if groups == 1 else (ff // ocg) * icg + rc.var
+        f = ff if groups == 1 else ff % ocg
+        return te.sum(
+            padded[nn, cin, yy + ry.var * dh, xx + rx.var * dw]
+            * weight[cin, f, kh - 1 - ry.var, kw - 1 - rx.var],
+            [rc, ry, rx],
+        )
+
+    return te.compute((n, ocg * groups, oh, ow), body, name, tag="conv2d_transpose_nchw")
 
 
 def bias_add(x: Operation, bias: Operation, axis: int = 1, name: str = "bias_add") -> Operation:

@@ -1,29 +1,206 @@
-"""Registrations of the graph operators: pattern + tensor-expression compute for each."""
+"""Registrations of the graph operators: pattern + tensor-expression compute for each.
+
+Every compute takes the node's input tensors and attrs and returns one output op (single-output
+operators only); attrs hold plain ints, floats, strings and tuples.
+"""
 
 from __future__ import annotations
 
-from aotc.topi import nn
+from collections.abc import Callable
+
+from aotc import te
+from aotc.ir.expr import select
+from aotc.te.tensor import Operation
+from aotc.topi import elemwise, nn, transform
 from aotc.topi.registry import OpPattern, register
+
+
+def _register_unary(name: str, fn: Callable) -> None:
+    @register(name, OpPattern.ELEMWISE)
+    def compute(inputs, attrs):
+        x = inputs[0]
+        return [te.compute(x.shape, lambda *i: fn(x[i], **attrs), name, tag="elemwise")]
+
+
+def _register_broadcast(name: str, fn: Callable) -> None:
+    @register(name, OpPattern.BROADCAST)
+    def compute(inputs, attrs):
+        return [elemwise.map_inputs(inputs, fn, name)]
+
+
+for _name, _fn in elemwise.UNARY.items():
+    _register_unary(_name, _fn)
+for _name, _fn in elemwise.BINARY.items():
+    _register_broadcast(_name, _fn)
+_register_broadcast("where", select)
+
+
+def _with_bias(out: Operation, inputs, axis: int) -> list[Operation]:
+    """`out` plus the optional bias input (inputs[2], one value per entry of `axis`)."""
+    if len(inputs) < 3:
+        return [out]
+    return [nn.bias_add(out, inputs[2], axis=axis, name=f"{out.name}_bias")]
 
 
 @register("conv2d", OpPattern.OUT_ELEMWISE_FUSABLE)
 def _conv2d(inputs, attrs):
-    """NCHW data, OIHW weight; attrs: strides, pads (t, l, b, r), dilations, groups."""
+    """NCHW data, OIHW weight, optional bias [O]; attrs: strides, pads (t, l, b, r), dilations, groups."""
     data, weight = inputs[:2]
     groups = attrs.get("groups", 1)
     kw = dict(
         stride=attrs.get("strides", 1), padding=attrs.get("pads", 0), dilation=attrs.get("dilations", 1)
     )
     if groups == data.shape[1] and weight.shape[1] == 1 and groups > 1:
-        return [nn.depthwise_conv2d_nchw(data, weight, **kw)]
-    return [nn.conv2d_nchw(data, weight, groups=groups, **kw)]
+        return _with_bias(nn.depthwise_conv2d_nchw(data, weight, **kw), inputs, 1)
+    return _with_bias(nn.conv2d_nchw(data, weight, groups=groups, **kw), inputs, 1)
+
+
+@register("conv2d_transpose", OpPattern.OUT_ELEMWISE_FUSABLE)
+def _conv2d_transpose(inputs, attrs):
+    """NCHW data, weight [C, O / groups, KH, KW], optional bias [O];
+    attrs: strides, pads, dilations, groups, output_padding."""
+    out = nn.conv2d_transpose_nchw(
+        inputs[0],
+        inputs[1],
+        stride=attrs.get("strides", 1),
+        padding=attrs.get("pads", 0),
+        dilation=attrs.get("dilations", 1),
+        groups=attrs.get("groups", 1),
+        output_padding=attrs.get("output_padding", 0),
+    )
+    return _with_bias(out, inputs, 1)
 
 
 @register("matmul", OpPattern.OUT_ELEMWISE_FUSABLE)
 def _matmul(inputs, attrs):
+    """numpy.matmul semantics (batch broadcast, 1-D operands)."""
     return [nn.matmul(inputs[0], inputs[1])]
 
 
-@register("relu", OpPattern.ELEMWISE)
-def _relu(inputs, attrs):
-    return [nn.relu(inputs[0])]
+@register("dense", OpPattern.OUT_ELEMWISE_FUSABLE)
+def _dense(inputs, attrs):
+    """X [M, K], W [N, K], optional bias [N]."""
+    return _with_bias(nn.dense(inputs[0], inputs[1]), inputs, 1)
+
+
+def _register_pool(name: str, kind: str) -> None:
+    @register(name, OpPattern.OUT_ELEMWISE_FUSABLE)
+    def compute(inputs, attrs):
+        """attrs: kernel, strides, pads (t, l, b, r), dilations, ceil_mode, count_include_pad (avg)."""
+        return [
+            nn.pool2d_nchw(
+                inputs[0],
+                kind,
+                attrs["kernel"],
+                stride=attrs.get("strides", 1),
+                padding=attrs.get("pads", 0),
+                count_include_pad=attrs.get("count_include_pad", False),
+                dilation=attrs.get("dilations", 1),
+                ceil_mode=attrs.get("ceil_mode", False),
+                name=name,
+            )
+        ]
+
+
+_register_pool("max_pool2d", "max")
+_register_pool("avg_pool2d", "avg")
+
+
+def _register_reduce(kind: str) -> None:
+    @register(f"reduce_{kind}", OpPattern.COMM_REDUCE)
+    def compute(inputs, attrs):
+        """attrs: axes, keepdims."""
+        return [nn.reduce(inputs[0], kind, attrs["axes"], attrs.get("keepdims", False), f"reduce_{kind}")]
+
+
+for _kind in ("sum", "mean", "max", "min"):
+    _register_reduce(_kind)
+
+
+@register("softmax", OpPattern.COMM_REDUCE)
+def _softmax(inputs, attrs):
+    return [nn.softmax(inputs[0], attrs.get("axis", -1))]
+
+
+@register("log_softmax", OpPattern.COMM_REDUCE)
+def _log_softmax(inputs, attrs):
+    return [nn.log_softmax(inputs[0], attrs.get("axis", -1))]
+
+
+@register("layer_norm", OpPattern.COMM_REDUCE)
+def _layer_norm(inputs, attrs):
+    """x, scale, optional bias; attrs: axis, epsilon."""
+    bias = inputs[2] if len(inputs) > 2 else None
+    return [nn.layer_norm(inputs[0], inputs[1], bias, attrs.get("axis", -1), attrs.get("epsilon", 1e-5))]
+
+
+@register("instance_norm", OpPattern.COMM_REDUCE)
+def _instance_norm(inputs, attrs):
+    """x, scale [C], bias [C]; attrs: epsilon."""
+    return [nn.instance_norm(*inputs[:3], attrs.get("epsilon", 1e-5))]
+
+
+@register("batch_norm", OpPattern.BROADCAST)
+def _batch_norm(inputs, attrs):
+    """x, scale, bias, mean, var (each [C], channel axis 1); attrs: epsilon."""
+    return [nn.batch_norm(*inputs[:5], epsilon=attrs.get("epsilon", 1e-5))]
+
+
+@register("reshape", OpPattern.INJECTIVE)
+def _reshape(inputs, attrs):
+    """attrs: shape (fully static)."""
+    return [transform.reshape(inputs[0], attrs["shape"])]
+
+
+@register("transpose", OpPattern.INJECTIVE)
+def _transpose(inputs, attrs):
+    return [transform.transpose(inputs[0], attrs["perm"])]
+
+
+@register("concat", OpPattern.INJECTIVE)
+def _concat(inputs, attrs):
+    return [transform.concat(inputs, attrs["axis"])]
+
+
+@register("strided_slice", OpPattern.INJECTIVE)
+def _strided_slice(inputs, attrs):
+    """attrs: begin, end, strides for every axis (numpy slice semantics)."""
+    return [transform.strided_slice(inputs[0], attrs["begin"], attrs["end"], attrs["strides"])]
+
+
+@register("take", OpPattern.INJECTIVE)
+def _take(inputs, attrs):
+    """data, int32/int64 indices; attrs: axis."""
+    return [transform.take(inputs[0], inputs[1], attrs.get("axis", 0))]
+
+
+@register("broadcast_to", OpPattern.BROADCAST)
+def _broadcast_to(inputs, attrs):
+    return [transform.broadcast_to(inputs[0], attrs["shape"])]
+
+
+@register("pad", OpPattern.INJECTIVE)
+def _pad(inputs, attrs):
+    """attrs: before, after (per axis, negative crops), mode (constant/reflect/edge), value."""
+    x = inputs[0]
+    out = nn.pad(
+        x, attrs["before"], attrs["after"], attrs.get("value", 0.0), mode=attrs.get("mode", "constant")
+    )
+    if out is x:
+        out = te.compute(x.shape, lambda *i: x[i], "pad", tag="pad")
+    return [out]
+
+
+@register("resize", OpPattern.INJECTIVE)
+def _resize(inputs, attrs):
+    """attrs: size, scales (per axis), mode, coordinate_transformation_mode, nearest_mode."""
+    return [
+        transform.resize(
+            inputs[0],
+            attrs["size"],
+            attrs["scales"],
+            attrs.get("mode", "nearest"),
+            attrs.get("coordinate_transformation_mode", "half_pixel"),
+            attrs.get("nearest_mode", "round_prefer_floor"),
+        )
+    ]

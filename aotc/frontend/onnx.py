@@ -1,0 +1,950 @@
+"""ONNX frontend: an .onnx model -> a Graph of registered operators with static shapes and folded constants.
+
+Every node output's type comes from the tensor expression of its operator (`infer_types`); a node whose
+inputs are all constants is evaluated on the spot and becomes a constant.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from aotc.frontend.errors import (
+    ConversionError,
+    DynamicShapeError,
+    InputShapeError,
+    ModelLoadError,
+    UnsupportedOperatorError,
+    UnsupportedOpsetError,
+)
+from aotc.graph.interpret import evaluate_node, infer_types, node_compute
+from aotc.graph.ir import Graph, Node, TensorType, Value
+from aotc.ir.expr import DTYPES, unique_name
+from aotc.te.dag import ComputeDAG
+from aotc.topi.elemwise import broadcast_shape
+
+__all__ = [
+    "OPSET_MAX",
+    "OPSET_MIN",
+    "load_onnx",
+    "supported_operators",
+]
+
+OPSET_MIN, OPSET_MAX = 13, 21
+
+InputShapes = Mapping[str, tuple[Sequence[int], str | None]]
+
+_DTYPES = {
+    onnx.TensorProto.FLOAT: "float32",
+    onnx.TensorProto.DOUBLE: "float64",
+    onnx.TensorProto.FLOAT16: "float16",
+    onnx.TensorProto.INT8: "int8",
+    onnx.TensorProto.INT16: "int16",
+    onnx.TensorProto.INT32: "int32",
+    onnx.TensorProto.INT64: "int64",
+    onnx.TensorProto.UINT8: "uint8",
+    onnx.TensorProto.UINT16: "uint16",
+    onnx.TensorProto.UINT32: "uint32",
+    onnx.TensorProto.UINT64: "uint64",
+    onnx.TensorProto.BOOL: "bool",
+}
+
+
+def load_onnx(path_or_bytes: str | os.PathLike | bytes, input_shapes: InputShapes | None = None) -> Graph:
+    """Read an ONNX model into a Graph.
+
+    `input_shapes` maps a graph input's name to `(shape, dtype)` (dtype None keeps the model's); it must
+    fix every dimension the model leaves dynamic.
+    """
+    model, source = _read(path_or_bytes)
+    _check_opset(model, source)
+    _check_operators(model.graph, source)
+    conv = _Converter(model.graph, source)
+    inputs = conv.bind_inputs(dict(input_shapes or {}))
+    for i, proto in enumerate(model.graph.node):
+        conv.convert(proto, i)
+    outputs = [conv.values[o.name] for o in model.graph.output]
+    graph = Graph(inputs, outputs, _live_nodes(conv.nodes, outputs), model.graph.name or _stem(source))
+    graph.verify()
+    return graph
+
+
+def supported_operators() -> list[str]:
+    return sorted(_CONVERTERS)
+
+
+def _read(path_or_bytes: str | os.PathLike | bytes) -> tuple[onnx.ModelProto, str]:
+    raw = isinstance(path_or_bytes, bytes | bytearray)
+    source = "<bytes>" if raw else os.fspath(path_or_bytes)
+    if not raw and not os.path.isfile(source):
+        raise ModelLoadError(f"{source}: no such model file")
+    try:
+        model = onnx.load_model_from_string(bytes(path_or_bytes)) if raw else onnx.load(source)
+    except Exception as e:  # protobuf raises assorted types on corrupt input
+        raise ModelLoadError(f"{source}: not a valid ONNX model ({type(e).__name__}: {e})") from e
+    if not model.graph.node and not model.graph.output:
+        raise ModelLoadError(f"{source}: not a valid ONNX model (the file holds no graph)")
+    return model, source
+
+
+def _stem(source: str) -> str:
+    return os.path.splitext(os.path.basename(source))[0] if source != "<bytes>" else "model"
+
+
+def _check_opset(model: onnx.ModelProto, source: str) -> None:
+    versions = [o.version for o in model.opset_import if o.domain in ("", "ai.onnx")]
+    if not versions:
+        raise UnsupportedOpsetError(f"{source}: the model imports no version of the default ONNX opset")
+    version = versions[0]
+    if not OPSET_MIN <= version <= OPSET_MAX:
+        raise UnsupportedOpsetError(
+            f"{source}: opset {version} is not supported (supported: {OPSET_MIN} to {OPSET_MAX}); "
+            f"convert the model with onnx.version_converter"
+        )
+
+
+def _op_key(proto: onnx.NodeProto) -> str:
+    return proto.op_type if proto.domain in ("", "ai.onnx") else f"{proto.domain}.{proto.op_type}"
+
+
+def _node_name(proto: onnx.NodeProto, index: int) -> str:
+    return proto.name or f"{proto.op_type}_{index}"
+
+
+def _check_operators(graph: onnx.GraphProto, source: str) -> None:
+    missing: dict[str, list[str]] = {}
+    for i, proto in enumerate(graph.node):
+        key = _op_key(proto)
+        if key not in _CONVERTERS:
+            missing.setdefault(key, []).append(_node_name(proto, i))
+    if missing:
+        raise UnsupportedOperatorError(source, missing)
+
+
+FOLD_LIMIT = 1 << 25
+"""Index-grid points above which an all-constant node is left in the graph rather than evaluated here
+(the reference interpreter materializes the grid, reduce axes included)."""
+
+
+def _foldable(node: Node) -> bool:
+    if not all(v.is_constant for v in node.inputs):
+        return False
+    _, outs = node_compute(node)
+    points = sum(math.prod(a.extent for a in op.all_axes) for op in ComputeDAG(outs).compute_ops)
+    return points <= FOLD_LIMIT
+
+
+def _live_nodes(nodes: list[Node], outputs: list[Value]) -> list[Node]:
+    """The nodes that some graph output depends on, in their order."""
+    live = {v for v in outputs}
+    keep = []
+    for node in reversed(nodes):
+        if any(v in live for v in node.outputs):
+            keep.append(node)
+            live.update(node.inputs)
+    return keep[::-1]
+
+
+@dataclass
+class _OnnxNode:
+    name: str
+    op_type: str
+    inputs: list[Value | None]
+    attrs: dict[str, Any]
+    outputs: list[str]
+
+    def input(self, i: int) -> Value | None:
+        return self.inputs[i] if i < len(self.inputs) else None
+
+    def attr(self, key: str, default: Any = None) -> Any:
+        return self.attrs.get(key, default)
+
+
+def _attr_value(a: onnx.AttributeProto) -> Any:
+    v = onnx.helper.get_attribute_value(a)
+    if isinstance(v, bytes):
+        return v.decode()
+    if isinstance(v, list) and v and isinstance(v[0], bytes):
+        return [s.decode() for s in v]
+    return v
+
+
+class _Converter:
+    def __init__(self, graph: onnx.GraphProto, source: str):
+        self.graph = graph
+        self.source = source
+        self.values: dict[str, Value] = {}
+        self.nodes: list[Node] = []
+        self.output_names = {o.name for o in graph.output}
+        self.used = {name for p in graph.node for name in p.input} | self.output_names
+        self.value_names = {o for p in graph.node for o in p.output} | {i.name for i in graph.input}
+        self.value_names |= {t.name for t in graph.initializer}
+        self.node_names: set[str] = set()
+        self.node: _OnnxNode | None = None
+        for t in graph.initializer:
+            self.values[t.name] = self._constant_value(t.name, numpy_helper.to_array(t))
+
+    def fail(self, msg: str) -> ConversionError:
+        n = self.node
+        where = f"node {n.name} ({n.op_type})" if n else "graph"
+        return ConversionError(f"{self.source}: {where}: {msg}")
+
+    def bind_inputs(self, shapes: dict[str, Any]) -> list[Value]:
+        runtime = [vi for vi in self.graph.input if vi.name not in self.values]
+        unknown = sorted(set(shapes) - {vi.name for vi in runtime})
+        if unknown:
+            names = ", ".join(vi.name for vi in runtime)
+            raise InputShapeError(
+                f"{self.source}: input_shapes names unknown inputs {unknown}; inputs: {names}"
+            )
+        problems, inputs = [], []
+        for vi in runtime:
+            dims, given = _model_dims(vi, self.source), shapes.get(vi.name)
+            if given is None and not _is_static(dims):
+                problems.append((vi.name, dims))
+                continue
+            v = Value(vi.name, _input_type(vi, dims, given, self.source))
+            self.values[vi.name] = v
+            inputs.append(v)
+        if problems:
+            described = "; ".join(_describe_dynamic(name, dims) for name, dims in problems)
+            example = ", ".join(f"{name}: {{shape: {_shape_template(dims)}}}" for name, dims in problems)
+            raise DynamicShapeError(
+                f"{self.source}: {described}. aotc compiles static shapes: set "
+                f"`inputs: {{name: {{shape: [...]}}}}` in the recipe (input_shapes= for load_onnx), "
+                f"here `inputs: {{{example}}}` with each ? filled in"
+            )
+        return inputs
+
+    def convert(self, proto: onnx.NodeProto, index: int) -> None:
+        name = _node_name(proto, index)
+        missing = [v for v in proto.input if v and v not in self.values]
+        if missing:
+            raise ConversionError(
+                f"{self.source}: node {name} ({proto.op_type}): inputs {missing} are not defined before it"
+            )
+        self.node = _OnnxNode(
+            name,
+            proto.op_type,
+            [self.values[v] if v else None for v in proto.input],
+            {a.name: _attr_value(a) for a in proto.attribute},
+            list(proto.output),
+        )
+        results = _CONVERTERS[_op_key(proto)](self, self.node)
+        for i, out in enumerate(proto.output):
+            if not out:
+                continue
+            if i >= len(results):
+                if out in self.used:
+                    raise self.fail(f"output {i} ({out}) is not supported")
+                continue
+            v = results[i]
+            if out in self.output_names and v.name != out:
+                v = self.emit("identity", [v], out=out)
+            self.values[out] = v
+        self.node = None
+
+    def emit(
+        self, op: str, inputs: Sequence[Value], attrs: dict | None = None, out: str | None = None
+    ) -> Value:
+        """A node of graph op `op` (or, when every input is constant, its value as a constant).
+
+        `out` is the ONNX name of the value; None makes a fresh name for an intermediate.
+        """
+        n = self.node
+        node = Node(op, list(inputs), [], dict(attrs or {}))
+        try:
+            (ttype,) = infer_types(node)
+            data = evaluate_node(node, [v.data for v in inputs]) if _foldable(node) else None
+        except (ValueError, TypeError, KeyError, IndexError) as e:
+            raise self.fail(f"cannot build graph op {op} on {[str(v.type) for v in inputs]}: {e}") from e
+        name = out or unique_name(f"{n.name}/{op}", self.value_names)
+        if data is not None:
+            return self._constant_value(name, data[0])
+        node.name = unique_name(n.name if out else f"{n.name}/{op}", self.node_names)
+        v = Value(name, ttype, producer=node)
+        node.outputs.append(v)
+        self.nodes.append(node)
+        return v
+
+    def constant(self, data: Any, hint: str, dtype: str | None = None, out: str | None = None) -> Value:
+        """A constant made by the frontend: the value of ONNX output `out`, or an operand named after `hint`."""
+        name = out or unique_name(f"{self.node.name}/{hint}", self.value_names)
+        return self._constant_value(name, np.asarray(data, dtype))
+
+    def const_input(self, n: _OnnxNode, i: int, what: str) -> np.ndarray | None:
+        """The value of optional input `i`, which must be a constant (it sets an attribute)."""
+        v = n.input(i)
+        if v is None:
+            return None
+        if not v.is_constant:
+            raise self.fail(
+                f"input {i} ({what}, value {v.name}) must be a constant: aotc needs it at compile time "
+                f"to fix shapes, but it is computed at run time"
+            )
+        return v.data
+
+    def _constant_value(self, name: str, data: np.ndarray) -> Value:
+        data = np.asarray(data)
+        dtype = "bool" if data.dtype == np.bool_ else str(data.dtype)
+        if dtype not in DTYPES:
+            raise self.fail(f"constant {name} has unsupported element type {data.dtype}")
+        return Value(name, TensorType(tuple(int(s) for s in data.shape), dtype), data=data)
+
+
+def _model_dims(vi: onnx.ValueInfoProto, source: str) -> list[int | str | None] | None:
+    """The model's dims of graph input `vi`: ints, symbolic names, None for unknown; None if rank unknown."""
+    if not vi.type.HasField("tensor_type"):
+        raise ConversionError(f"{source}: input {vi.name} is not a tensor")
+    tt = vi.type.tensor_type
+    if tt.elem_type not in _DTYPES:
+        raise ConversionError(f"{source}: input {vi.name} has unsupported element type {tt.elem_type}")
+    if not tt.HasField("shape"):
+        return None
+    return [d.dim_value if d.dim_value > 0 else (d.dim_param or None) for d in tt.shape.dim]
+
+
+def _is_static(dims: list[int | str | None] | None) -> bool:
+    return dims is not None and all(isinstance(d, int) for d in dims)
+
+
+def _describe_dynamic(name: str, dims: list[int | str | None] | None) -> str:
+    if dims is None:
+        return f"input '{name}' has no shape (rank unknown)"
+    dynamic = [
+        f"{d} ('{p}')" if p else f"{d} (unnamed)" for d, p in enumerate(dims) if not isinstance(p, int)
+    ]
+    return f"input '{name}' {_dims_str(dims)} has dynamic dimension {', '.join(dynamic)}"
+
+
+def _shape_template(dims: list[int | str | None] | None) -> str:
+    if dims is None:
+        return "[...]"
+    return "[" + ", ".join(str(d) if isinstance(d, int) else "?" for d in dims) + "]"
+
+
+def _input_type(vi: onnx.ValueInfoProto, dims: list | None, given: Any, source: str) -> TensorType:
+    dtype = _DTYPES[vi.type.tensor_type.elem_type]
+    if given is None:
+        return TensorType(tuple(dims), dtype)
+    shape, given_dtype = _split_given(vi.name, given)
+    if dims is not None and (
+        len(dims) != len(shape) or any(isinstance(d, int) and d != s for d, s in zip(dims, shape))
+    ):
+        raise InputShapeError(
+            f"{source}: input {vi.name}: given shape {list(shape)} contradicts the model's {_dims_str(dims)}"
+        )
+    return TensorType(shape, given_dtype or dtype)
+
+
+def _split_given(name: str, given: Any) -> tuple[tuple[int, ...], str | None]:
+    try:
+        shape, dtype = given
+        shape = tuple(int(s) for s in shape)
+    except (TypeError, ValueError):
+        raise InputShapeError(
+            f"input_shapes[{name!r}] must be (shape, dtype or None), got {given!r}"
+        ) from None
+    if any(s < 1 for s in shape):
+        raise InputShapeError(f"input_shapes[{name!r}]: shape {list(shape)} has a non-positive extent")
+    if dtype is not None and dtype not in DTYPES:
+        raise InputShapeError(f"input_shapes[{name!r}]: dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+    return shape, dtype
+
+
+def _dims_str(dims: Sequence[int | str | None]) -> str:
+    return "[" + ", ".join("?" if d is None else str(d) for d in dims) + "]"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Converters: one function per ONNX operator (or family), returning the values of the node's outputs.
+
+_CONVERTERS: dict[str, Callable[[_Converter, _OnnxNode], list[Value]]] = {}
+
+
+def _converts(*op_types: str):
+    def wrap(fn):
+        for op_type in op_types:
+            _CONVERTERS[op_type] = fn
+        return fn
+
+    return wrap
+
+
+_ELEMENTWISE: dict[str, tuple[str, dict[str, Any]]] = {
+    "Neg": ("negative", {}),
+    "Abs": ("abs", {}),
+    "Exp": ("exp", {}),
+    "Log": ("log", {}),
+    "Sqrt": ("sqrt", {}),
+    "Reciprocal": ("reciprocal", {}),
+    "Erf": ("erf", {}),
+    "Tanh": ("tanh", {}),
+    "Sigmoid": ("sigmoid", {}),
+    "Floor": ("floor", {}),
+    "Ceil": ("ceil", {}),
+    "Round": ("round", {}),
+    "Not": ("logical_not", {}),
+    "Relu": ("relu", {}),
+    "Softplus": ("softplus", {}),
+    "HardSwish": ("hard_swish", {}),
+    "LeakyRelu": ("leaky_relu", {"alpha": 0.01}),
+    "Elu": ("elu", {"alpha": 1.0}),
+    "HardSigmoid": ("hard_sigmoid", {"alpha": 0.2, "beta": 0.5}),
+    "Gelu": ("gelu", {"approximate": "none"}),
+    "Add": ("add", {}),
+    "Sub": ("subtract", {}),
+    "Mul": ("multiply", {}),
+    "Div": ("divide", {}),
+    "Pow": ("power", {}),
+    "Equal": ("equal", {}),
+    "Less": ("less", {}),
+    "LessOrEqual": ("less_equal", {}),
+    "Greater": ("greater", {}),
+    "GreaterOrEqual": ("greater_equal", {}),
+    "And": ("logical_and", {}),
+    "Or": ("logical_or", {}),
+    "PRelu": ("prelu", {}),
+    "Where": ("where", {}),
+}
+"""ONNX op -> (graph op, its attrs with ONNX defaults) for ops that map one to one on all inputs."""
+
+
+@_converts(*_ELEMENTWISE)
+def _elementwise(cv: _Converter, n: _OnnxNode) -> list[Value]:
+    op, defaults = _ELEMENTWISE[n.op_type]
+    attrs = {k: n.attr(k, d) for k, d in defaults.items()}
+    return [cv.emit(op, n.inputs, attrs, n.outputs[0])]
+
+
+@_converts("Max", "Min", "Sum", "Mean")
+def _variadic(cv: _Converter, n: _OnnxNode) -> list[Value]:
+    op = {"Max": "maximum", "Min": "minimum", "Sum": "add", "Mean": "add"}[n.op_type]
+    acc = n.inputs[0]
+    last = n.outputs[0] if n.op_type != "Mean" else None
+    for i, v in enumerate(n.inputs[1:], 2):
+        acc = cv.emit(op, [acc, v], out=last if i == len(n.inputs) else None)
+    if n.op_type == "Mean":
+        count = cv.constant(len(n.inputs), "count", acc.type.dtype)
+        acc = cv.emit("divide", [acc, count], out=n.outputs[0])
+    return [acc]
+
+
+@_converts("Identity", "Dropout")
+def _identity(cv: _Converter, n: _OnnxNode) -> list[Value]:
+    x = n.inputs[0]
+    training = cv.const_input(n, 2, "training_mode") if n.op_type == "Dropout" else None
+    if training is not None and training.item():
+        raise cv.fail("training_mode must be false for inference")
+    if len(n.outputs) > 1 and n.outputs[1]:
+        return [x, cv.constant(np.ones(x.type.shape, bool), "mask", out=n.outputs[1])]
+    return [x]
+
+
+@_converts("Cast")
+def _cast(cv: _Converter, n: _OnnxNode) -> list[Value]:
+    to = n.attr("to")
+    if to not in _DTYPES:
+        raise cv.fail(f"cannot cast to element type {to}")
+    x = n.inputs[0]
+    if _DTYPES[to] == x.type.dtype:
+        return [x]
+    return [cv.emit("cast", [x], {"dtype": _DTYPES[to]}, n.outputs[0])]
+
+
+@_converts("Clip")
+def _clip(cv: _Converter, n: _OnnxNode) -> list[Value]:
+    lo, hi = cv.const_input(n, 1, "min"), cv.const_input(n, 2, "max")
+    attrs = {"min": None if lo is None else lo.item(), "max": None if hi is None else hi.item()}
+    return [cv.emit("clip", [n.inputs[0]], attrs, n.outputs[0])]
+
+
+@_converts("Softmax", "LogSoftmax")
+def _softmax(cv: _Converter, n: _OnnxNode) -> list[Value]:
+    x = n.inputs[0]
+    op = "softmax" if n.op_type == "Softmax" else "log_softmax"
+    return [cv.emit(op, [x], {"axis": _axis(cv, n.attr("axis", -1), len(x.type.shape))}, n.outputs[0])]
+
+
+def _axis(cv: _Converter, axis: int, ndim: int) -> int:
+    if not -ndim <= axis < max(ndim, 1):
+        raise cv.fail(f"axis {axis} is out of range for rank {ndim}")
+    return axis % max(ndim, 1)
+
+
+def _axes(cv: _Converter, n: _OnnxNode, ndim: int) -> list[int] | None:
+    """Axes from input 1 (newer opsets) or the `axes` attribute (older ones); None if neither."""
+    given = cv.const_input(n, 1, "axes")
+    axes = given.tolist() if given is not None else n.attr("axes")
+    if axes is None:
+        return None
+    return [_axis(cv, int(a), ndim) for a in axes]
+
+
+# --- convolution, matrix products, pooling ------------------------------------------------------------------
+
+
+def _split_pads(totals: Sequence[int], auto_pad: str) -> list[int]:
+    """ONNX pads [begin..., end...] from each axis's total padding; SAME_UPPER puts the odd one at the end."""
+    begin = [t // 2 if auto_pad == "SAME_UPPER" else t - t // 2 for t in totals]
+    return begin + [t - b for t, b in zip(totals, begin)]
+
+
+def _window_pads(cv: _Converter, n: _OnnxNode, sizes, kernel, strides, dilations) -> list[int]:
+    """ONNX pads of a sliding window, resolving auto_pad."""
+    rank = len(sizes)
+    auto_pad = n.attr("auto_pad", "NOTSET")
+    if auto_pad == "NOTSET":
+        return list(n.attr("pads", [0] * 2 * rank))
+    if auto_pad == "VALID":
+        return [0] * 2 * rank
+    if auto_pad not in ("SAME_UPPER", "SAME_LOWER"):
+        raise cv.fail(f"unknown auto_pad {auto_pad!r}")
+    totals = [
+        max(0, (-(-size // s) - 1) * s + (k - 1) * d + 1 - size)
+        for size, k, s, d in zip(sizes, kernel, strides, dilations)
+    ]
+    return _split_pads(totals, auto_pad)
+
+
+def _transposed_pads(cv: _Converter, n: _OnnxNode, sizes, kernel, strides, dilations) -> list[int]:
+    """ONNX pads of a ConvTranspose, from pads, auto_pad or output_shape."""
+    rank = len(sizes)
+    output_shape = n.attr("output_shape")
+    auto_pad = n.attr("auto_pad", "NOTSET")
+    if output_shape is None and auto_pad in ("NOTSET", "VALID"):
+        return list(n.attr("pads", [0] * 2 * rank)) if auto_pad == "NOTSET" else [0] * 2 * rank
+    targets = output_shape[-rank:] if output_shape is not None else [s * st for s, st in zip(sizes, strides)]
+    out_pad = n.attr("output_padding", [0] * rank)
+    totals = [
+        s * (size - 1) + op + (k - 1) * d + 1 - target
+        for size, k, s, d, op, target in zip(sizes, kernel, strides, dilations, out_pad, targets)
+    ]
+    return _split_pads(totals, auto_pad)
+
+
+@dataclass
+class _Window:
+    """Sliding-window attributes of a Conv/ConvTranspose/Pool node as 2-D ones (1-D lifted to H=1)."""
+
+    attrs: dict[str, tuple[int, ...]]
+    lifted: bool
+
+
+def _window(
+    cv: _Converter, n: _OnnxNode, x: Value, kernel: Sequence[int], transposed: bool = False
+) -> _Window:
+    rank = len(x.type.shape) - 2
+    if rank not in (1, 2):
+        raise cv.fail(f"only 1-D and 2-D windows are supported, got a {rank}-D input {x.type}")
+    sizes = x.type.shape[2:]
+    strides = list(n.attr("strides", [1] * rank))
+    dilations = list(n.attr("dilations", [1] * rank))
+    pad_fn = _transposed_pads if transposed else _window_pads
+    pads = pad_fn(cv, n, sizes, kernel, strides, dilations)
+    attrs = {"kernel": kernel, "strides": strides, "dilations": dilations, "pads": pads}
+    if transposed:
+        attrs["output_padding"] = n.attr("output_padding", [0] * rank)
+    attrs = {k: tuple(int(e) for e in v) for k, v in attrs.items()}
+    return _Window(_lift_attrs(attrs) if rank == 1 else attrs, rank == 1)
+
+
+def _lift_attrs(attrs: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+    """1-D window attrs as 2-D ones over [1, L]."""
+    lifted = {k: (1, *v) for k, v in attrs.items()}
+    lifted["pads"] = (0, attrs["pads"][0], 0, attrs["pads"][1])
+    if "output_padding" in attrs:
+        lifted["output_padding"] = (0, *attrs["output_padding"])
+    return lifted
+
+
+def _lift(cv: _Converter, v: Value) -> Value:
+    """A 1-D window operand [N, C, L] as [N, C, 1, L]."""
+    s = v.type.shape
+    return cv.emit("reshape", [v], {"shape": (*s[:2], 1, *s[2:])})
+
+
+def _windowed(cv: _Converter, n: _OnnxNode, op: str, inputs: list[Value], attrs: dict, w: _Window) -> Value:
+    """Emit a 2-D window op, lifting 1-D operands to 2-D and the result back."""
+    if not w.lifted:
+        return cv.emit(op, inputs, attrs, n.outputs[0])
+    lifted = [_lift(cv, v) if len(v.type.shape) == 3 else v for v in inputs]
+    out = cv.emit(op, lifted, attrs)
+    s = out.type.shape
+    return cv.emit("reshape", [out], {"shape": (*s[:2], s[3])}, n.outputs[0])
+
+
+@_converts("Conv", "ConvTranspose")
+def _conv(cv: _Converter, n: _OnnxNode) -> list[Value]:
+    x, weight, bias = n.input(0), n.input(1), n.input(2)
+    transposed = n.op_type == "ConvTranspose"
+    w = _window(cv, n, x, weight.type.shape[2:], transposed)
+    attrs = {k: v for k, v in w.attrs.items() if k != "kernel"} | {"groups": n.attr("group", 1)}
+    inputs = [x, weight] + ([bias] if bias is not None else [])
+    return [_windowed(cv, n, "conv2d_transpose" if transposed else "conv2d", inputs, attrs, w)]
+
+
+@_converts("MaxPool", "AveragePool")
+def _pool(cv: _Converter, n: _OnnxNode) -> list[Value]:
+    x = n.inputs[0]
+    if n.attr("kernel_shape") is None:
+        raise cv.fail("needs kernel_shape")
+    w = _window(cv, n, x, n.attr("kernel_shape"))
+    attrs: dict[str, Any] = {**w.attrs, "ceil_mode": bool(n.attr("ceil_mode", 0))}
+    if n.op_type == "AveragePool":
+        attrs["count_include_pad"] = bool(n.attr("count_include_pad", 0))
+    op = "max_pool2d" if n.op_type == "MaxPool" else "avg_pool2d"
+    return [_windowed(cv, n, op, [x], attrs, w)]
+
+
+@_converts("GlobalAveragePool", "GlobalMaxPool")
+def _global_pool(cv: _Converter, n: _OnnxNode) -> list[Value]:
+    x = n.inputs[0]
+    op = "reduce_mean" if n.op_type == "GlobalAveragePool" else "reduce_max"
+    axes = tuple(range(2, len(x.type.shape)))
+    return [cv.emit(op, [x], {"axes": axes, "keepdims": True}, n.outputs[0])]
+
+
+@_converts("MatMul")
+def _matmul(cv: _Converter, n: _OnnxNode) -> list[Value]:
+    return [cv.emit("matmul", n.inputs[:2], out=n.outputs[0])]
+
+
+@_converts("Gemm")
+def _gemm(cv: _Converter, n: _OnnxNode) -> list[Value]:
+    """alpha * A' B' + beta * C as dense(A', B'') with B'' in [N, K] layout, C as its bias when 1-D."""
+    a, b, c = n.input(0), n.input(1), n.input(2)
+    alpha, beta = n.attr("alpha", 1.0), n.attr("beta", 1.0)
+    if n.attr("transA", 0):
+        a = cv.emit("transpose", [a], {"perm": (1, 0)})
+    if not n.attr("transB", 0):
+        b = cv.emit("transpose", [b], {"perm": (1, 0)})
+    if alpha != 1.0:
+        b = cv.emit("multiply", [b, cv.constant(alpha, "alpha", b.type.dtype)])
+    if c is not None and beta != 1.0:
+        c = cv.emit("multiply", [c, cv.constant(beta, "beta", c.type.dtype)])
+    units = b.type.shape[0]
+    if c is None or beta == 0.0:
+        return [cv.emit("dense", [a, b], out=n.outputs[0])]
+    if c.type.shape in ((units,), (1, units)):
+        if c.type.shape != (units,):
+            c = cv.emit("reshape", [c], {"shape": (units,)})
+        return [cv.emit("dense", [a, b, c], out=n.outputs[0])]
+    return [cv.emit("add", [cv.emit("dense", [a, b]), c], out=n.outputs[0])]
+
+
+# --- normalization and reductions ---------------------------------------------------------------------------
+
+
+@_converts("BatchNormalization")
+def _batch_norm(cv: _Converter, n: _OnnxNode) -> list[Value]:
+    if n.attr("training_mode", 0):
+        raise cv.fail("training_mode=1 is not supported (inference only)")
+    return [cv.emit("batch_norm", n.inputs[:5], {"epsilon": n.attr("epsilon", 1e-5)}, n.outputs[0])]
+
+
+@_converts("LayerNormalization")
+def _layer_norm(cv: _Converter, n: _OnnxNode) -> list[Value]:
+    x = n.inputs[0]
+    inputs = [v for v in n.inputs[:3] if v is not None]
+    attrs = {"axis": _axis(cv, n.attr("axis", -1), len(x.type.shape)), "epsilon": n.attr("epsilon", 1e-5)}
+    return [cv.emit("layer_norm", inputs, attrs, n.outputs[0])]
+
+
+@_converts("InstanceNormalization")
+def _instance_norm(cv: _Converter, n: _OnnxNode) -> list[Value]:
+    return [cv.emit("instance_norm", n.inputs[:3], {"epsilon": n.attr("epsilon", 1e-5)}, n.outputs[0])]
+
+
+_REDUCE = {
+    "ReduceMean": "reduce_mean",
+    "ReduceSum": "reduce_sum",
+    "ReduceMax": "reduce_max",
+    "ReduceMin": "reduce_min",
+}
+
+
+@_converts(*_REDUCE)
+def _reduce(cv: _Converter, n: _OnnxNode) -> list[Value]:
+    x = n.inputs[0]
+    ndim = len(x.type.shape)
+    axes = _axes(cv, n, ndim)
+    if not axes:
+        if n.attr("noop_with_empty_axes", 0):
+            return [x]
+        axes = list(range(ndim))
+    attrs = {"axes": tuple(sorted(set(axes))), "keepdims": bool(n.attr("keepdims", 1))}
+    return [cv.emit(_REDUCE[n.op_type], [x], attrs, n.outputs[0])]
+
+
+# --- shapes, layout, indexing -------------------------------------------------------------------------------
+
+
+def _reshape(cv: _Converter, x: Value, shape: Sequence[int], out: str) -> Value:
+    shape = tuple(int(s) for s in shape)
+    if shape == x.type.shape:
+        return x
+    return cv.emit("reshape", [x], {"shape": shape}, out)
+
+
+@_converts("Reshape")
+def _reshape_op(cv: _Converter, n: _OnnxNode) -> list[Value]:
+    x = n.inputs[0]
+    spec = cv.const_input(n, 1, "shape")
+    if spec is None:
+        raise cv.fail("needs the shape input")
+    shape = [int(s) for s in spec.tolist()]
+    if not n.attr("allowzero", 0):
+        shape = [x.type.shape[d] if s == 0 else s for d, s in enumerate(shape)]
+    if any(s == 0 for s in shape) or shape.count(-1) > 1 or any(s < -1 for s in shape):
+        raise cv.fail(f"cannot reshape {x.type} to {spec.tolist()}")
+    if -1 in shape:
+        known = math.prod(s for s in shape if s != -1)
+        shape[shape.index(-1)] = x.type.num_elements // known if known else 0
+    if math.prod(shape) != x.type.num_elements:
+        raise cv.fail(f"cannot reshape {x.type} to {spec.tolist()}")
+    return [_reshape(cv, x, shape, n.outputs[0])]
+
+
+@_converts("Flatten")
+def _flatten(cv: _Converter, n: _OnnxNode) -> list[Value]:
+    x = n.inputs[0]
+    shape = x.type.shape
+    axis = n.attr("axis", 1)
+    axis = axis + len(shape) if axis < 0 else axis
+    return [_reshape(cv, x, (math.prod(shape[:axis]), math.prod(shape[axis:])), n.outputs[0])]
+
+
+@_converts("Squeeze")
+def _squeeze(cv: _Converter, n: _OnnxNode) -> list[Value]:
+    x = n.inputs[0]
+    shape = x.type.shape
+    axes = _axes(cv, n, len(shape))
+    axes = [d for d, s in enumerate(shape) if s == 1] if axes is None else axes
+    if any(shape[a] != 1 for a in axes):
+        raise cv.fail(f"cannot squeeze axes {axes} of {x.type}: their extents are not 1")
+    return [_reshape(cv, x, [s for d, s in enumerate(shape) if d not in axes], n.outputs[0])]
+
+
+@_converts("Unsqueeze")
+def _unsqueeze(cv: _Converter, n: _OnnxNode) -> list[Value]:
+    x = n.inputs[0]
+    given = cv.const_input(n, 1, "axes")
+    raw = given.tolist() if given is not None else n.attr("axes")
+    if raw is None:
+        raise cv.fail("needs axes")
+    ndim = len(x.type.shape) + len(raw)
+    axes = {_axis(cv, int(a), ndim) for a in raw}
+    dims = iter(x.type.shape)
+    return [_reshape(cv, x, [1 if d in axes else next(dims) for d in range(ndim)], n.outputs[0])]
+
+
+@_converts("Transpose")
+def _transpose(cv: _Converter, n: _OnnxNode) -> list[Value]:
+    x = n.inputs[0]
+    ndim = len(x.type.shape)
+    perm = tuple(n.attr("perm", range(ndim - 1, -1, -1)))
+    if perm == tuple(range(ndim)):
+        return [x]
+    return [cv.emit("transpose", [x], {"perm": perm}, n.outputs[0])]
+
+
+@_converts("Concat")
+def _concat(cv: _Converter, n: _OnnxNode) -> list[Value]:
+    parts = [v for v in n.inputs if v is not None and v.type.num_elements > 0]
+    if not parts:
+        raise cv.fail("all inputs are empty")
+    if len(parts) == 1:
+        return parts
+    axis = _axis(cv, n.attr("axis"), len(parts[0].type.shape))
+    return [cv.emit("concat", parts, {"axis": axis}, n.outputs[0])]
+
+
+def _slice(cv: _Converter, x: Value, ranges: dict[int, range], out: str | None) -> Value:
+    """x restricted to `ranges` (axis -> picked indices); other axes whole."""
+    full = [ranges.get(d, range(s)) for d, s in enumerate(x.type.shape)]
+    if all(r == range(s) for r, s in zip(full, x.type.shape)):
+        return x
+    if any(len(r) == 0 for r in full):
+        raise cv.fail(f"the slice of {x.type} is empty; zero-sized tensors are not supported")
+    attrs = {
+        "begin": tuple(r.start for r in full),
+        "end": tuple(r.stop for r in full),
+        "strides": tuple(r.step for r in full),
+    }
+    return cv.emit("strided_slice", [x], attrs, out)
+
+
+@_converts("Slice")
+def _slice_op(cv: _Converter, n: _OnnxNode) -> list[Value]:
+    x = n.inputs[0]
+    shape = x.type.shape
+    starts, ends = cv.const_input(n, 1, "starts"), cv.const_input(n, 2, "ends")
+    axes = cv.const_input(n, 3, "axes")
+    steps = cv.const_input(n, 4, "steps")
+    axes = list(range(len(starts))) if axes is None else [_axis(cv, int(a), len(shape)) for a in axes]
+    steps = [1] * len(axes) if steps is None else [int(s) for s in steps]
+    if 0 in steps:
+        raise cv.fail("slice steps must be nonzero")
+    ranges = {
+        a: range(*slice(int(b), int(e), s).indices(shape[a])) for a, b, e, s in zip(axes, starts, ends, steps)
+    }
+    return [_slice(cv, x, ranges, n.outputs[0])]
+
+
+@_converts("Split")
+def _split(cv: _Converter, n: _OnnxNode) -> list[Value]:
+    x = n.inputs[0]
+    axis = _axis(cv, n.attr("axis", 0), len(x.type.shape))
+    extent = x.type.shape[axis]
+    given = cv.const_input(n, 1, "split")
+    if given is None and n.attr("split") is not None:
+        given = np.asarray(n.attr("split"))
+    if given is not None:
+        sizes = [int(s) for s in given]
+    else:
+        parts = n.attr("num_outputs", len(n.outputs))
+        chunk = -(-extent // parts)
+        sizes = [min(chunk, extent - i * chunk) for i in range(parts)]
+    if sum(sizes) != extent or min(sizes) < 1:
+        raise cv.fail(f"split sizes {sizes} do not partition axis {axis} of {x.type}")
+    outs, start = [], 0
+    for size, name in zip(sizes, n.outputs):
+        outs.append(_slice(cv, x, {axis: range(start, start + size)}, name or None))
+        start += size
+    return outs
+
+
+@_converts("Gather")
+def _gather(cv: _Converter, n: _OnnxNode) -> list[Value]:
+    data, indices = n.inputs[:2]
+    if indices.type.dtype not in ("int32", "int64"):
+        raise cv.fail(f"indices must be int32 or int64, got {indices.type.dtype}")
+    axis = _axis(cv, n.attr("axis", 0), len(data.type.shape))
+    return [cv.emit("take", [data, indices], {"axis": axis}, n.outputs[0])]
+
+
+@_converts("Expand")
+def _expand(cv: _Converter, n: _OnnxNode) -> list[Value]:
+    x = n.inputs[0]
+    spec = cv.const_input(n, 1, "shape")
+    try:
+        shape = broadcast_shape(x.type.shape, [int(s) for s in spec])
+    except ValueError as e:
+        raise cv.fail(str(e)) from e
+    if shape == x.type.shape:
+        return [x]
+    return [cv.emit("broadcast_to", [x], {"shape": shape}, n.outputs[0])]
+
+
+@_converts("Pad")
+def _pad(cv: _Converter, n: _OnnxNode) -> list[Value]:
+    x = n.inputs[0]
+    ndim = len(x.type.shape)
+    pads = cv.const_input(n, 1, "pads")
+    value = cv.const_input(n, 2, "constant_value")
+    axes = cv.const_input(n, 3, "axes")
+    axes = list(range(ndim)) if axes is None else [_axis(cv, int(a), ndim) for a in axes]
+    mode = n.attr("mode", "constant")
+    if mode not in ("constant", "reflect", "edge"):
+        raise cv.fail(f"pad mode {mode!r} is not supported (constant, reflect, edge)")
+    before, after = [0] * ndim, [0] * ndim
+    for i, a in enumerate(axes):
+        before[a], after[a] = int(pads[i]), int(pads[i + len(axes)])
+    if not any(before) and not any(after):
+        return [x]
+    attrs = {
+        "before": tuple(before),
+        "after": tuple(after),
+        "mode": mode,
+        "value": 0 if value is None or value.size == 0 else value.item(),
+    }
+    return [cv.emit("pad", [x], attrs, n.outputs[0])]
+
+
+@_converts("Resize")
+def _resize(cv: _Converter, n: _OnnxNode) -> list[Value]:
+    x = n.inputs[0]
+    shape = x.type.shape
+    mode = n.attr("mode", "nearest")
+    ctm = n.attr("coordinate_transformation_mode", "half_pixel")
+    if mode not in ("nearest", "linear"):
+        raise cv.fail(f"mode {mode!r} is not supported (nearest, linear)")
+    if ctm == "tf_crop_and_resize" or n.attr("antialias", 0):
+        raise cv.fail("tf_crop_and_resize and antialias are not supported")
+    axes = [_axis(cv, int(a), len(shape)) for a in n.attr("axes", range(len(shape)))]
+    scales, sizes = cv.const_input(n, 2, "scales"), cv.const_input(n, 3, "sizes")
+    size, scale = list(shape), [1.0] * len(shape)
+    if sizes is not None and sizes.size:
+        policy = n.attr("keep_aspect_ratio_policy", "stretch")
+        ratios = [np.float32(s) / np.float32(shape[a]) for a, s in zip(axes, sizes)]
+        if policy != "stretch":
+            common = min(ratios) if policy == "not_larger" else max(ratios)
+            ratios = [common] * len(axes)
+            sizes = [round(float(common) * shape[a]) for a in axes]
+        for a, s, r in zip(axes, sizes, ratios):
+            size[a], scale[a] = int(s), float(r)
+    elif scales is not None and scales.size:
+        for a, s in zip(axes, scales.astype(np.float32)):
+            size[a], scale[a] = int(np.floor(s * np.float32(shape[a]))), float(s)
+    else:
+        raise cv.fail("needs scales or sizes")
+    if tuple(size) == shape and all(s == 1.0 for s in scale):
+        return [x]
+    attrs = {
+        "size": tuple(size),
+        "scales": tuple(scale),
+        "mode": mode,
+        "coordinate_transformation_mode": ctm,
+        "nearest_mode": n.attr("nearest_mode", "round_prefer_floor"),
+    }
+    return [cv.emit("resize", [x], attrs, n.outputs[0])]
+
+
+# --- ops that always fold to constants ----------------------------------------------------------------------
+
+
+@_converts("Shape")
+def _shape(cv: _Converter, n: _OnnxNode) -> list[Value]:
+    shape = n.inputs[0].type.shape
+    start, end = n.attr("start", 0), n.attr("end", len(shape))
+    return [cv.constant(np.array(shape[start:end], np.int64), "shape", out=n.outputs[0])]
+
+
+@_converts("Size")
+def _size(cv: _Converter, n: _OnnxNode) -> list[Value]:
+    return [cv.constant(np.array(n.inputs[0].type.num_elements, np.int64), "size", out=n.outputs[0])]
+
+
+@_converts("Constant")
+def _constant(cv: _Converter, n: _OnnxNode) -> list[Value]:
+    (key, value), *rest = n.attrs.items() if n.attrs else [(None, None)]
+    if rest or key not in ("value", "value_float", "value_floats", "value_int", "value_ints"):
+        raise cv.fail(f"unsupported constant attributes {sorted(n.attrs)}")
+    if key == "value":
+        return [cv.constant(numpy_helper.to_array(value), "value", out=n.outputs[0])]
+    dtype = "float32" if key.startswith("value_float") else "int64"
+    return [cv.constant(value, "value", dtype, out=n.outputs[0])]
+
+
+@_converts("ConstantOfShape")
+def _constant_of_shape(cv: _Converter, n: _OnnxNode) -> list[Value]:
+    shape = cv.const_input(n, 0, "shape")
+    value = n.attr("value")
+    fill = numpy_helper.to_array(value).reshape(-1) if value is not None else np.zeros(1, np.float32)
+    return [cv.constant(np.full([int(s) for s in shape], fill[0], fill.dtype), "value", out=n.outputs[0])]
+
+
+@_converts("Range")
+def _range(cv: _Converter, n: _OnnxNode) -> list[Value]:
+    start, limit, delta = (cv.const_input(n, i, what) for i, what in enumerate(("start", "limit", "delta")))
+    count = max(math.ceil((limit.item() - start.item()) / delta.item()), 0)
+    values = (start + np.arange(count, dtype=start.dtype) * delta).astype(start.dtype)
+    return [cv.constant(values, "range", out=n.outputs[0])]

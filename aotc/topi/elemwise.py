@@ -1,0 +1,150 @@
+"""Element-wise and broadcasting computes: numpy broadcasting rules and the scalar functions of operators."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+from aotc import te
+from aotc.ir.expr import (
+    Expr,
+    abs_,
+    cast,
+    ceil,
+    const,
+    eq,
+    erf,
+    exp,
+    floor,
+    log,
+    logical_and,
+    logical_not,
+    logical_or,
+    maximum,
+    minimum,
+    ne,
+    power,
+    round_,
+    select,
+    sigmoid,
+    sqrt,
+    tanh,
+)
+from aotc.te.tensor import Operation
+
+
+def broadcast_shape(*shapes: Sequence[int]) -> tuple[int, ...]:
+    """The numpy broadcast of `shapes`; raises TEError when two extents differ and neither is 1."""
+    ndim = max((len(s) for s in shapes), default=0)
+    out = [1] * ndim
+    for shape in shapes:
+        for d, extent in enumerate(shape, ndim - len(shape)):
+            if extent != 1 and out[d] not in (1, extent):
+                raise te.TEError(f"shapes {[list(s) for s in shapes]} do not broadcast")
+            if extent != 1:
+                out[d] = extent
+    return tuple(out)
+
+
+def broadcast_index(shape: Sequence[int], idx: Sequence[Expr]) -> tuple[Expr, ...]:
+    """Indices into a tensor of `shape` for the point `idx` of its (right-aligned) broadcast."""
+    lead = len(idx) - len(shape)
+    return tuple(const(0) if extent == 1 else idx[lead + d] for d, extent in enumerate(shape))
+
+
+def broadcast_read(t: Operation, idx: Sequence[Expr]) -> Expr:
+    return t[broadcast_index(t.shape, idx)]
+
+
+def map_inputs(
+    inputs: Sequence[Operation], fn: Callable[..., Expr], name: str, tag: str = "broadcast"
+) -> Operation:
+    """`fn` applied point-wise over the broadcast of `inputs`."""
+    shape = broadcast_shape(*(t.shape for t in inputs))
+    return te.compute(shape, lambda *i: fn(*(broadcast_read(t, i) for t in inputs)), name, tag=tag)
+
+
+def cast_to(v: Expr, dtype: str) -> Expr:
+    """ONNX Cast: float -> int truncates; anything -> bool is `!= 0`."""
+    if dtype == "bool" and v.dtype != "bool":
+        return ne(v, const(0, v.dtype))
+    return cast(dtype, v)
+
+
+def divide(a: Expr, b: Expr) -> Expr:
+    """True division for floats, division truncated toward zero for integers (C and ONNX semantics)."""
+    if a.dtype.startswith("float"):
+        return a / b
+    q = a // b
+    signs_differ = ne(a < const(0, a.dtype), b < const(0, b.dtype))
+    return select(logical_and(ne(a % b, const(0, a.dtype)), signs_differ), q + 1, q)
+
+
+def clip(v: Expr, lo: float | None, hi: float | None) -> Expr:
+    if lo is not None:
+        v = maximum(v, const(lo, v.dtype))
+    if hi is not None:
+        v = minimum(v, const(hi, v.dtype))
+    return v
+
+
+def hard_sigmoid(v: Expr, alpha: float, beta: float) -> Expr:
+    return clip(v * alpha + beta, 0.0, 1.0)
+
+
+def gelu(v: Expr, approximate: str = "none") -> Expr:
+    if approximate == "tanh":
+        inner = (v + v * v * v * 0.044715) * math.sqrt(2.0 / math.pi)
+        return v * 0.5 * (tanh(inner) + 1.0)
+    return v * 0.5 * (erf(v * (1.0 / math.sqrt(2.0))) + 1.0)
+
+
+def _zero(v: Expr) -> Expr:
+    return const(0, v.dtype)
+
+
+UNARY: dict[str, Callable[..., Expr]] = {
+    "identity": lambda v: v,
+    "negative": lambda v: -v,
+    "abs": abs_,
+    "exp": exp,
+    "log": log,
+    "sqrt": sqrt,
+    "reciprocal": lambda v: 1.0 / v,
+    "erf": erf,
+    "tanh": tanh,
+    "sigmoid": sigmoid,
+    "floor": floor,
+    "ceil": ceil,
+    "round": round_,
+    "logical_not": logical_not,
+    "relu": lambda v: maximum(v, _zero(v)),
+    "leaky_relu": lambda v, alpha=0.01: select(v >= _zero(v), v, v * alpha),
+    "elu": lambda v, alpha=1.0: select(v >= _zero(v), v, (exp(v) - 1.0) * alpha),
+    "softplus": lambda v: maximum(v, _zero(v)) + log(exp(-abs_(v)) + 1.0),
+    "clip": lambda v, min=None, max=None: clip(v, min, max),
+    "hard_sigmoid": lambda v, alpha=0.2, beta=0.5: hard_sigmoid(v, alpha, beta),
+    "hard_swish": lambda v: v * hard_sigmoid(v, 1.0 / 6.0, 0.5),
+    "gelu": gelu,
+    "cast": cast_to,
+}
+"""Scalar function of each element-wise unary operator; keyword arguments are the operator's attrs."""
+
+BINARY: dict[str, Callable[[Expr, Expr], Expr]] = {
+    "add": lambda a, b: a + b,
+    "subtract": lambda a, b: a - b,
+    "multiply": lambda a, b: a * b,
+    "divide": divide,
+    "power": lambda a, b: power(a, cast(a.dtype, b)),
+    "maximum": maximum,
+    "minimum": minimum,
+    "equal": eq,
+    "less": lambda a, b: a < b,
+    "less_equal": lambda a, b: a <= b,
+    "greater": lambda a, b: a > b,
+    "greater_equal": lambda a, b: a >= b,
+    "logical_and": logical_and,
+    "logical_or": logical_or,
+    "prelu": lambda a, slope: select(a >= _zero(a), a, a * slope),
+}
+"""Scalar function of each broadcasting binary operator."""

@@ -1,0 +1,134 @@
+"""Build tiny ONNX models with onnx.helper and compare aotc's import of them with onnxruntime."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from aotc.frontend.onnx import load_onnx
+from aotc.graph.interpret import run_graph
+
+RTOL, ATOL = 1e-4, 1e-5
+IR_VERSION = 10
+
+
+@dataclass(frozen=True)
+class Input:
+    """A runtime graph input; random values are drawn uniformly from [low, high)."""
+
+    shape: tuple[int | str, ...]
+    dtype: str = "float32"
+    low: float = -2.0
+    high: float = 2.0
+
+
+Operand = Input | np.ndarray | None
+"""A node operand: a runtime input, a constant (initializer), or None for an omitted optional input."""
+
+
+def tensor_type(dtype: str) -> int:
+    return helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+
+
+def make_graph_model(
+    nodes: Sequence[onnx.NodeProto],
+    inputs: dict[str, Input],
+    outputs: Sequence[str],
+    initializers: dict[str, np.ndarray] | None = None,
+    opset: int = 17,
+) -> onnx.ModelProto:
+    graph = helper.make_graph(
+        list(nodes),
+        "test",
+        [helper.make_tensor_value_info(k, tensor_type(v.dtype), list(v.shape)) for k, v in inputs.items()],
+        [helper.make_empty_tensor_value_info(o) for o in outputs],
+        [numpy_helper.from_array(np.asarray(a), k) for k, a in (initializers or {}).items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=IR_VERSION)
+    return model
+
+
+def single_op_model(
+    op_type: str, operands: Sequence[Operand], outputs: int = 1, opset: int = 17, **attrs
+) -> onnx.ModelProto:
+    """A model of one `op_type` node; operand i is named x{i} (runtime) or c{i} (constant)."""
+    names, inputs, inits = [], {}, {}
+    for i, op in enumerate(operands):
+        if op is None:
+            names.append("")
+        elif isinstance(op, Input):
+            names.append(f"x{i}")
+            inputs[f"x{i}"] = op
+        else:
+            names.append(f"c{i}")
+            inits[f"c{i}"] = op
+    outs = [f"y{i}" for i in range(outputs)]
+    node = helper.make_node(op_type, names, outs, name=f"{op_type.lower()}_node", **attrs)
+    return make_graph_model([node], inputs, outs, inits, opset)
+
+
+def random_feeds(model: onnx.ModelProto, specs: dict[str, Input] | None = None, seed: int = 0) -> dict:
+    """Seeded random values for the model's runtime inputs (shapes from `specs` where dynamic)."""
+    rng = np.random.default_rng(seed)
+    inits = {t.name for t in model.graph.initializer}
+    feeds = {}
+    for vi in model.graph.input:
+        if vi.name in inits:
+            continue
+        spec = (specs or {}).get(vi.name)
+        dtype = helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type)
+        shape = spec.shape if spec else tuple(d.dim_value for d in vi.type.tensor_type.shape.dim)
+        low, high = (spec.low, spec.high) if spec else (-2.0, 2.0)
+        feeds[vi.name] = random_array(rng, shape, dtype, low, high)
+    return feeds
+
+
+def random_array(rng: np.random.Generator, shape, dtype, low: float = -2.0, high: float = 2.0) -> np.ndarray:
+    dtype = np.dtype(dtype)
+    if dtype == np.bool_:
+        return rng.random(shape) < 0.5
+    if np.issubdtype(dtype, np.integer):
+        return rng.integers(int(low), int(high), shape).astype(dtype)
+    return rng.uniform(low, high, shape).astype(dtype)
+
+
+def run_onnxruntime(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, feeds)
+
+
+def check_model(
+    model: onnx.ModelProto,
+    feeds: dict | None = None,
+    rtol: float = RTOL,
+    atol: float = ATOL,
+    input_shapes: dict | None = None,
+    seed: int = 0,
+):
+    """Run `model` with onnxruntime and with load_onnx + run_graph; outputs must match in shape, dtype and
+    value. Returns the Graph."""
+    feeds = random_feeds(model, seed=seed) if feeds is None else feeds
+    expected = run_onnxruntime(model, feeds)
+    graph = load_onnx(model.SerializeToString(), input_shapes)
+    got = run_graph(graph, feeds)
+    for out, ref in zip(model.graph.output, expected):
+        value = np.asarray(got[out.name])
+        assert value.shape == ref.shape, f"{out.name}: shape {value.shape} != onnxruntime's {ref.shape}"
+        assert value.dtype == ref.dtype, f"{out.name}: dtype {value.dtype} != onnxruntime's {ref.dtype}"
+        np.testing.assert_allclose(value, ref, rtol=rtol, atol=atol, err_msg=out.name)
+    return graph
+
+
+def check_op(
+    op_type: str, operands: Sequence[Operand], outputs: int = 1, opset: int = 17, tol=(RTOL, ATOL), **attrs
+):
+    """Build a single-op model, run it both ways on seeded random inputs, compare; returns the Graph."""
+    model = single_op_model(op_type, operands, outputs, opset, **attrs)
+    specs = {f"x{i}": op for i, op in enumerate(operands) if isinstance(op, Input)}
+    return check_model(model, random_feeds(model, specs), rtol=tol[0], atol=tol[1])

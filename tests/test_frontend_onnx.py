@@ -1,0 +1,764 @@
+"""The ONNX frontend against onnxruntime: one tiny model per operator and attribute set, plus errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper
+
+from aotc.frontend.errors import (
+    ConversionError,
+    DynamicShapeError,
+    InputShapeError,
+    ModelLoadError,
+    UnsupportedOperatorError,
+    UnsupportedOpsetError,
+)
+from aotc.frontend.onnx import load_onnx
+from aotc.graph.interpret import run_graph
+from aotc.topi.registry import OpPattern, get_op
+
+from .onnx_util import Input, check_model, check_op, make_graph_model, random_feeds, single_op_model
+
+
+def c(*shape: int, dtype: str = "float32", low: float = -1.0, high: float = 1.0, seed: int = 1) -> np.ndarray:
+    """A constant operand with seeded random values."""
+    rng = np.random.default_rng(seed + sum(shape))
+    if np.issubdtype(np.dtype(dtype), np.integer):
+        return rng.integers(int(low), int(high), shape).astype(dtype)
+    return rng.uniform(low, high, shape).astype(dtype)
+
+
+def i64(*values: int) -> np.ndarray:
+    return np.array(values, np.int64)
+
+
+def f32(*values: float) -> np.ndarray:
+    return np.array(values, np.float32)
+
+
+def case(op_type, operands, *, id, **kw):
+    """A `check_op` case; `kw` holds opset, outputs, tol and the node's attributes."""
+    return pytest.param(op_type, operands, kw, id=id)
+
+
+X4 = Input((2, 3, 4, 5))
+POS = Input((3, 4), low=0.1, high=3.0)
+
+ELEMENTWISE = [
+    case("Neg", [Input((3, 4))], id="neg"),
+    case("Neg", [Input((5,), "int32", -9, 9)], id="neg-int"),
+    case("Abs", [Input((2, 3, 4))], id="abs"),
+    case("Abs", [Input((6,), "int64", -9, 9)], id="abs-int"),
+    case("Exp", [Input((2, 3))], id="exp"),
+    case("Exp", [X4], id="exp-4d"),
+    case("Log", [POS], id="log"),
+    case("Log", [Input((7,), low=1.0, high=9.0)], id="log-1d"),
+    case("Sqrt", [POS], id="sqrt"),
+    case("Sqrt", [Input((2, 2, 2), low=0.0, high=1.0)], id="sqrt-3d"),
+    case("Reciprocal", [POS], id="reciprocal"),
+    case("Reciprocal", [Input((4,), low=-3.0, high=-0.5)], id="reciprocal-neg"),
+    case("Erf", [Input((3, 4))], id="erf"),
+    case("Erf", [Input((10,), low=-4, high=4)], id="erf-wide"),
+    case("Tanh", [Input((3, 4))], id="tanh"),
+    case("Tanh", [X4], id="tanh-4d"),
+    case("Sigmoid", [Input((3, 4), low=-8, high=8)], id="sigmoid"),
+    case("Sigmoid", [X4], id="sigmoid-4d"),
+    case("Relu", [X4], id="relu"),
+    case("Relu", [Input((5,), "int32", -5, 5)], id="relu-int"),
+    case("Floor", [Input((3, 4))], id="floor"),
+    case("Ceil", [Input((3, 4))], id="ceil"),
+    case("Round", [Input((3, 4), low=-4, high=4)], id="round"),
+    case("Round", [f32(0.5, 1.5, 2.5, -0.5, -2.5, 2.4)], id="round-halves"),
+    case("Softplus", [Input((3, 4))], id="softplus"),
+    case("Softplus", [f32(-100.0, -20.0, 0.0, 20.0, 100.0)], id="softplus-extremes"),
+    case("HardSwish", [Input((3, 4), low=-5, high=5)], id="hardswish"),
+    case("HardSwish", [X4], id="hardswish-4d"),
+    case("LeakyRelu", [Input((3, 4))], id="leakyrelu-default"),
+    case("LeakyRelu", [X4], alpha=0.3, id="leakyrelu-alpha"),
+    case("Elu", [Input((3, 4))], id="elu"),
+    case("Elu", [X4], alpha=0.5, id="elu-alpha"),
+    case("HardSigmoid", [Input((3, 4), low=-5, high=5)], id="hardsigmoid-default"),
+    case("HardSigmoid", [X4], alpha=0.3, beta=0.4, id="hardsigmoid-attrs"),
+    case("Gelu", [Input((3, 4), low=-4, high=4)], opset=20, id="gelu"),
+    case("Gelu", [X4], opset=20, approximate="tanh", id="gelu-tanh"),
+    case("Not", [Input((3, 4), "bool")], id="not"),
+    case("Cast", [Input((3, 4), low=-9, high=9)], to=onnx.TensorProto.INT32, id="cast-float-int"),
+    case("Cast", [Input((6,), "int64", -9, 9)], to=onnx.TensorProto.FLOAT, id="cast-int-float"),
+    case("Cast", [f32(0.0, -0.5, 2.0, 0.0)], to=onnx.TensorProto.BOOL, id="cast-float-bool"),
+    case("Cast", [Input((2, 3), "bool")], to=onnx.TensorProto.FLOAT, id="cast-bool-float"),
+    case("Cast", [Input((2, 3))], to=onnx.TensorProto.FLOAT, id="cast-noop"),
+    case("Clip", [Input((3, 4)), f32(-0.5)], id="clip-min"),
+    case("Clip", [X4, f32(-0.5), f32(0.7)], id="clip-min-max"),
+    case("Clip", [Input((3, 4)), None, f32(0.2)], id="clip-max"),
+    case("Clip", [Input((8,), "int32", -9, 9), np.array(-3, np.int32), np.array(4, np.int32)], id="clip-int"),
+    case("Identity", [Input((3, 4))], id="identity"),
+    case("Identity", [c(2, 3)], id="identity-const"),
+    case("Dropout", [X4], id="dropout"),
+    case("Dropout", [Input((3, 4))], outputs=2, id="dropout-mask"),
+]
+
+BROADCAST = [
+    case("Add", [Input((2, 3, 4)), Input((4,))], id="add-bcast"),
+    case("Add", [Input((2, 1, 4)), Input((3, 1))], id="add-bidirectional"),
+    case("Add", [Input((3,), "int64", -9, 9), Input((3,), "int64", -9, 9)], id="add-int"),
+    case("Sub", [Input((3, 4)), c(3, 4)], id="sub-const"),
+    case("Sub", [Input((1, 4)), Input((3, 1))], id="sub-bcast"),
+    case("Mul", [X4, c(3, 1, 1)], id="mul-channel"),
+    case("Mul", [Input((3, 4)), np.array(2.5, np.float32)], id="mul-scalar"),
+    case("Div", [Input((3, 4)), Input((4,), low=0.5, high=2.0)], id="div"),
+    case("Div", [Input((2, 4), "int32", -20, 20), np.array([3, -2, 5, -7], np.int32)], id="div-int-trunc"),
+    case("Pow", [POS, f32(2.0)], id="pow-square"),
+    case("Pow", [POS, Input((4,), low=-1.5, high=1.5)], id="pow-bcast"),
+    case("Pow", [POS, np.array(3, np.int64)], id="pow-int-exponent"),
+    case("Equal", [Input((3, 4), "int64", 0, 3), Input((4,), "int64", 0, 3)], id="equal"),
+    case("Equal", [Input((3,), "bool"), Input((3,), "bool")], id="equal-bool"),
+    case("Less", [Input((3, 4)), Input((3, 1))], id="less"),
+    case("Less", [Input((5,), "int32", 0, 4), np.array(2, np.int32)], id="less-int"),
+    case("Greater", [Input((3, 4)), Input((4,))], id="greater"),
+    case("Greater", [Input((2, 5), "int64", 0, 4), Input((2, 1), "int64", 0, 4)], id="greater-int"),
+    case("LessOrEqual", [Input((3, 4), "int32", 0, 3), Input((4,), "int32", 0, 3)], id="less-equal"),
+    case("GreaterOrEqual", [Input((3, 4), "int32", 0, 3), Input((4,), "int32", 0, 3)], id="greater-equal"),
+    case("And", [Input((3, 4), "bool"), Input((4,), "bool")], id="and"),
+    case("Or", [Input((3, 4), "bool"), Input((3, 1), "bool")], id="or"),
+    case("PRelu", [X4, c(3, 1, 1)], id="prelu-channel"),
+    case("PRelu", [Input((3, 4)), f32(0.25)], id="prelu-scalar"),
+    case("Where", [Input((3, 4), "bool"), Input((3, 4)), Input((4,))], id="where"),
+    case("Where", [Input((2, 1, 4), "bool"), Input((3, 1)), np.array(0.0, np.float32)], id="where-bcast"),
+    case("Max", [Input((3, 4)), Input((4,)), Input((3, 1))], id="max"),
+    case("Min", [Input((3, 4)), Input((4,))], id="min"),
+    case("Sum", [Input((3, 4)), Input((4,)), Input((3, 4))], id="sum"),
+    case("Mean", [Input((3, 4)), Input((4,))], id="mean"),
+]
+
+CONV = [
+    case("Conv", [Input((1, 3, 8, 8)), c(4, 3, 3, 3), c(4)], pads=[1, 1, 1, 1], id="conv-pad"),
+    case(
+        "Conv",
+        [Input((2, 3, 9, 8)), c(5, 3, 3, 2)],
+        strides=[2, 1],
+        dilations=[1, 2],
+        id="conv-stride-dilation",
+    ),
+    case("Conv", [Input((1, 4, 7, 7)), c(6, 2, 3, 3), c(6)], group=2, pads=[0, 1, 2, 1], id="conv-groups"),
+    case(
+        "Conv",
+        [Input((1, 4, 8, 8)), c(8, 1, 3, 3), c(8)],
+        group=4,
+        pads=[1, 1, 1, 1],
+        strides=[2, 2],
+        id="conv-depthwise",
+    ),
+    case(
+        "Conv",
+        [Input((1, 3, 7, 9)), c(4, 3, 3, 3)],
+        auto_pad="SAME_UPPER",
+        strides=[2, 2],
+        id="conv-same-upper",
+    ),
+    case("Conv", [Input((1, 3, 8, 8)), c(4, 3, 2, 2)], auto_pad="SAME_LOWER", id="conv-same-lower"),
+    case("Conv", [Input((1, 3, 6, 6)), c(2, 3, 3, 3)], auto_pad="VALID", id="conv-valid"),
+    case("Conv", [Input((2, 3, 10)), c(4, 3, 3), c(4)], pads=[1, 2], strides=[2], id="conv-1d"),
+    case(
+        "ConvTranspose",
+        [Input((1, 4, 5, 5)), c(4, 3, 3, 3), c(3)],
+        strides=[2, 2],
+        pads=[1, 1, 1, 1],
+        output_padding=[1, 1],
+        id="convt-stride",
+    ),
+    case(
+        "ConvTranspose",
+        [Input((1, 4, 4, 5)), c(4, 2, 3, 2)],
+        group=2,
+        dilations=[2, 1],
+        pads=[0, 1, 1, 0],
+        id="convt-groups-dilation",
+    ),
+    case(
+        "ConvTranspose",
+        [Input((1, 2, 3, 3)), c(2, 3, 4, 4)],
+        strides=[2, 2],
+        pads=[3, 3, 3, 3],
+        id="convt-big-pads",
+    ),
+    case(
+        "ConvTranspose",
+        [Input((1, 2, 4, 4)), c(2, 3, 3, 3)],
+        strides=[2, 2],
+        output_shape=[8, 8],
+        id="convt-output-shape",
+    ),
+    case(
+        "ConvTranspose",
+        [Input((1, 2, 4, 4)), c(2, 3, 3, 3)],
+        strides=[2, 2],
+        auto_pad="SAME_UPPER",
+        id="convt-same-upper",
+    ),
+    case("ConvTranspose", [Input((2, 3, 6)), c(3, 2, 3), c(2)], strides=[3], id="convt-1d"),
+]
+
+MATMUL = [
+    case("Gemm", [Input((3, 5)), c(4, 5), c(4)], transB=1, id="gemm-dense"),
+    case(
+        "Gemm", [Input((5, 3)), c(5, 4), c(3, 4)], transA=1, alpha=0.5, beta=2.0, id="gemm-transA-alpha-beta"
+    ),
+    case("Gemm", [Input((3, 5)), c(5, 4)], id="gemm-no-c"),
+    case("Gemm", [Input((3, 5)), Input((4, 5)), Input((3, 1))], transB=1, id="gemm-runtime-b"),
+    case("Gemm", [Input((2, 5)), c(5, 4), f32(0.5)], beta=0.0, id="gemm-beta-zero"),
+    case("MatMul", [Input((3, 5)), c(5, 4)], id="matmul-2d"),
+    case("MatMul", [Input((2, 3, 5)), Input((2, 5, 4))], id="matmul-batched"),
+    case("MatMul", [Input((2, 1, 3, 5)), Input((4, 5, 2))], id="matmul-bcast-batch"),
+    case("MatMul", [Input((2, 3, 5)), c(5, 4)], id="matmul-3d-by-2d"),
+    case("MatMul", [Input((5,)), Input((2, 5, 4))], id="matmul-1d-left"),
+    case("MatMul", [Input((3, 5)), Input((5,))], id="matmul-1d-right"),
+    case("MatMul", [Input((5,)), Input((5,))], id="matmul-1d-1d"),
+]
+
+POOL_NORM_REDUCE = [
+    case("Softmax", [Input((3, 7))], id="softmax"),
+    case("Softmax", [X4], axis=1, id="softmax-axis1"),
+    case("LogSoftmax", [Input((3, 7), low=-5, high=5)], id="logsoftmax"),
+    case("LogSoftmax", [X4], axis=-2, id="logsoftmax-axis"),
+    case(
+        "MaxPool", [Input((1, 3, 9, 9))], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1], id="maxpool"
+    ),
+    case(
+        "MaxPool",
+        [Input((1, 2, 5, 6))],
+        kernel_shape=[2, 2],
+        strides=[2, 2],
+        pads=[1, 1, 1, 1],
+        ceil_mode=1,
+        id="maxpool-ceil",
+    ),
+    case("MaxPool", [Input((1, 2, 9, 8))], kernel_shape=[3, 2], dilations=[2, 2], id="maxpool-dilation"),
+    case(
+        "MaxPool",
+        [Input((1, 2, 7, 7))],
+        kernel_shape=[3, 3],
+        strides=[2, 2],
+        auto_pad="SAME_UPPER",
+        id="maxpool-same",
+    ),
+    case("MaxPool", [Input((1, 2, 9))], kernel_shape=[3], strides=[2], id="maxpool-1d"),
+    case(
+        "MaxPool",
+        [Input((1, 2, 6, 6), "int8", -50, 50)],
+        kernel_shape=[2, 2],
+        pads=[1, 1, 0, 0],
+        id="maxpool-int",
+    ),
+    case(
+        "AveragePool",
+        [Input((1, 3, 8, 8))],
+        kernel_shape=[3, 3],
+        strides=[2, 2],
+        pads=[1, 1, 1, 1],
+        id="avgpool-exclude-pad",
+    ),
+    case(
+        "AveragePool",
+        [Input((1, 3, 8, 8))],
+        kernel_shape=[3, 3],
+        strides=[2, 2],
+        pads=[1, 1, 1, 1],
+        count_include_pad=1,
+        id="avgpool-include-pad",
+    ),
+    case(
+        "AveragePool",
+        [Input((1, 2, 5, 5))],
+        kernel_shape=[3, 3],
+        strides=[2, 2],
+        pads=[1, 1, 0, 0],
+        ceil_mode=1,
+        count_include_pad=1,
+        id="avgpool-ceil-include",
+    ),
+    case(
+        "AveragePool",
+        [Input((1, 2, 6, 7))],
+        kernel_shape=[2, 3],
+        strides=[2, 2],
+        ceil_mode=1,
+        id="avgpool-ceil",
+    ),
+    case("AveragePool", [Input((1, 2, 6, 7))], kernel_shape=[2, 2], id="avgpool-plain"),
+    case(
+        "AveragePool",
+        [Input((1, 2, 9, 8))],
+        opset=19,
+        kernel_shape=[3, 2],
+        dilations=[2, 3],
+        pads=[2, 1, 1, 0],
+        id="avgpool-19-dilation",
+    ),
+    case(
+        "AveragePool",
+        [Input((1, 2, 9, 8))],
+        opset=19,
+        kernel_shape=[2, 2],
+        strides=[2, 2],
+        dilations=[2, 2],
+        pads=[1, 1, 1, 1],
+        count_include_pad=1,
+        ceil_mode=1,
+        id="avgpool-19-dilation-include-ceil",
+    ),
+    case("GlobalAveragePool", [X4], id="global-avgpool"),
+    case("GlobalAveragePool", [Input((2, 3, 7))], id="global-avgpool-1d"),
+    case("GlobalMaxPool", [X4], id="global-maxpool"),
+    case("GlobalMaxPool", [Input((1, 4, 3, 3))], id="global-maxpool-small"),
+    case("BatchNormalization", [X4, c(3), c(3, seed=2), c(3, seed=3), c(3, low=0.5, high=2)], id="batchnorm"),
+    case(
+        "BatchNormalization",
+        [Input((4, 3)), c(3), c(3, seed=2), c(3, seed=3), c(3, low=0.5, high=2)],
+        epsilon=1e-3,
+        id="batchnorm-2d",
+    ),
+    case("LayerNormalization", [Input((2, 3, 8)), c(8), c(8, seed=2)], id="layernorm"),
+    case("LayerNormalization", [X4, c(4, 5)], axis=2, epsilon=1e-3, id="layernorm-axis-no-bias"),
+    case("InstanceNormalization", [X4, c(3), c(3, seed=2)], id="instancenorm"),
+    case("InstanceNormalization", [Input((2, 4, 6)), c(4), c(4, seed=2)], epsilon=1e-3, id="instancenorm-3d"),
+    case("ReduceMean", [X4], axes=[2, 3], id="reducemean"),
+    case("ReduceMean", [X4], axes=[1], keepdims=0, id="reducemean-drop"),
+    case("ReduceMean", [X4, i64(-1, 0)], opset=18, keepdims=0, id="reducemean-18-axes-input"),
+    case("ReduceSum", [X4, i64(1, 3)], id="reducesum"),
+    case("ReduceSum", [Input((3, 4))], keepdims=0, id="reducesum-all-scalar"),
+    case("ReduceSum", [Input((3, 4)), i64()], noop_with_empty_axes=1, id="reducesum-noop"),
+    case("ReduceSum", [Input((3, 4), "int64", -9, 9), i64(0)], id="reducesum-int"),
+    case("ReduceMax", [X4], axes=[-1], id="reducemax"),
+    case("ReduceMax", [X4, i64(0, 2)], opset=18, keepdims=0, id="reducemax-18"),
+    case("ReduceMin", [X4], axes=[1, 2], keepdims=0, id="reducemin"),
+    case("ReduceMin", [Input((3, 4)), i64(1)], opset=18, id="reducemin-18"),
+]
+
+LAYOUT = [
+    case("Flatten", [X4], id="flatten"),
+    case("Flatten", [X4], axis=0, id="flatten-axis0"),
+    case("Flatten", [X4], axis=-1, id="flatten-neg"),
+    case("Reshape", [X4, i64(0, -1, 5)], id="reshape-zero-minus1"),
+    case("Reshape", [X4, i64(6, 2, 10)], id="reshape-regroup"),
+    case("Reshape", [X4, i64(2, 3, 20)], allowzero=1, id="reshape-allowzero"),
+    case("Reshape", [Input((4, 6)), i64(2, 2, 3, 2)], id="reshape-split-dims"),
+    case("Transpose", [X4], id="transpose-default"),
+    case("Transpose", [X4], perm=[0, 2, 3, 1], id="transpose-nhwc"),
+    case("Concat", [Input((2, 3)), Input((2, 4)), c(2, 1)], axis=1, id="concat"),
+    case("Concat", [X4, Input((2, 3, 4, 2))], axis=-1, id="concat-neg-axis"),
+    case("Concat", [Input((1, 3)), Input((2, 3))], axis=0, id="concat-axis0"),
+    case("Split", [Input((2, 6)), i64(2, 4)], outputs=2, axis=1, id="split-sizes"),
+    case("Split", [Input((6, 3))], outputs=3, id="split-equal"),
+    case("Split", [Input((2, 7))], outputs=3, axis=-1, opset=18, num_outputs=3, id="split-18-uneven"),
+    case("Slice", [X4, i64(1, 1), i64(3, 4), i64(2, 3)], id="slice-axes"),
+    case("Slice", [X4, i64(-3, -100), i64(1000, -1)], id="slice-negative-clamped"),
+    case("Slice", [X4, i64(-1, 10), i64(-1000, 0), i64(3, 2), i64(-1, -2)], id="slice-negative-steps"),
+    case("Slice", [Input((10,)), i64(1), i64(9), None, i64(3)], id="slice-step"),
+    case("Slice", [X4, i64(1), i64(2**63 - 1), i64(-1)], id="slice-int64-max-end"),
+    case("Squeeze", [Input((1, 3, 1, 4)), i64(0, -2)], id="squeeze-axes"),
+    case("Squeeze", [Input((1, 3, 1, 4))], id="squeeze-all"),
+    case("Unsqueeze", [Input((3, 4)), i64(0, -1)], id="unsqueeze"),
+    case("Unsqueeze", [Input((3, 4)), i64(1)], id="unsqueeze-middle"),
+    case("Gather", [X4, i64(1, -1, 0)], axis=0, id="gather-const-indices"),
+    case("Gather", [Input((3, 4, 5)), Input((2, 3), "int32", -4, 4)], axis=1, id="gather-runtime-int32"),
+    case("Gather", [Input((3, 4, 5)), np.array(-2, np.int64)], axis=2, id="gather-scalar"),
+    case("Gather", [c(10, 4), Input((2, 3), "int64", 0, 10)], id="gather-embedding"),
+    case("Expand", [Input((3, 1)), i64(2, 3, 4)], id="expand"),
+    case("Expand", [Input((1, 4)), i64(3, 1)], id="expand-bidirectional"),
+    case("Pad", [X4, i64(0, 0, 1, 2, 0, 0, 2, 1), f32(1.5)], id="pad-constant"),
+    case("Pad", [X4, i64(0, 0, 2, 3, 0, 0, 1, 4)], mode="reflect", id="pad-reflect"),
+    case("Pad", [X4, i64(0, 1, 2, 0, 0, 0, 1, 3)], mode="edge", id="pad-edge"),
+    case("Pad", [X4, i64(0, 0, -1, 1, 0, 0, 1, -2)], id="pad-negative"),
+    case("Pad", [X4, i64(1, 2, 2, 0), None, i64(2, -1)], opset=18, id="pad-18-axes"),
+]
+
+
+def _resize(shape, *, scales=None, sizes=None, opset=17, **attrs):
+    operands = [Input(shape), None, f32(*scales) if scales else None] + ([i64(*sizes)] if sizes else [])
+    ident = "-".join(f"{k}={v}" for k, v in attrs.items())
+    ident += f"-sizes{sizes}" if sizes else f"-scales{scales}"
+    return case("Resize", operands, id=f"resize-{ident}", opset=opset, **attrs)
+
+
+RESIZE = [
+    _resize((1, 2, 4, 5), scales=[1, 1, 2, 2], mode="nearest"),
+    _resize(
+        (1, 2, 4, 5),
+        scales=[1, 1, 2, 1.5],
+        mode="nearest",
+        coordinate_transformation_mode="asymmetric",
+        nearest_mode="floor",
+    ),
+    _resize(
+        (1, 2, 4, 5),
+        sizes=[1, 2, 7, 9],
+        mode="nearest",
+        coordinate_transformation_mode="align_corners",
+        nearest_mode="round_prefer_ceil",
+    ),
+    _resize(
+        (1, 2, 5, 5),
+        sizes=[1, 2, 3, 8],
+        mode="nearest",
+        coordinate_transformation_mode="pytorch_half_pixel",
+        nearest_mode="ceil",
+    ),
+    _resize(
+        (1, 2, 6, 6), scales=[1, 1, 0.5, 0.5], mode="nearest", coordinate_transformation_mode="half_pixel"
+    ),
+    _resize((1, 2, 4, 5), scales=[1, 1, 2, 2], mode="linear"),
+    _resize((1, 2, 4, 5), sizes=[1, 2, 7, 3], mode="linear", coordinate_transformation_mode="align_corners"),
+    _resize(
+        (1, 2, 4, 5), scales=[1, 1, 1.5, 2.5], mode="linear", coordinate_transformation_mode="asymmetric"
+    ),
+    _resize(
+        (1, 2, 5, 4), sizes=[1, 2, 1, 8], mode="linear", coordinate_transformation_mode="pytorch_half_pixel"
+    ),
+    _resize(
+        (1, 2, 6, 8), scales=[1, 1, 0.5, 0.75], mode="linear", coordinate_transformation_mode="half_pixel"
+    ),
+    _resize((1, 1, 3, 4), scales=[1, 1, 2, 2], mode="nearest", coordinate_transformation_mode="asymmetric"),
+    _resize(
+        (1, 1, 3, 4),
+        scales=[1, 1, 2, 2],
+        mode="nearest",
+        coordinate_transformation_mode="asymmetric",
+        nearest_mode="round_prefer_ceil",
+    ),
+    _resize((1, 2, 4, 5), sizes=[7, 3], mode="linear", opset=18, axes=[2, 3]),
+    _resize(
+        (1, 2, 4, 6),
+        sizes=[8, 8],
+        mode="nearest",
+        opset=18,
+        axes=[2, 3],
+        keep_aspect_ratio_policy="not_larger",
+    ),
+    _resize(
+        (1, 2, 4, 6),
+        sizes=[8, 8],
+        mode="linear",
+        opset=18,
+        axes=[2, 3],
+        keep_aspect_ratio_policy="not_smaller",
+    ),
+    _resize(
+        (1, 2, 4, 5),
+        scales=[1, 1, 1.7, 0.6],
+        mode="linear",
+        opset=19,
+        coordinate_transformation_mode="half_pixel_symmetric",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "op_type, operands, kw", ELEMENTWISE + BROADCAST + CONV + MATMUL + POOL_NORM_REDUCE + LAYOUT + RESIZE
+)
+def test_operator_matches_onnxruntime(op_type, operands, kw):
+    check_op(op_type, operands, **kw)
+
+
+def test_every_registered_op_pattern_is_the_documented_one():
+    patterns = {
+        "relu": OpPattern.ELEMWISE,
+        "cast": OpPattern.ELEMWISE,
+        "add": OpPattern.BROADCAST,
+        "where": OpPattern.BROADCAST,
+        "batch_norm": OpPattern.BROADCAST,
+        "reshape": OpPattern.INJECTIVE,
+        "resize": OpPattern.INJECTIVE,
+        "take": OpPattern.INJECTIVE,
+        "softmax": OpPattern.COMM_REDUCE,
+        "layer_norm": OpPattern.COMM_REDUCE,
+        "reduce_mean": OpPattern.COMM_REDUCE,
+        "conv2d": OpPattern.OUT_ELEMWISE_FUSABLE,
+        "dense": OpPattern.OUT_ELEMWISE_FUSABLE,
+        "max_pool2d": OpPattern.OUT_ELEMWISE_FUSABLE,
+    }
+    for op, pattern in patterns.items():
+        assert get_op(op).pattern == pattern, op
+
+
+# --- the graph the frontend builds --------------------------------------------------------------------------
+
+
+def test_exporter_shape_chain_folds_to_one_reshape():
+    """Shape -> Gather -> Unsqueeze -> Concat -> Reshape (the classic exporter flatten) leaves one reshape."""
+    nodes = [
+        helper.make_node("Shape", ["x"], ["shape"]),
+        helper.make_node("Gather", ["shape", "zero"], ["batch"], axis=0),
+        helper.make_node("Unsqueeze", ["batch", "axes0"], ["batch1"]),
+        helper.make_node("Concat", ["batch1", "minus1"], ["target"], axis=0),
+        helper.make_node("Reshape", ["x", "target"], ["flat"]),
+        helper.make_node("Relu", ["flat"], ["y"]),
+    ]
+    inits = {"zero": np.array(0, np.int64), "axes0": i64(0), "minus1": i64(-1)}
+    model = make_graph_model(nodes, {"x": Input((2, 3, 4, 5))}, ["y"], inits)
+    graph = check_model(model)
+    assert [n.op for n in graph.nodes] == ["reshape", "relu"]
+    assert graph.nodes[0].attrs["shape"] == (2, 60)
+
+
+def test_constant_subgraphs_fold_including_constant_of_shape_and_range():
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"], start=1),
+        helper.make_node("ConstantOfShape", ["s"], ["ones"], value=helper.make_tensor("v", 1, [1], [2.0])),
+        helper.make_node("Constant", [], ["start"], value_int=1),
+        helper.make_node("Constant", [], ["step"], value=helper.make_tensor("t", 7, [], [2])),
+        helper.make_node("Range", ["start", "limit", "step"], ["r"]),
+        helper.make_node("Cast", ["r"], ["rf"], to=1),
+        helper.make_node("Mul", ["ones", "rf"], ["w"]),
+        helper.make_node("Add", ["x", "w"], ["y"]),
+        helper.make_node("Size", ["x"], ["n"]),
+    ]
+    model = make_graph_model(nodes, {"x": Input((3, 4))}, ["y", "n"], {"limit": np.array(9, np.int64)})
+    graph = check_model(model)
+    assert [n.op for n in graph.nodes] == ["add"]
+    assert graph.outputs[1].is_constant and graph.outputs[1].name == "n"
+
+
+def test_initializers_listed_as_inputs_are_constants():
+    model = single_op_model("Add", [Input((2, 3)), c(2, 3)])
+    model.graph.input.append(helper.make_tensor_value_info("c1", onnx.TensorProto.FLOAT, [2, 3]))
+    graph = check_model(model)
+    assert [v.name for v in graph.inputs] == ["x0"]
+    assert graph.nodes[0].inputs[1].is_constant
+
+
+def test_graph_outputs_keep_their_names_through_identity_and_inputs():
+    nodes = [helper.make_node("Identity", ["x"], ["y"]), helper.make_node("Relu", ["x"], ["r"])]
+    model = make_graph_model(nodes, {"x": Input((2, 3))}, ["y", "r", "x"])
+    graph = check_model(model)
+    assert [v.name for v in graph.outputs] == ["y", "r", "x"]
+    assert graph.outputs[2] is graph.inputs[0]
+
+
+def test_nodes_keep_onnx_names_and_get_generated_ones():
+    nodes = [helper.make_node("Relu", ["x"], ["a"], name="first"), helper.make_node("Exp", ["a"], ["y"])]
+    graph = check_model(make_graph_model(nodes, {"x": Input((2,))}, ["y"]))
+    assert [n.name for n in graph.nodes] == ["first", "Exp_1"]
+    assert [v.name for n in graph.nodes for v in n.outputs] == ["a", "y"]
+
+
+def test_dead_nodes_are_dropped():
+    nodes = [helper.make_node("Relu", ["x"], ["unused"]), helper.make_node("Exp", ["x"], ["y"])]
+    graph = check_model(make_graph_model(nodes, {"x": Input((2,))}, ["y"]))
+    assert [n.op for n in graph.nodes] == ["exp"]
+
+
+def test_batch_norm_after_conv_keeps_constant_operands_for_folding():
+    operands = [X4, c(3), c(3, seed=2), c(3, seed=3), c(3, low=0.5, high=2)]
+    graph = load_onnx(single_op_model("BatchNormalization", operands).SerializeToString())
+    (node,) = graph.nodes
+    assert node.op == "batch_norm" and all(v.is_constant for v in node.inputs[1:])
+
+
+# --- input shapes and errors --------------------------------------------------------------------------------
+
+
+def _dynamic_model():
+    return make_graph_model(
+        [helper.make_node("Relu", ["x"], ["y"])], {"x": Input(("batch", 3, "len"))}, ["y"]
+    )
+
+
+def test_dynamic_dimension_without_input_shapes_names_the_input_and_dimension():
+    with pytest.raises(DynamicShapeError) as err:
+        load_onnx(_dynamic_model().SerializeToString())
+    msg = str(err.value)
+    assert "'x'" in msg and "'batch'" in msg and "'len'" in msg and "inputs: {name: {shape: [...]}}" in msg
+
+
+def test_input_shapes_fix_dynamic_dimensions_and_may_override_dtype():
+    model = _dynamic_model()
+    feeds = random_feeds(model, {"x": Input((2, 3, 5))})
+    check_model(model, feeds, input_shapes={"x": ((2, 3, 5), "float32")})
+    graph = load_onnx(model.SerializeToString(), {"x": ((1, 3, 4), "float64")})
+    assert str(graph.outputs[0].type) == "float64[1, 3, 4]"
+
+
+def test_input_shapes_that_contradict_the_model_or_name_unknown_inputs_are_errors():
+    data = _dynamic_model().SerializeToString()
+    with pytest.raises(InputShapeError, match="contradicts"):
+        load_onnx(data, {"x": ((2, 4, 5), None)})
+    with pytest.raises(InputShapeError, match="unknown inputs"):
+        load_onnx(data, {"x": ((2, 3, 5), None), "z": ((1,), None)})
+
+
+def test_truncated_file_is_a_model_load_error(tmp_path):
+    path = tmp_path / "broken.onnx"
+    path.write_bytes(single_op_model("Relu", [Input((2, 3))]).SerializeToString()[:-7])
+    with pytest.raises(ModelLoadError, match=r"broken\.onnx: not a valid ONNX model"):
+        load_onnx(path)
+    assert issubclass(ModelLoadError, ValueError)
+
+
+def test_model_file_path_loads(tmp_path):
+    path = tmp_path / "relu.onnx"
+    onnx.save(single_op_model("Relu", [Input((2, 3))]), path)
+    assert load_onnx(str(path)).nodes[0].op == "relu"
+
+
+def test_all_unsupported_operators_are_listed_in_one_error():
+    nodes = [
+        helper.make_node("TopK", ["x", "k"], ["v0", "i0"], name="topk_0"),
+        helper.make_node("NonMaxSuppression", ["b", "s"], ["sel"], name="nms_1"),
+        helper.make_node("TopK", ["x", "k"], ["v3", "i3"], name="topk_3"),
+        helper.make_node("Relu", ["x"], ["y"]),
+    ]
+    inputs = {"x": Input((4, 5)), "b": Input((1, 4, 4)), "s": Input((1, 1, 4))}
+    model = make_graph_model(nodes, inputs, ["y", "v0", "v3", "sel"], {"k": i64(2)})
+    with pytest.raises(UnsupportedOperatorError) as err:
+        load_onnx(model.SerializeToString())
+    assert str(err.value) == (
+        "<bytes>: 2 unsupported operators: NonMaxSuppression (nodes: nms_1), TopK (nodes: topk_0, topk_3)"
+    )
+    assert err.value.operators == {"NonMaxSuppression": ["nms_1"], "TopK": ["topk_0", "topk_3"]}
+
+
+@pytest.mark.parametrize("opset", [12, 22])
+def test_opset_outside_the_supported_range_is_an_error(opset):
+    model = single_op_model("Relu", [Input((2, 3))])
+    model.opset_import[0].version = opset
+    with pytest.raises(UnsupportedOpsetError, match=f"opset {opset} is not supported"):
+        load_onnx(model.SerializeToString())
+
+
+def test_attribute_input_computed_at_run_time_is_an_error_naming_the_node():
+    model = single_op_model("Reshape", [Input((2, 6)), Input((2,), "int64")])
+    with pytest.raises(ConversionError, match=r"node reshape_node \(Reshape\): input 1 \(shape"):
+        load_onnx(model.SerializeToString())
+
+
+def test_requested_optional_output_that_is_not_supported_is_an_error():
+    model = single_op_model("MaxPool", [Input((1, 1, 4, 4))], outputs=2, kernel_shape=[2, 2])
+    with pytest.raises(ConversionError, match=r"output 1 \(y1\) is not supported"):
+        load_onnx(model.SerializeToString())
+
+
+def test_three_dimensional_conv_is_a_clear_error():
+    model = single_op_model("Conv", [Input((1, 2, 3, 4, 5)), c(2, 2, 1, 1, 1)])
+    with pytest.raises(ConversionError, match="only 1-D and 2-D windows"):
+        load_onnx(model.SerializeToString())
+
+
+def test_run_graph_outputs_for_a_small_cnn_match_onnxruntime():
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("BatchNormalization", ["c", "s", "bb", "m", "v"], ["bn"]),
+        helper.make_node("Relu", ["bn"], ["r"]),
+        helper.make_node("MaxPool", ["r"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("GlobalAveragePool", ["p"], ["g"]),
+        helper.make_node("Flatten", ["g"], ["f"]),
+        helper.make_node("Gemm", ["f", "fw", "fb"], ["logits"], transB=1),
+        helper.make_node("Softmax", ["logits"], ["y"]),
+    ]
+    inits = {
+        "w": c(4, 3, 3, 3),
+        "b": c(4),
+        "s": c(4, seed=2),
+        "bb": c(4, seed=3),
+        "m": c(4, seed=4),
+        "v": c(4, low=0.5, high=2.0),
+        "fw": c(5, 4),
+        "fb": c(5),
+    }
+    model = make_graph_model(nodes, {"x": Input((2, 3, 8, 8))}, ["y"], inits)
+    graph = check_model(model)
+    assert [n.op for n in graph.nodes] == [
+        "conv2d", "batch_norm", "relu", "max_pool2d", "reduce_mean", "reshape", "dense", "softmax"
+    ]  # fmt: skip
+    assert run_graph(graph, random_feeds(model))["y"].shape == (2, 5)
+
+
+def test_attention_block_matches_onnxruntime():
+    """LayerNorm, QKV projection, Split, head Reshape/Transpose, scaled softmax attention, erf-GELU."""
+    n = helper.make_node
+    nodes = [
+        n("LayerNormalization", ["x", "ln_s", "ln_b"], ["ln"], axis=-1),
+        n("MatMul", ["ln", "w_qkv"], ["qkv0"]),
+        n("Add", ["qkv0", "b_qkv"], ["qkv"]),
+        n("Split", ["qkv", "split"], ["q", "k", "v"], axis=-1),
+        *[n("Reshape", [t, "heads"], [f"{t}h"]) for t in "qkv"],
+        n("Transpose", ["qh"], ["qt"], perm=[0, 2, 1, 3]),
+        n("Transpose", ["kh"], ["kt"], perm=[0, 2, 3, 1]),
+        n("Transpose", ["vh"], ["vt"], perm=[0, 2, 1, 3]),
+        n("MatMul", ["qt", "kt"], ["scores0"]),
+        n("Mul", ["scores0", "scale"], ["scores"]),
+        n("Softmax", ["scores"], ["probs"], axis=-1),
+        n("MatMul", ["probs", "vt"], ["ctx0"]),
+        n("Transpose", ["ctx0"], ["ctx1"], perm=[0, 2, 1, 3]),
+        n("Reshape", ["ctx1", "merge"], ["ctx"]),
+        n("MatMul", ["ctx", "w_o"], ["proj"]),
+        n("Add", ["proj", "x"], ["res"]),
+        n("Div", ["res", "sqrt2"], ["g0"]),
+        n("Erf", ["g0"], ["g1"]),
+        n("Add", ["g1", "one"], ["g2"]),
+        n("Mul", ["res", "g2"], ["g3"]),
+        n("Mul", ["g3", "half"], ["y"]),
+    ]
+    inits = {
+        "ln_s": c(8),
+        "ln_b": c(8, seed=2),
+        "w_qkv": c(8, 24),
+        "b_qkv": c(24),
+        "split": i64(8, 8, 8),
+        "heads": i64(0, 0, 2, 4),
+        "scale": f32(0.5),
+        "merge": i64(0, 0, 8),
+        "w_o": c(8, 8, seed=3),
+        "sqrt2": f32(np.sqrt(2.0)),
+        "one": f32(1.0),
+        "half": f32(0.5),
+    }
+    graph = check_model(make_graph_model(nodes, {"x": Input((2, 4, 8))}, ["y"], inits))
+    assert "layer_norm" in {n.op for n in graph.nodes} and "strided_slice" in {n.op for n in graph.nodes}
+
+
+def test_constant_slice_and_concat_with_an_empty_constant_fold():
+    n = helper.make_node
+    nodes = [
+        n("Slice", ["table", "starts", "ends"], ["part"]),
+        n("Concat", ["part", "empty"], ["shape"], axis=0),
+        n("Reshape", ["x", "shape"], ["y"]),
+    ]
+    inits = {"table": i64(9, 3, 4, 7), "starts": i64(1), "ends": i64(3), "empty": np.zeros(0, np.int64)}
+    graph = check_model(make_graph_model(nodes, {"x": Input((2, 6))}, ["y"], inits))
+    assert [(n.op, n.attrs) for n in graph.nodes] == [("reshape", {"shape": (3, 4)})]
+
+
+def test_all_constant_node_over_the_fold_limit_stays_a_node(monkeypatch):
+    import aotc.frontend.onnx as frontend
+
+    monkeypatch.setattr(frontend, "FOLD_LIMIT", 10)
+    nodes = [helper.make_node("MatMul", ["a", "b"], ["ab"]), helper.make_node("Add", ["x", "ab"], ["y"])]
+    model = make_graph_model(nodes, {"x": Input((4, 4))}, ["y"], {"a": c(4, 4), "b": c(4, 4, seed=5)})
+    graph = check_model(model)
+    assert [n.op for n in graph.nodes] == ["matmul", "add"]
+
+
+def test_operators_of_other_domains_are_unsupported_with_their_domain():
+    node = helper.make_node("FusedConv", ["x"], ["y"], domain="com.microsoft", name="fc")
+    model = make_graph_model([node], {"x": Input((1, 1, 2, 2))}, ["y"])
+    model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    with pytest.raises(
+        UnsupportedOperatorError, match=r"1 unsupported operator: com\.microsoft\.FusedConv \(nodes: fc\)"
+    ):
+        load_onnx(model.SerializeToString())
+
+
+@pytest.mark.parametrize("op_type", ["Range", "ConstantOfShape"])
+def test_ops_that_must_fold_name_the_node_when_their_input_is_computed_at_run_time(op_type):
+    operands = (
+        [Input((2,), "int64")]
+        if op_type == "ConstantOfShape"
+        else [Input((), "int64"), np.array(9), np.array(1)]
+    )
+    model = single_op_model(op_type, operands)
+    with pytest.raises(
+        ConversionError, match=rf"node {op_type.lower()}_node \({op_type}\): input 0 .* must be a constant"
+    ):
+        load_onnx(model.SerializeToString())

@@ -1,0 +1,136 @@
+"""Every registered graph operator compiles with the default schedule and matches the numpy reference."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from aotc.codegen.module import build_module, load_library
+from aotc.graph.interpret import node_compute
+from aotc.graph.ir import Node, TensorType
+from aotc.schedule.lower import lower
+from aotc.schedule.state import State
+from aotc.target import host_target
+from aotc.te.dag import ComputeDAG
+from aotc.te.reference import evaluate
+from aotc.topi.elemwise import BINARY, UNARY
+from aotc.topi.registry import registered_ops
+
+
+def t(*shape: int, dtype: str = "float32") -> TensorType:
+    return TensorType(shape, dtype)
+
+
+X = t(2, 3, 6, 5)
+WINDOW = {"strides": (2, 1), "pads": (1, 0, 1, 2), "dilations": (1, 2)}
+UNARY_ATTRS = {
+    "leaky_relu": {"alpha": 0.1},
+    "elu": {"alpha": 0.5},
+    "clip": {"min": -0.5, "max": 0.5},
+    "hard_sigmoid": {"alpha": 0.3, "beta": 0.4},
+    "gelu": {"approximate": "tanh"},
+    "cast": {"dtype": "int32"},
+}
+BOOL_OPS = {"logical_not", "logical_and", "logical_or"}
+
+SAMPLES: dict[str, list[tuple[list[TensorType], dict]]] = {
+    **{
+        op: [([t(3, 7, dtype="bool" if op in BOOL_OPS else "float32")], UNARY_ATTRS.get(op, {}))]
+        for op in UNARY
+    },
+    **{
+        op: [
+            (
+                [
+                    t(3, 1, 5, dtype="bool" if op in BOOL_OPS else "float32"),
+                    t(4, 1, dtype="bool" if op in BOOL_OPS else "float32"),
+                ],
+                {},
+            )
+        ]
+        for op in BINARY
+    },
+    "divide": [([t(3, 4), t(4)], {}), ([t(3, 4, dtype="int32"), t(4, dtype="int32")], {})],
+    "where": [([t(3, 1, dtype="bool"), t(3, 4), t(4)], {})],
+    "conv2d": [
+        ([X, t(4, 3, 3, 3), t(4)], WINDOW),
+        ([t(1, 4, 6, 6), t(6, 2, 3, 3)], {**WINDOW, "groups": 2}),
+        ([t(1, 4, 6, 6), t(4, 1, 3, 3), t(4)], {"pads": (1, 1, 1, 1), "groups": 4}),
+    ],
+    "conv2d_transpose": [
+        ([t(1, 4, 4, 5), t(4, 3, 3, 3), t(6)], {**WINDOW, "groups": 2, "output_padding": (1, 0)})
+    ],
+    "matmul": [([t(3, 5), t(5, 4)], {}), ([t(2, 1, 3, 5), t(4, 5, 2)], {}), ([t(5), t(2, 5, 3)], {})],
+    "dense": [([t(3, 5), t(4, 5), t(4)], {}), ([t(3, 5), t(4, 5)], {})],
+    "max_pool2d": [([X], {"kernel": (3, 3), **WINDOW, "ceil_mode": True})],
+    "avg_pool2d": [
+        ([X], {"kernel": (3, 2), **WINDOW, "count_include_pad": False, "ceil_mode": True}),
+        ([X], {"kernel": (2, 2), "strides": (2, 2), "count_include_pad": True}),
+    ],
+    **{
+        f"reduce_{k}": [([X], {"axes": (1, 3), "keepdims": False}), ([t(4, 5)], {"axes": (0, 1)})]
+        for k in ("sum", "mean", "max", "min")
+    },
+    "softmax": [([t(3, 7)], {"axis": 1})],
+    "log_softmax": [([X], {"axis": 1})],
+    "layer_norm": [([t(2, 3, 8), t(8), t(8)], {"axis": 2, "epsilon": 1e-5})],
+    "instance_norm": [([X, t(3), t(3)], {"epsilon": 1e-5})],
+    "batch_norm": [([X, t(3), t(3), t(3), t(3)], {"epsilon": 1e-5})],
+    "reshape": [([X], {"shape": (6, 1, 30)}), ([X], {"shape": (3, 2, 10, 3)})],
+    "transpose": [([X], {"perm": (0, 2, 3, 1)})],
+    "concat": [([t(2, 3), t(2, 1), t(2, 4)], {"axis": 1})],
+    "strided_slice": [([X], {"begin": (1, 2, 0, 4), "end": (2, -1, 6, 0), "strides": (1, -1, 2, -3)})],
+    "take": [([X, t(2, 2, dtype="int64")], {"axis": 2}), ([t(10, 4), t(3, dtype="int32")], {"axis": 0})],
+    "broadcast_to": [([t(3, 1)], {"shape": (2, 3, 4)})],
+    "pad": [
+        ([X], {"before": (0, 0, 2, 1), "after": (0, 1, 1, 3), "mode": "constant", "value": 0.5}),
+        ([X], {"before": (0, 0, 2, 1), "after": (0, 0, 1, 3), "mode": "reflect"}),
+        ([X], {"before": (0, 0, 2, -1), "after": (0, 0, -1, 3), "mode": "edge"}),
+    ],
+    "resize": [
+        ([X], {"size": (2, 3, 12, 7), "scales": (1.0, 1.0, 2.0, 1.4), "mode": "nearest"}),
+        ([X], {"size": (2, 3, 3, 9), "scales": (1.0, 1.0, 0.5, 1.8), "mode": "linear"}),
+    ],
+}
+
+
+def _inputs(types: list[TensorType], rng: np.random.Generator) -> list[np.ndarray]:
+    out = []
+    for ty in types:
+        if ty.dtype == "bool":
+            out.append(rng.random(ty.shape) < 0.5)
+        elif ty.dtype.startswith("int"):
+            out.append(rng.choice([-3, -2, -1, 1, 2, 3], ty.shape).astype(ty.dtype))
+        else:
+            out.append(rng.uniform(0.1, 2.0, ty.shape).astype(ty.dtype))
+    return out
+
+
+def test_every_registered_op_has_a_sample():
+    assert sorted(SAMPLES) == registered_ops()
+
+
+def test_every_op_compiles_and_matches_the_reference(tmp_path):
+    rng = np.random.default_rng(0)
+    cases = []
+    for op, samples in sorted(SAMPLES.items()):
+        for i, (types, attrs) in enumerate(samples):
+            placeholders, outs = node_compute(Node(op, [], [], attrs), types)
+            dag = ComputeDAG(outs)
+            args = dict(zip((p.name for p in placeholders), _inputs(types, rng)))
+            cases.append((f"{op}_{i}", dag, args))
+    funcs = [lower(State.initial(dag), name) for name, dag, _ in cases]
+    library = load_library(build_module(funcs, host_target(), str(tmp_path / "ops.so")))
+    for name, dag, args in cases:
+        feed = {p.name: args[p.name] for p in dag.placeholders}
+        (ref,) = evaluate(dag, feed)
+        out = np.zeros(ref.shape, ref.dtype)
+        library.kernel(name)(*feed.values(), out)
+        np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+@pytest.mark.parametrize("op", ["reshape", "transpose", "strided_slice", "take", "concat"])
+def test_injective_ops_have_no_reductions(op):
+    for types, attrs in SAMPLES[op]:
+        _, (out,) = node_compute(Node(op, [], [], attrs), types)
+        assert not ComputeDAG([out]).compute_ops[-1].reduce_axes
