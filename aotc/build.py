@@ -177,14 +177,13 @@ def _package_spec(
     ]
     kernel_info = [
         {
-            "symbol": f.name,
             "task": t.name,
             "workload_key": t.workload_key,
             "weight": t.weight,
             "flops": t.dag.flop_count,
             "schedule": "default",
         }
-        for f, t in zip(funcs, tasks)
+        for t in tasks
     ]
     provenance = {
         "aotc_version": __version__,

@@ -2,14 +2,68 @@
 
 from __future__ import annotations
 
-from aotc.graph.ir import Graph, Node, Value
+import numpy as np
+
+from aotc.graph.ir import Graph, Node, TensorType, Value
 
 IDENTITY_OPS = frozenset({"identity"})
 
 
 def optimize(graph: Graph) -> Graph:
     graph = remove_identities(graph)
+    graph = fold_batch_norm(graph)
     return eliminate_dead_code(graph)
+
+
+def fold_batch_norm(graph: Graph) -> Graph:
+    """conv2d -> batch_norm with constant weights becomes one conv2d with scaled weights and a bias."""
+    consumers = graph.consumers()
+    outputs = set(graph.outputs)
+    kept: list[Node] = []
+    replaced: dict[Value, Value] = {}
+    for node in graph.nodes:
+        node.inputs = [replaced.get(v, v) for v in node.inputs]
+        conv = _foldable_conv(node, consumers, outputs)
+        if conv is None:
+            kept.append(node)
+            continue
+        x, scale, bias, mean, var = node.inputs
+        eps = float(node.attrs.get("epsilon", 1e-5))
+        s = (scale.data.astype(np.float64) / np.sqrt(var.data.astype(np.float64) + eps)).astype(np.float64)
+        weight = conv.inputs[1]
+        w = (weight.data.astype(np.float64) * s.reshape(-1, *([1] * (weight.data.ndim - 1)))).astype(
+            weight.type.dtype
+        )
+        b0 = conv.inputs[2].data.astype(np.float64) if len(conv.inputs) > 2 else 0.0
+        b = ((b0 - mean.data.astype(np.float64)) * s + bias.data.astype(np.float64)).astype(weight.type.dtype)
+        conv.inputs = [
+            conv.inputs[0],
+            Value(f"{weight.name}_bn", weight.type, data=w),
+            Value(f"{node.name or 'bn'}_bias", TensorType(b.shape, weight.type.dtype), data=b),
+        ]
+        out = node.outputs[0]
+        conv.outputs[0].name = out.name
+        replaced[out] = conv.outputs[0]
+    graph.nodes = kept
+    graph.outputs = [replaced.get(v, v) for v in graph.outputs]
+    return graph
+
+
+def _foldable_conv(node: Node, consumers: dict[Value, list[Node]], outputs: set[Value]) -> Node | None:
+    if node.op != "batch_norm" or len(node.inputs) != 5 or not all(v.is_constant for v in node.inputs[1:]):
+        return None
+    x = node.inputs[0]
+    conv = x.producer
+    if conv is None or conv.op != "conv2d" or x in outputs or len(consumers.get(x, [])) != 1:
+        return None
+    if not all(v.is_constant for v in conv.inputs[1:]) or not np.issubdtype(
+        conv.inputs[1].data.dtype, np.floating
+    ):
+        return None
+    channels = conv.inputs[1].type.shape[0]
+    if any(v.type.num_elements != channels for v in node.inputs[1:]):
+        return None
+    return conv
 
 
 def remove_identities(graph: Graph) -> Graph:

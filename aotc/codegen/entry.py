@@ -1,0 +1,144 @@
+"""The whole-graph entry function: one exported C function that calls a model's kernels in order.
+
+`int32_t aotc_run(void **inputs, void **outputs, uint8_t *weights, uint8_t *workspace)` builds each
+kernel's `void *args[]` on the stack from those four base pointers and returns the first nonzero
+kernel status, or 0.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from aotc.target import Target
+
+__all__ = ["BUFFER_KINDS", "ENTRY_SYMBOL", "BufferRef", "KernelCall", "build_entry_ir"]
+
+ENTRY_SYMBOL = "aotc_run"
+BUFFER_KINDS = ("input", "output", "weight", "workspace")
+_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+@dataclass(frozen=True)
+class BufferRef:
+    """Where a kernel argument lives: `offset` bytes into model input/output `index`, the weights
+    blob or the workspace (`index` is used by inputs and outputs only; `nbytes` 0 means unspecified)."""
+
+    kind: str
+    index: int = 0
+    offset: int = 0
+    nbytes: int = 0
+
+    def __post_init__(self) -> None:
+        if self.kind not in BUFFER_KINDS:
+            raise ValueError(f"buffer kind {self.kind!r} is not one of {', '.join(BUFFER_KINDS)}")
+        for field in ("index", "offset", "nbytes"):
+            value = getattr(self, field)
+            if not isinstance(value, int) or value < 0:
+                raise ValueError(
+                    f"{self.kind} buffer reference: {field} must be a non-negative int, got {value!r}"
+                )
+
+    def to_json(self) -> dict:
+        return {"kind": self.kind, "index": self.index, "offset": self.offset, "nbytes": self.nbytes}
+
+    @staticmethod
+    def from_json(d: dict) -> BufferRef:
+        return BufferRef(d["kind"], d.get("index", 0), d.get("offset", 0), d.get("nbytes", 0))
+
+
+@dataclass(frozen=True)
+class KernelCall:
+    """One step of the execution plan: call kernel `symbol` with `args` (one per kernel param)."""
+
+    symbol: str
+    args: tuple[BufferRef, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "args", tuple(self.args))
+
+    def to_json(self) -> dict:
+        return {"kernel": self.symbol, "args": [a.to_json() for a in self.args]}
+
+    @staticmethod
+    def from_json(d: dict) -> KernelCall:
+        return KernelCall(d["kernel"], tuple(BufferRef.from_json(a) for a in d["args"]))
+
+
+def build_entry_ir(calls: list[KernelCall], target: Target, num_inputs: int, num_outputs: int) -> str:
+    """LLVM IR text of a module defining `aotc_run` and declaring every kernel it calls."""
+    _check_calls(calls, num_inputs, num_outputs)
+    max_args = max((len(c.args) for c in calls), default=0)
+    body = ["entry:"]
+    if max_args:
+        body.append(f"  %argv = alloca [{max_args} x ptr], align 16")
+    for i, call in enumerate(calls):
+        body.extend(_emit_call(i, call))
+    body.append("  ret i32 0")
+    symbols = list(dict.fromkeys(c.symbol for c in calls))
+    decls = [f'declare i32 @"{s}"(ptr) nounwind' for s in symbols]
+    header = f"define i32 @{ENTRY_SYMBOL}(ptr %inputs, ptr %outputs, ptr %weights, ptr %workspace) #0 {{"
+    return "\n".join(
+        [
+            f'target triple = "{target.triple}"',
+            "",
+            *decls,
+            "",
+            header,
+            *body,
+            "}",
+            "",
+            "attributes #0 = { nounwind }",
+            "",
+        ]
+    )
+
+
+def _check_calls(calls: list[KernelCall], num_inputs: int, num_outputs: int) -> None:
+    limits = {"input": num_inputs, "output": num_outputs}
+    for i, call in enumerate(calls):
+        if not _NAME_RE.match(call.symbol) or call.symbol == ENTRY_SYMBOL:
+            raise ValueError(f"call {i}: kernel symbol {call.symbol!r} is not a usable C identifier")
+        for j, ref in enumerate(call.args):
+            limit = limits.get(ref.kind)
+            if limit is not None and ref.index >= limit:
+                raise ValueError(
+                    f"call {i} ({call.symbol}) argument {j}: {ref.kind} index {ref.index} is out of range "
+                    f"(the model has {limit} {ref.kind}s)"
+                )
+
+
+def _emit_call(i: int, call: KernelCall) -> list[str]:
+    lines = []
+    for j, ref in enumerate(call.args):
+        name = f"%a{i}.{j}"
+        lines.extend(_pointer(name, ref))
+        slot = f"%slot{i}.{j}"
+        lines.append(f"  {slot} = getelementptr inbounds ptr, ptr %argv, i64 {j}")
+        lines.append(f"  store ptr {name}, ptr {slot}, align 8")
+    argv = "%argv" if call.args else "null"
+    lines += [
+        f'  %s{i} = call i32 @"{call.symbol}"(ptr {argv})',
+        f"  %failed{i} = icmp ne i32 %s{i}, 0",
+        f"  br i1 %failed{i}, label %fail{i}, label %ok{i}",
+        f"fail{i}:",
+        f"  ret i32 %s{i}",
+        f"ok{i}:",
+    ]
+    return lines
+
+
+def _pointer(name: str, ref: BufferRef) -> list[str]:
+    """Instructions that compute the data pointer `name` of `ref`."""
+    if ref.kind in ("input", "output"):
+        table = "%inputs" if ref.kind == "input" else "%outputs"
+        base = f"{name}.base"
+        lines = [
+            f"  {base}.slot = getelementptr inbounds ptr, ptr {table}, i64 {ref.index}",
+            f"  {base} = load ptr, ptr {base}.slot, align 8",
+        ]
+    else:
+        base = "%weights" if ref.kind == "weight" else "%workspace"
+        lines = []
+    lines.append(f"  {name} = getelementptr inbounds i8, ptr {base}, i64 {ref.offset}")
+    return lines

@@ -1,0 +1,437 @@
+"""Writing aotc packages: one zip holding manifest.json, lib/model.so and weights.bin.
+
+Weights are laid out in list order, each at a 64-byte aligned offset of weights.bin. Build the
+execution plan with the offsets of `layout_weights(spec.weights)` (or the refs of `weight_refs`):
+`write_package` lays the blob out the same way and checks every reference against it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import tempfile
+import zipfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import BinaryIO
+
+import numpy as np
+from aotc_runtime.package import (
+    FORMAT,
+    FORMAT_VERSION,
+    LIBRARY,
+    MANIFEST,
+    WEIGHTS,
+    read_manifest,
+    verify_package,
+)
+
+from aotc import __version__
+from aotc.codegen.entry import ENTRY_SYMBOL, BufferRef, KernelCall, build_entry_ir
+from aotc.codegen.llvm import build_llvm_ir, compile_to_object, link_shared
+from aotc.ir.stmt import PrimFunc
+from aotc.target import Target
+
+__all__ = [
+    "WEIGHT_ALIGNMENT",
+    "BufferRef",
+    "IOSpec",
+    "KernelCall",
+    "PackageSpec",
+    "describe_package",
+    "layout_weights",
+    "weight_refs",
+    "write_package",
+]
+
+WEIGHT_ALIGNMENT = 64
+_ZIP64_THRESHOLD = 1 << 31
+
+
+@dataclass(frozen=True)
+class IOSpec:
+    """A model input or output."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
+        object.__setattr__(self, "dtype", np.dtype(self.dtype).name)
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
+
+
+@dataclass
+class PackageSpec:
+    """Everything a package holds. `calls` refer to inputs/outputs by index, to weights by the offsets
+    of `layout_weights(weights)`, and to workspace offsets below `workspace_bytes`."""
+
+    name: str
+    target: Target
+    inputs: list[IOSpec]
+    outputs: list[IOSpec]
+    kernels: list[PrimFunc]
+    calls: list[KernelCall]
+    weights: list[tuple[str, np.ndarray]] = field(default_factory=list)
+    workspace_bytes: int = 0
+    memory_plan: list[dict] = field(default_factory=list)
+    kernel_info: list[dict] = field(default_factory=list)
+    provenance: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _WeightEntry:
+    name: str
+    offset: int
+    array: np.ndarray
+
+    def to_json(self) -> dict:
+        a = self.array
+        return {
+            "name": self.name,
+            "offset": self.offset,
+            "shape": list(a.shape),
+            "dtype": a.dtype.name,
+            "nbytes": a.nbytes,
+        }
+
+
+def _align(n: int) -> int:
+    return -(-n // WEIGHT_ALIGNMENT) * WEIGHT_ALIGNMENT
+
+
+def _weight_table(weights: list[tuple[str, np.ndarray]]) -> tuple[list[_WeightEntry], int]:
+    entries, pos = [], 0
+    seen: set[str] = set()
+    for name, array in weights:
+        if not isinstance(array, np.ndarray):
+            raise TypeError(f"weight {name!r} must be a numpy array, got {type(array).__name__}")
+        if name in seen:
+            raise ValueError(f"weight {name!r} appears twice")
+        seen.add(name)
+        offset = _align(pos)
+        entries.append(_WeightEntry(name, offset, array))
+        pos = offset + array.nbytes
+    return entries, pos
+
+
+def layout_weights(weights: list[tuple[str, np.ndarray]]) -> dict[str, int]:
+    """Byte offset of each weight in weights.bin: list order, each 64-byte aligned."""
+    return {e.name: e.offset for e in _weight_table(weights)[0]}
+
+
+def weight_refs(weights: list[tuple[str, np.ndarray]]) -> dict[str, BufferRef]:
+    """A `BufferRef("weight", offset=..., nbytes=...)` for each weight, as `write_package` lays them out."""
+    return {
+        e.name: BufferRef("weight", offset=e.offset, nbytes=e.array.nbytes) for e in _weight_table(weights)[0]
+    }
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def _validate(spec: PackageSpec) -> tuple[list[_WeightEntry], int]:
+    if not spec.name or not isinstance(spec.name, str):
+        raise ValueError("a package needs a non-empty name")
+    if not spec.target.is_cpu:
+        raise ValueError(
+            f"package {spec.name}: target {spec.target} is not supported (only llvm CPU targets)"
+        )
+    _check_unique("input/output", [t.name for t in spec.inputs + spec.outputs])
+    _check_unique("kernel", [f.name for f in spec.kernels])
+    if any(f.name == ENTRY_SYMBOL for f in spec.kernels):
+        raise ValueError(f"kernel name {ENTRY_SYMBOL!r} is reserved for the entry function")
+    if not isinstance(spec.workspace_bytes, int) or spec.workspace_bytes < 0:
+        raise ValueError(f"workspace_bytes must be a non-negative int, got {spec.workspace_bytes!r}")
+    if spec.kernel_info and len(spec.kernel_info) != len(spec.kernels):
+        raise ValueError(f"kernel_info has {len(spec.kernel_info)} entries for {len(spec.kernels)} kernels")
+    for i, info in enumerate(spec.kernel_info):
+        clash = {"symbol", "params"} & set(info)
+        if clash:
+            raise ValueError(
+                f"kernel_info[{i}] must not set {', '.join(sorted(clash))} (the package writes them)"
+            )
+    for label in ("kernel_info", "memory_plan", "provenance"):
+        try:
+            json.dumps(getattr(spec, label))
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"package {spec.name}: {label} is not JSON-serializable ({err})") from None
+    table, total = _weight_table(spec.weights)
+    _check_calls(spec, table, total)
+    return table, total
+
+
+def _check_unique(what: str, names: list[str]) -> None:
+    seen: set[str] = set()
+    for n in names:
+        if n in seen:
+            raise ValueError(f"{what} name {n!r} appears twice")
+        seen.add(n)
+
+
+def _check_calls(spec: PackageSpec, table: list[_WeightEntry], weights_bytes: int) -> None:
+    kernels = {f.name: f for f in spec.kernels}
+    weight_at = {e.offset: e for e in table}
+    written: set[int] = set()
+    for i, call in enumerate(spec.calls):
+        func = kernels.get(call.symbol)
+        if func is None:
+            raise ValueError(f"call {i}: no kernel named {call.symbol!r} among the package's kernels")
+        if len(call.args) != len(func.params):
+            raise ValueError(
+                f"call {i} ({call.symbol}): {len(call.args)} arguments for a kernel of {len(func.params)} params"
+            )
+        for ref, param in zip(call.args, func.params):
+            where = f"call {i} ({call.symbol}) argument {param.name}"
+            _check_ref(spec, ref, param, where, weights_bytes, weight_at)
+            if ref.kind == "output":
+                written.add(ref.index)
+    for j, out in enumerate(spec.outputs):
+        if j not in written:
+            raise ValueError(f"output {out.name!r} is passed to no kernel of the execution plan")
+
+
+def _check_ref(
+    spec: PackageSpec, ref: BufferRef, param, where: str, weights_bytes: int, weight_at: dict
+) -> None:
+    itemsize = np.dtype(param.dtype).itemsize
+    need = max(ref.nbytes, param.num_elements * itemsize)
+    if ref.kind in ("input", "output"):
+        ios = spec.inputs if ref.kind == "input" else spec.outputs
+        if ref.index >= len(ios):
+            raise ValueError(
+                f"{where}: {ref.kind} index {ref.index} is out of range ({len(ios)} {ref.kind}s)"
+            )
+        io = ios[ref.index]
+        if io.dtype != np.dtype(param.dtype).name:
+            raise ValueError(f"{where}: kernel expects {param.dtype}, {ref.kind} {io.name!r} is {io.dtype}")
+        bound, label = io.nbytes, f"{ref.kind} {io.name!r}"
+    elif ref.kind == "weight":
+        entry = weight_at.get(ref.offset)
+        if entry is not None and entry.array.dtype.name != np.dtype(param.dtype).name:
+            raise ValueError(
+                f"{where}: kernel expects {param.dtype}, weight {entry.name!r} is {entry.array.dtype}"
+            )
+        bound, label = weights_bytes, "the weights blob"
+    else:
+        bound, label = spec.workspace_bytes, "the workspace"
+    if ref.offset % itemsize:
+        raise ValueError(f"{where}: offset {ref.offset} is not a multiple of {param.dtype}'s size {itemsize}")
+    if ref.offset + need > bound:
+        raise ValueError(
+            f"{where}: bytes [{ref.offset}, {ref.offset + need}) lie outside {label} ({bound} bytes)"
+        )
+
+
+# ----------------------------------------------------------------------------- writing
+
+
+def write_package(spec: PackageSpec, path: str) -> dict:
+    """Compile the kernels and entry function and write the package to `path` atomically; return its manifest."""
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise FileNotFoundError(f"cannot write {path}: directory {directory} does not exist")
+    table, total = _validate(spec)
+    library = _build_library(spec)
+    return _write_atomically(path, lambda f: _write_zip(f, spec, table, total, library))
+
+
+def _build_library(spec: PackageSpec) -> bytes:
+    kernels_ir = build_llvm_ir(list(spec.kernels), spec.target)
+    entry_ir = build_entry_ir(list(spec.calls), spec.target, len(spec.inputs), len(spec.outputs))
+    objects = [compile_to_object(kernels_ir, spec.target), compile_to_object(entry_ir, spec.target)]
+    with tempfile.TemporaryDirectory(prefix="aotc-package-") as tmp:
+        out = os.path.join(tmp, "model.so")
+        link_shared(objects, out)
+        with open(out, "rb") as f:
+            return f.read()
+
+
+def _write_atomically(path: str, write: Callable[[BinaryIO], dict]) -> dict:
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w+b") as f:
+            result = write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return result
+
+
+def _write_zip(f: BinaryIO, spec: PackageSpec, table: list[_WeightEntry], total: int, library: bytes) -> dict:
+    now = datetime.now(UTC)
+    with zipfile.ZipFile(f, "w", allowZip64=True) as zf:
+        members = {
+            LIBRARY: _write_member(zf, LIBRARY, [library], len(library), now),
+            WEIGHTS: _write_member(zf, WEIGHTS, _weight_chunks(table), total, now),
+        }
+        manifest = _manifest(spec, table, total, members, now)
+        info = _zip_info(MANIFEST, zipfile.ZIP_DEFLATED, now)
+        zf.writestr(info, json.dumps(manifest, indent=2).encode() + b"\n")
+    return manifest
+
+
+def _zip_info(name: str, compression: int, when: datetime) -> zipfile.ZipInfo:
+    info = zipfile.ZipInfo(name, date_time=when.timetuple()[:6])
+    info.compress_type = compression
+    info.external_attr = 0o644 << 16
+    return info
+
+
+def _write_member(zf: zipfile.ZipFile, name: str, chunks, size: int, when: datetime) -> dict:
+    digest, written = hashlib.sha256(), 0
+    info = _zip_info(name, zipfile.ZIP_STORED, when)
+    with zf.open(info, "w", force_zip64=size >= _ZIP64_THRESHOLD) as out:
+        for chunk in chunks:
+            view = memoryview(chunk).cast("B")
+            out.write(view)
+            digest.update(view)
+            written += view.nbytes
+    return {"sha256": digest.hexdigest(), "size": written}
+
+
+def _weight_chunks(table: list[_WeightEntry]) -> Iterator[bytes | np.ndarray]:
+    pos = 0
+    for e in table:
+        if e.offset > pos:
+            yield bytes(e.offset - pos)
+        a = np.ascontiguousarray(e.array)
+        if a.dtype.byteorder == ">":
+            a = a.astype(a.dtype.newbyteorder("<"))
+        yield a.reshape(-1).view(np.uint8)
+        pos = e.offset + a.nbytes
+
+
+def _manifest(spec: PackageSpec, table: list[_WeightEntry], total: int, members: dict, now: datetime) -> dict:
+    info = spec.kernel_info or [{} for _ in spec.kernels]
+    return {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "name": spec.name,
+        "target": str(spec.target),
+        "triple": spec.target.triple,
+        "entry": ENTRY_SYMBOL,
+        "inputs": [t.to_json() for t in spec.inputs],
+        "outputs": [t.to_json() for t in spec.outputs],
+        "kernels": [
+            {"symbol": f.name, "params": _params_json(f), **extra} for f, extra in zip(spec.kernels, info)
+        ],
+        "execution_plan": [c.to_json() for c in spec.calls],
+        "memory_plan": {
+            "alignment": WEIGHT_ALIGNMENT,
+            "workspace_bytes": spec.workspace_bytes,
+            "buffers": spec.memory_plan,
+        },
+        "weights": {
+            "member": WEIGHTS,
+            "alignment": WEIGHT_ALIGNMENT,
+            "nbytes": total,
+            "tensors": [e.to_json() for e in table],
+        },
+        "members": members,
+        "provenance": {
+            **spec.provenance,
+            "aotc_version": __version__,
+            "created_utc": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        },
+    }
+
+
+def _params_json(func: PrimFunc) -> list[dict]:
+    return [{"name": b.name, "shape": list(b.shape), "dtype": b.dtype} for b in func.params]
+
+
+# ----------------------------------------------------------------------------- inspection
+
+
+def describe_package(path: str, verify: bool = True) -> str:
+    """A human-readable summary of the package at `path` (for `aotc inspect`).
+
+    Raises PackageError when the package is damaged; `verify=False` skips the checksums."""
+    path = os.fspath(path)
+    if verify:
+        manifest = verify_package(path)
+        integrity = f"ok (sha256 of {len(manifest['members'])} members verified)"
+    else:
+        manifest = read_manifest(path)
+        integrity = "not checked"
+    lines = [
+        f"package       {path} ({_size(os.path.getsize(path))}, format version {manifest['format_version']})",
+        f"integrity     {integrity}",
+        f"name          {manifest['name']}",
+        f"target        {manifest['target']}",
+        f"triple        {manifest['triple']}",
+    ]
+    lines += _tensors("inputs", manifest["inputs"])
+    lines += _tensors("outputs", manifest["outputs"])
+    lines += _kernels(manifest["kernels"])
+    lines.append(f"execution     {len(manifest['execution_plan'])} kernel calls via {manifest['entry']}")
+    lines.append(f"workspace     {_size(manifest['memory_plan']['workspace_bytes'])}")
+    lines += _weights(manifest["weights"])
+    lines.append("members")
+    for name, entry in manifest["members"].items():
+        lines.append(f"  {name:<14} {_size(entry.get('size', 0)):>10}  sha256 {entry['sha256'][:16]}")
+    lines.append("provenance")
+    lines += [f"  {k}: {_value(v)}" for k, v in manifest["provenance"].items()]
+    return "\n".join(lines)
+
+
+def _tensors(title: str, tensors: list[dict]) -> list[str]:
+    width = max((len(t["name"]) for t in tensors), default=0)
+    return [title] + [f"  {t['name']:<{width}}  {t['dtype']:<8} {t['shape']}" for t in tensors]
+
+
+def _kernels(kernels: list[dict]) -> list[str]:
+    lines = [f"kernels ({len(kernels)})"]
+    for k in kernels:
+        lines.append(f"  {k['symbol']}")
+        for key, value in k.items():
+            if key in ("symbol", "params"):
+                continue
+            if isinstance(value, str) and "\n" in value:
+                lines.append(f"    {key}:")
+                lines += [f"      {line}" for line in value.rstrip("\n").splitlines()]
+            else:
+                lines.append(f"    {key}: {_value(value)}")
+    return lines
+
+
+def _weights(weights: dict, limit: int = 20) -> list[str]:
+    tensors = weights.get("tensors", [])
+    lines = [f"weights       {len(tensors)} tensors, {_size(weights.get('nbytes', 0))}"]
+    for t in tensors[:limit]:
+        lines.append(f"  {t['name']}  {t['dtype']} {t['shape']}  at {t['offset']}  {_size(t['nbytes'])}")
+    if len(tensors) > limit:
+        lines.append(f"  ... and {len(tensors) - limit} more")
+    return lines
+
+
+def _value(v: object) -> str:
+    return v if isinstance(v, str) else json.dumps(v)
+
+
+def _size(n: float) -> str:
+    if n < 1024:
+        return f"{int(n)} B"
+    for unit in ("KiB", "MiB", "GiB"):
+        n /= 1024
+        if n < 1024 or unit == "GiB":
+            break
+    return f"{n:.1f} {unit}"

@@ -1,0 +1,21 @@
+"""aotc_runtime: load and run models compiled by aotc. Depends on numpy only.
+
+import aotc_runtime
+model = aotc_runtime.load("resnet18.aotc")
+outputs = model.run({"input": x})
+"""
+
+from aotc_runtime.model import CompiledModel, TensorInfo, load
+from aotc_runtime.package import FORMAT_VERSION, PackageError, read_manifest, verify_package
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "FORMAT_VERSION",
+    "CompiledModel",
+    "PackageError",
+    "TensorInfo",
+    "load",
+    "read_manifest",
+    "verify_package",
+]

@@ -1,0 +1,298 @@
+"""A loaded model: validates inputs, calls the package's `aotc_run` through ctypes, returns outputs."""
+
+from __future__ import annotations
+
+import ctypes
+import statistics
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from aotc_runtime.cache import install_library
+from aotc_runtime.package import LIBRARY, PackageError, aligned_empty, read_package
+
+__all__ = ["CompiledModel", "TensorInfo", "load"]
+
+_VoidPtrArray = ctypes.POINTER(ctypes.c_void_p)
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+    @staticmethod
+    def from_json(d: dict) -> TensorInfo:
+        return TensorInfo(d["name"], tuple(d["shape"]), np.dtype(d["dtype"]))
+
+
+def load(path: str, num_threads: int | None = None) -> CompiledModel:
+    """Verify the package at `path` (format, version, checksums, host) and load it."""
+    contents = read_package(path)
+    sha = contents.manifest["members"][LIBRARY]["sha256"]
+    lib_path = install_library(memoryview(contents.library), sha)
+    model = CompiledModel(str(path), contents.manifest, lib_path, contents.weights)
+    if num_threads is not None:
+        model.num_threads = num_threads
+    return model
+
+
+class CompiledModel:
+    """A model ready to run. `run` is thread-safe; concurrent calls are serialized (one workspace)."""
+
+    def __init__(self, path: str, manifest: dict, lib_path: str, weights: np.ndarray) -> None:
+        self.path = path
+        self._manifest = manifest
+        self.inputs = [TensorInfo.from_json(t) for t in manifest["inputs"]]
+        self.outputs = [TensorInfo.from_json(t) for t in manifest["outputs"]]
+        self._input_names = [t.name for t in self.inputs]
+        self._output_names = [t.name for t in self.outputs]
+        self._check_weights(weights)
+        self._weights = weights
+        self._workspace = aligned_empty(max(manifest["memory_plan"]["workspace_bytes"], 1))
+        self._lib = _open_library(path, lib_path)
+        self._fn = self._entry(manifest["entry"])
+        self._in_argv = (ctypes.c_void_p * max(len(self.inputs), 1))()
+        self._out_argv = (ctypes.c_void_p * max(len(self.outputs), 1))()
+        self._weights_ptr = ctypes.c_void_p(weights.__array_interface__["data"][0])
+        self._workspace_ptr = ctypes.c_void_p(self._workspace.__array_interface__["data"][0])
+        self._lock = threading.Lock()
+
+    def _check_weights(self, weights: np.ndarray) -> None:
+        expected = self._manifest["weights"].get("nbytes", weights.size)
+        if weights.size != expected:
+            raise PackageError(
+                f"{self.path}: weights.bin holds {weights.size} bytes, manifest says {expected}"
+            )
+
+    def _entry(self, symbol: str) -> ctypes._CFuncPtr:
+        try:
+            fn = self._lib[symbol]
+        except AttributeError:
+            raise PackageError(f"{self.path}: its kernel library has no entry function {symbol!r}") from None
+        fn.restype = ctypes.c_int32
+        fn.argtypes = [_VoidPtrArray, _VoidPtrArray, ctypes.c_void_p, ctypes.c_void_p]
+        return fn
+
+    @property
+    def manifest(self) -> dict:
+        """The package's parsed manifest.json (treat as read-only)."""
+        return self._manifest
+
+    @property
+    def name(self) -> str:
+        return self._manifest["name"]
+
+    @property
+    def num_threads(self) -> int:
+        """Threads the kernels' parallel loops use when run from this thread."""
+        return int(self._lib.aotc_get_max_threads())
+
+    @num_threads.setter
+    def num_threads(self, n: int) -> None:
+        if not isinstance(n, int) or n < 1:
+            raise ValueError(f"num_threads must be a positive int, got {n!r}")
+        self._lib.aotc_set_num_threads(ctypes.c_int(n))
+
+    def __repr__(self) -> str:
+        def sig(ts: list[TensorInfo]) -> str:
+            return ", ".join(f"{t.name}: {t.dtype}{list(t.shape)}" for t in ts)
+
+        return f"<CompiledModel {self.name!r} ({sig(self.inputs)}) -> ({sig(self.outputs)}) from {self.path}>"
+
+    # ------------------------------------------------------------------------- running
+
+    def run(
+        self,
+        inputs: Mapping[str, np.ndarray] | Sequence[np.ndarray],
+        outputs: Mapping[str, np.ndarray] | None = None,
+    ) -> dict[str, np.ndarray]:
+        """Run the model; inputs by name or in order. Preallocated `outputs` (by name) are filled."""
+        arrays, in_ptrs = self._bind_inputs(inputs)
+        results, out_ptrs = self._bind_outputs(outputs, arrays, in_ptrs)
+        in_argv, out_argv = self._in_argv, self._out_argv
+        with self._lock:
+            for i, p in enumerate(in_ptrs):
+                in_argv[i] = p
+            for i, p in enumerate(out_ptrs):
+                out_argv[i] = p
+            status = self._fn(in_argv, out_argv, self._weights_ptr, self._workspace_ptr)
+        if status:
+            raise RuntimeError(
+                f"model {self.name!r} ({self.path}) failed with status {status} (a kernel could not allocate memory)"
+            )
+        return dict(zip(self._output_names, results))
+
+    def _bind_inputs(
+        self, inputs: Mapping[str, np.ndarray] | Sequence[np.ndarray]
+    ) -> tuple[list[np.ndarray], list[int]]:
+        names = self._input_names
+        if isinstance(inputs, (list, tuple)):
+            if len(inputs) != len(names):
+                raise ValueError(f"expected {len(names)} inputs ({', '.join(names)}), got {len(inputs)}")
+            values = inputs
+        elif type(inputs) is dict or isinstance(inputs, Mapping):
+            if len(inputs) != len(names) or not all(n in inputs for n in names):
+                raise ValueError(self._name_mismatch(inputs))
+            values = [inputs[n] for n in names]
+        else:
+            raise TypeError(
+                f"inputs must be a dict of name -> array or a list of arrays, got {type(inputs).__name__}"
+            )
+        arrays, ptrs = [], []
+        for v, t in zip(values, self.inputs):
+            a, p = _conform(v, t)
+            arrays.append(a)
+            ptrs.append(p)
+        return arrays, ptrs
+
+    def _name_mismatch(self, given: Mapping[str, np.ndarray], role: str = "input") -> str:
+        expected = self._input_names if role == "input" else self._output_names
+        unknown = [n for n in given if n not in expected]
+        if unknown:
+            return f"unknown {role} {unknown[0]!r}; expected {role}s: {', '.join(expected)}"
+        missing = [n for n in expected if n not in given]
+        return f"missing {role} {missing[0]!r}; expected {role}s: {', '.join(expected)}"
+
+    def _bind_outputs(
+        self, outputs: Mapping[str, np.ndarray] | None, inputs: list[np.ndarray], in_ptrs: list[int]
+    ) -> tuple[list[np.ndarray], list[int]]:
+        if outputs is None:
+            results = [np.empty(t.shape, t.dtype) for t in self.outputs]
+            return results, [_address(a) for a in results]
+        if any(n not in self._output_names for n in outputs):
+            raise ValueError(self._name_mismatch(outputs, "output"))
+        results, ptrs = [], []
+        for t in self.outputs:
+            given = outputs.get(t.name)
+            a = np.empty(t.shape, t.dtype) if given is None else given
+            ptrs.append(_writable_pointer(a, t))
+            results.append(a)
+        spans = [(p, a.nbytes, n) for p, a, n in zip(ptrs, results, self._output_names)]
+        _check_disjoint(spans, [(p, a.nbytes, n) for p, a, n in zip(in_ptrs, inputs, self._input_names)])
+        return results, ptrs
+
+    # ------------------------------------------------------------------------- benchmarking
+
+    def benchmark(
+        self,
+        inputs: Mapping[str, np.ndarray] | Sequence[np.ndarray] | None = None,
+        repeat: int = 20,
+        number: int | None = None,
+        warmup: int = 3,
+        seed: int = 0,
+        min_repeat_ms: float = 10.0,
+    ) -> dict:
+        """Time `run` (milliseconds per call) on `inputs`, or on seeded random inputs when None.
+
+        Each of `repeat` measurements averages `number` calls; None picks the number so that one
+        measurement lasts at least `min_repeat_ms`."""
+        feeds = self._bind_inputs(inputs)[0] if inputs is not None else self.random_inputs(seed)
+        outs = {t.name: np.empty(t.shape, t.dtype) for t in self.outputs}
+        for _ in range(warmup):
+            self.run(feeds, outputs=outs)
+        if number is None:
+            number = self._calibrate(feeds, outs, min_repeat_ms / 1e3)
+        times = []
+        for _ in range(max(repeat, 1)):
+            start = time.perf_counter()
+            for _ in range(number):
+                self.run(feeds, outputs=outs)
+            times.append((time.perf_counter() - start) / number * 1e3)
+        return {
+            "median_ms": statistics.median(times),
+            "mean_ms": statistics.fmean(times),
+            "std_ms": statistics.pstdev(times),
+            "min_ms": min(times),
+            "max_ms": max(times),
+            "repeat": len(times),
+            "number": number,
+            "num_threads": self.num_threads,
+        }
+
+    def _calibrate(self, feeds: list[np.ndarray], outs: dict[str, np.ndarray], min_seconds: float) -> int:
+        number = 1
+        while number < 1 << 20:
+            start = time.perf_counter()
+            for _ in range(number):
+                self.run(feeds, outputs=outs)
+            if time.perf_counter() - start >= min_seconds:
+                break
+            number *= 2
+        return number
+
+    def random_inputs(self, seed: int = 0) -> list[np.ndarray]:
+        """Seeded inputs: standard normal floats, 0/1 integers and booleans."""
+        rng = np.random.default_rng(seed)
+        return [_random_array(rng, t) for t in self.inputs]
+
+
+def _open_library(path: str, lib_path: str) -> ctypes.CDLL:
+    try:
+        return ctypes.CDLL(lib_path)
+    except OSError as err:
+        raise OSError(
+            f"{path}: cannot load its kernel library {lib_path} ({err}); the host needs libgomp and libm"
+        ) from None
+
+
+def _address(a: np.ndarray) -> int:
+    """Data pointer of `a`; `c_char.from_buffer` is several times cheaper than `__array_interface__`."""
+    try:
+        return ctypes.addressof(ctypes.c_char.from_buffer(a))
+    except (TypeError, ValueError):
+        return a.__array_interface__["data"][0]
+
+
+def _conform(a: np.ndarray, t: TensorInfo) -> tuple[np.ndarray, int]:
+    """`a` and its data pointer when usable as is (zero-copy), else a C-contiguous aligned copy."""
+    _check_array(a, t, "input")
+    if a.flags.c_contiguous:
+        ptr = _address(a)
+        if ptr % t.dtype.alignment == 0:
+            return a, ptr
+    a = np.array(a, order="C")
+    return a, _address(a)
+
+
+def _writable_pointer(a: np.ndarray, t: TensorInfo) -> int:
+    _check_array(a, t, "output")
+    flags = a.flags
+    if not (flags.c_contiguous and flags.aligned and flags.writeable):
+        raise ValueError(
+            f"output {t.name!r}: a preallocated output must be C-contiguous, aligned and writeable"
+        )
+    return _address(a)
+
+
+def _check_array(a: np.ndarray, t: TensorInfo, role: str) -> None:
+    if not isinstance(a, np.ndarray):
+        raise TypeError(f"{role} {t.name!r}: expected a numpy.ndarray, got {type(a).__name__}")
+    if a.dtype != t.dtype:
+        raise ValueError(f"{role} {t.name!r}: expected dtype {t.dtype}, got {a.dtype}")
+    if a.shape != t.shape:
+        raise ValueError(f"{role} {t.name!r}: expected shape {t.shape}, got {a.shape}")
+
+
+def _check_disjoint(outputs: list[tuple[int, int, str]], inputs: list[tuple[int, int, str]]) -> None:
+    """Kernels assume distinct buffers never overlap: refuse outputs sharing memory with anything."""
+    for i, (p, n, name) in enumerate(outputs):
+        for q, m, other in outputs[i + 1 :] + inputs:
+            if n and m and p < q + m and q < p + n:
+                raise ValueError(f"output {name!r} overlaps {other!r} in memory")
+
+
+def _random_array(rng: np.random.Generator, t: TensorInfo) -> np.ndarray:
+    if t.dtype.kind == "f":
+        return rng.standard_normal(t.shape).astype(t.dtype)
+    if t.dtype.kind == "b":
+        return rng.random(t.shape) < 0.5
+    return rng.integers(0, 2, t.shape).astype(t.dtype)
