@@ -123,14 +123,7 @@ def _package_spec(
 
     task_of = {id(g): i for i, t in enumerate(tasks) for g in t.groups}
     inputs = {v: i for i, v in enumerate(graph.inputs)}
-    outputs: dict[Value, int] = {}
-    for i, v in enumerate(graph.outputs):
-        if v in outputs or v.is_constant or v in inputs:
-            raise BuildError(
-                f"model output {v.name} is a model input, a constant, or returned twice; "
-                "aotc cannot return it yet (add an Identity-free copy in the model)"
-            )
-        outputs[v] = i
+    outputs = {v: i for i, v in enumerate(graph.outputs)}
 
     bindings: list[tuple[FusedGroup, list[Value]]] = []
     weights: dict[Value, None] = {}

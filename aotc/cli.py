@@ -61,7 +61,7 @@ def _exit_code(err: Exception) -> int:
 
     if isinstance(err, ValidationError):
         return MISMATCH
-    if isinstance(err, RecipeError) or type(err).__name__ == "DynamicShapeError":
+    if isinstance(err, RecipeError) or type(err).__name__ in ("DynamicShapeError", "InputShapeError"):
         return USAGE_ERROR
     if isinstance(err, (FileNotFoundError, KeyError)) or type(err) is ValueError:
         return USAGE_ERROR

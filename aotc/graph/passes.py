@@ -12,7 +12,26 @@ IDENTITY_OPS = frozenset({"identity"})
 def optimize(graph: Graph) -> Graph:
     graph = remove_identities(graph)
     graph = fold_batch_norm(graph)
-    return eliminate_dead_code(graph)
+    graph = eliminate_dead_code(graph)
+    return materialize_outputs(graph)
+
+
+def materialize_outputs(graph: Graph) -> Graph:
+    """Model outputs that are constants, model inputs, or repeated get a copy node, so a kernel writes each."""
+    seen: set[Value] = set()
+    inputs = set(graph.inputs)
+    outputs = []
+    for v in graph.outputs:
+        if v.is_constant or v in inputs or v in seen:
+            node = Node("identity", [v], [], name=f"{v.name}_output_copy")
+            copy = Value(v.name, v.type, producer=node)
+            node.outputs = [copy]
+            graph.nodes.append(node)
+            v = copy
+        seen.add(v)
+        outputs.append(v)
+    graph.outputs = outputs
+    return graph
 
 
 def fold_batch_norm(graph: Graph) -> Graph:
