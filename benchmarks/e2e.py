@@ -8,11 +8,11 @@ Ratios are onnxruntime latency / aotc latency at the same thread count (> 1: aot
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+from timing import median_seconds
 
 from aotc import models
 from aotc.build import build
@@ -35,21 +35,6 @@ QUICK = {
 }
 
 
-def _median_seconds(fn, min_seconds: float = 1.0, repeat: int = 7) -> float:
-    fn()
-    start = time.perf_counter()
-    fn()
-    once = max(time.perf_counter() - start, 1e-6)
-    number = max(1, int(min_seconds / repeat / once))
-    samples = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        for _ in range(number):
-            fn()
-        samples.append((time.perf_counter() - start) / number)
-    return statistics.median(samples)
-
-
 def bench_model(name: str, make, workdir: Path, threads: list[int]) -> list[str]:
     import aotc_runtime
     import onnxruntime as ort
@@ -64,13 +49,13 @@ def bench_model(name: str, make, workdir: Path, threads: list[int]) -> list[str]
     rows = []
     for t in threads:
         compiled.num_threads = t
-        ours = _median_seconds(lambda: compiled.run(inputs))
+        ours = median_seconds(lambda: compiled.run(inputs))
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = t
         opts.inter_op_num_threads = 1
         sess = ort.InferenceSession(str(model_path), opts, providers=["CPUExecutionProvider"])
         feed = dict(inputs)
-        peer = _median_seconds(lambda s=sess, f=feed: s.run(None, f))
+        peer = median_seconds(lambda s=sess, f=feed: s.run(None, f))
         rows.append(
             f"{name:<14} {t:>2}  {ours * 1e3:9.3f}  {peer * 1e3:9.3f}  {peer / ours:6.2f}x  "
             f"{result.seconds:7.1f} s  {len(result.tasks):>3}"

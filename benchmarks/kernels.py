@@ -17,6 +17,7 @@ import tempfile
 import time
 
 import numpy as np
+from timing import median_seconds
 
 from aotc import te
 from aotc.codegen.llvm import build_llvm_ir, compile_to_object, link_shared
@@ -71,22 +72,6 @@ def conv_state(c: int = 64, hw: int = 56, f: int = 64) -> State:
     return s.vectorize(pad, len(s.stages[pad].iters) - 1)
 
 
-def _time(fn, min_seconds: float = 0.3, repeat: int = 5) -> float:
-    """Median seconds per call over `repeat` batches of at least `min_seconds` each."""
-    fn()
-    start = time.perf_counter()
-    fn()
-    once = max(time.perf_counter() - start, 1e-7)
-    number = max(1, int(min_seconds / repeat / once))
-    samples = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        for _ in range(number):
-            fn()
-        samples.append((time.perf_counter() - start) / number)
-    return statistics.median(samples)
-
-
 def _set_numpy_threads(n: int) -> None:
     try:
         from threadpoolctl import threadpool_limits
@@ -125,8 +110,8 @@ def bench_gemm(n: int, workdir: str, threads: list[int]) -> list[str]:
     for t in threads:
         lib.set_num_threads(t)
         _set_numpy_threads(t)
-        ours = _time(call)
-        peer = _time(lambda: np.matmul(a, b))
+        ours = median_seconds(call, 0.3, 5)
+        peer = median_seconds(lambda: np.matmul(a, b), 0.3, 5)
         rows.append(_row(f"gemm {n}^3", t, flops, ours, peer))
     return rows
 
@@ -156,8 +141,8 @@ def bench_conv(workdir: str, threads: list[int]) -> list[str]:
     for t in threads:
         lib.set_num_threads(t)
         _set_numpy_threads(t)
-        ours = _time(call)
-        peer = _time(numpy_conv)
+        ours = median_seconds(call, 0.3, 5)
+        peer = median_seconds(numpy_conv, 0.3, 5)
         rows.append(_row("conv3x3 1x64x56x56 f64 (numpy: im2col+sgemm)", t, flops, ours, peer))
     return rows
 
