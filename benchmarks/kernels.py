@@ -37,7 +37,9 @@ def gemm_state(n: int) -> State:
     i_tiles = [2, 1, 8] if n >= 256 else [1, 2, 4]
     j_tiles = [4, 1, 32] if n >= 256 else [1, 1, 32]
     k_tile = [256] if n >= 256 else [n]
-    s, spatial = multi_level_tile(s, 2, "SSRSRS", {"i": i_tiles, "j": j_tiles, "k": k_tile})
+    op = s.stages[2].op
+    (i, j), k = (a.name for a in op.axes), op.reduce_axes[0].name
+    s, spatial = multi_level_tile(s, 2, "SSRSRS", {i: i_tiles, j: j_tiles, k: k_tile})
     s, at = follow_tiling(s, 3, spatial, 2)
     s = s.compute_at(2, 3, at)
     s = s.fuse(3, [0, 1]).parallel(3, 0)

@@ -29,6 +29,9 @@ def multi_level_tile(
         raise ScheduleError(f"multi-level tiling: stage {stage.name} is inlined")
     names = [it.name for it in stage.iters]
     kinds = [it.kind for it in stage.iters]
+    unknown = sorted(set(lengths) - set(names))
+    if unknown:
+        raise ScheduleError(f"multi-level tiling: stage {stage.name} has no iterator {', '.join(unknown)}")
     if any(k not in (IterKind.SPATIAL, IterKind.REDUCE) for k in kinds):
         raise ScheduleError(f"multi-level tiling: stage {stage.name} has fused iterators")
     parts: list[tuple[IterKind, list[int]]] = []
