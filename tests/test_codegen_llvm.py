@@ -380,19 +380,25 @@ def test_select_does_not_load_unselected_arm(tmp_path):
 # ----------------------------------------------------------------------------- gather / scatter / masks
 
 
-def test_gather_strided_load(tmp_path):
+@pytest.mark.parametrize(
+    "stride, form", [(2, "shufflevector"), (3, "shufflevector"), (5, "llvm.masked.gather")]
+)
+def test_strided_load_deinterleaves_small_strides_and_gathers_large_ones(tmp_path, stride, form):
     n = 37
-    A, B = Buffer("A", "float32", (2 * n,)), Buffer("B", "float32", (n,))
+    A, B = Buffer("A", "float32", (stride * (n - 1) + 1,)), Buffer("B", "float32", (n,))
     o, v = Var("o"), Var("v")
     idx = o * 16 + v
     body = loop(
-        o, 3, S, loop(v, minimum(const(16), n - o * 16), V, BufferStore(B, Load(A, (idx * 2,)), (idx,)), 16)
+        o,
+        3,
+        S,
+        loop(v, minimum(const(16), n - o * 16), V, BufferStore(B, Load(A, (idx * stride,)), (idx,)), 16),
     )
-    f = PrimFunc("gather", (A, B), body)
-    assert "llvm.masked.gather" in build_llvm_ir([f], HOST)
-    a, b = RNG.random(2 * n, dtype=np.float32), np.zeros(n, np.float32)
+    f = PrimFunc("strided", (A, B), body)
+    assert form in build_llvm_ir([f], HOST)
+    a, b = RNG.random(A.shape[0], dtype=np.float32), np.zeros(n, np.float32)
     run1(tmp_path, f, a, b)
-    np.testing.assert_array_equal(b, a[::2])
+    np.testing.assert_array_equal(b, a[::stride])
 
 
 def test_gather_indirect_and_scatter(tmp_path):

@@ -41,6 +41,8 @@ from aotc.ir.expr import (
 )
 from aotc.ir.printer import expr_str
 
+MAX_DEINTERLEAVE = 4
+
 
 @dataclass(frozen=True, slots=True)
 class Ramp:
@@ -600,6 +602,8 @@ class ExprGen:
                     f"call {vt} @{name}(ptr align {align} {p}, {mask.typed}, {vt} zeroinitializer){info.md}"
                 )
             return self._to_reg(raw, dtype, off.lanes)
+        if isinstance(off, Ramp) and 2 <= off.stride <= MAX_DEINTERLEAVE:
+            return self._to_reg(self._strided_load(info, dtype, off, mask), dtype, off.lanes)
         if isinstance(off, Ramp) or off.lanes:
             off = self.mat(off)
             vt = vtype(elem, off.lanes)
@@ -616,6 +620,34 @@ class ExprGen:
             return self._guarded_scalar_load(info, dtype, off, mask)
         p = self._gep(info, elem, off)
         return self._to_reg(self.fb.op(f"load {elem}, ptr {p}, align {align}{info.md}"), dtype, 0)
+
+    def _strided_load(self, info: BufInfo, dtype: str, off: Ramp, mask: Val | None) -> str:
+        """Lanes at a constant stride: one contiguous load of exactly the span they cover, deinterleaved.
+
+        Under a mask the span's elements are enabled only where an active lane reads them.
+        """
+        elem, align = mem_type(dtype), elem_bytes(dtype)
+        span = (off.lanes - 1) * off.stride + 1
+        wide = vtype(elem, span)
+        if mask is None:
+            p = self._gep(info, elem, off.base)
+            raw = self.fb.op(f"load {wide}, ptr {p}, align {align}{info.md}")
+        else:
+            spread = ", ".join(
+                f"i32 {j // off.stride}" if j % off.stride == 0 else f"i32 {off.lanes}" for j in range(span)
+            )
+            wide_mask = self.fb.op(
+                f"shufflevector {mask.typed}, {mask.ty} zeroinitializer, <{span} x i32> <{spread}>"
+            )
+            p = self._gep(info, elem, off.base, inbounds=False)
+            name = f"llvm.masked.load.v{span}{_mem_suffix(dtype)}.p0"
+            self.mod.intrinsic(name, wide, ["ptr", f"<{span} x i1>", wide])
+            raw = self.fb.op(
+                f"call {wide} @{name}(ptr align {align} {p}, <{span} x i1> {wide_mask}, {wide} zeroinitializer)"
+                f"{info.md}"
+            )
+        picks = ", ".join(f"i32 {i * off.stride}" for i in range(off.lanes))
+        return self.fb.op(f"shufflevector {wide} {raw}, {wide} poison, <{off.lanes} x i32> <{picks}>")
 
     def _guarded_scalar_load(self, info: BufInfo, dtype: str, off: Val, mask: Val) -> Val:
         """A load invariant in the vector variable, skipped when no lane is active."""

@@ -190,6 +190,19 @@ class StmtGen(ExprGen):
         finally:
             self.vec.mask, self.vec.nonempty = saved
 
+    def branch(self, cond: Val, then: Callable[[], None], otherwise: Callable[[], None]) -> None:
+        """Two versions of the code, chosen at run time (full vectors take the unmasked one)."""
+        fb = self.fb
+        then_l, else_l, end_l = fb.label("full"), fb.label("partial"), fb.label("vers_end")
+        fb.cond_br(cond.ref, then_l, else_l)
+        fb.start_block(then_l)
+        then()
+        fb.br(end_l)
+        fb.start_block(else_l)
+        otherwise()
+        fb.br(end_l)
+        fb.start_block(end_l)
+
     def guarded(self, cond: Val, body: Callable[[], None]) -> None:
         fb = self.fb
         body_l, end_l = fb.label("guard"), fb.label("guard_end")
@@ -283,7 +296,12 @@ class StmtGen(ExprGen):
             return
         iota = Val(vector_const_text(list(range(lanes)), "int64"), "int64", lanes)
         positive = self.icmp("sgt", ext, const_val(0, "int64"))
-        self.guarded(positive, lambda: self._vector_body(s, lanes, self.icmp("slt", iota, ext)))
+        full = self.icmp("sge", ext, const_val(lanes, "int64"))
+        self.branch(
+            full,
+            lambda: self._vector_body(s, lanes, None),
+            lambda: self.guarded(positive, lambda: self._vector_body(s, lanes, self.icmp("slt", iota, ext))),
+        )
 
     def _vector_body(self, s: For, lanes: int, mask: Val | None) -> None:
         self.vec = VecCtx(s.var, lanes, mask, True)

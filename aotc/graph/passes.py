@@ -12,8 +12,39 @@ IDENTITY_OPS = frozenset({"identity"})
 def optimize(graph: Graph) -> Graph:
     graph = remove_identities(graph)
     graph = fold_batch_norm(graph)
+    graph = dense_to_matmul(graph)
     graph = eliminate_dead_code(graph)
     return materialize_outputs(graph)
+
+
+def dense_to_matmul(graph: Graph) -> Graph:
+    """dense(x, W[N, K]) with a constant W becomes matmul(x, W^T), transposed once at build time.
+
+    The kernel then reads the weight contiguously along the output axis it vectorizes.
+    """
+    nodes: list[Node] = []
+    for node in graph.nodes:
+        weight = node.inputs[1] if node.op == "dense" else None
+        if weight is None or not weight.is_constant or len(weight.type.shape) != 2:
+            nodes.append(node)
+            continue
+        wt = np.ascontiguousarray(weight.data.T)
+        node.op = "matmul"
+        bias = node.inputs[2] if len(node.inputs) > 2 else None
+        node.inputs = [
+            node.inputs[0],
+            Value(f"{weight.name}_t", TensorType(wt.shape, weight.type.dtype), data=wt),
+        ]
+        nodes.append(node)
+        if bias is not None:
+            out = node.outputs[0]
+            mm = Value(f"{out.name}_matmul", out.type, producer=node)
+            node.outputs = [mm]
+            add = Node("add", [mm, bias], [out], name=f"{node.name}_bias")
+            out.producer = add
+            nodes.append(add)
+    graph.nodes = nodes
+    return graph
 
 
 def materialize_outputs(graph: Graph) -> Graph:

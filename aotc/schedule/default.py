@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from aotc.ir.expr import free_vars
+from aotc.ir.simplify import linear_terms
 from aotc.schedule.state import ComputeAtKind, IterKind, State
 from aotc.schedule.steps import effective_consumers
 from aotc.schedule.tiling import follow_tiling, multi_level_tile
 from aotc.target import Target
-from aotc.te.dag import ComputeDAG
+from aotc.te.dag import ComputeDAG, reads_of
 from aotc.te.tensor import ComputeOp
 
 VECTOR_REGISTERS = 16
@@ -45,11 +47,16 @@ def _lanes(dtype: str, target: Target) -> int:
 
 
 def _vector_tile(extent: int, lanes: int) -> int:
-    """A vector length for an axis: a divisor from 2 registers down to a quarter register, else one register."""
+    """A vector length that divides the axis: a power of two from half a register to two registers,
+    else the largest divisor within one register; masked tails and lengths past one register that are
+    not multiples of it compile poorly."""
     lanes = min(lanes, 32)
-    for c in (2 * lanes, lanes, lanes // 2, lanes // 4):
+    for c in (2 * lanes, lanes, lanes // 2):
         if c > 1 and extent % c == 0:
             return c
+    best = max(d for d in range(1, lanes + 1) if extent % d == 0)
+    if best > lanes // 4:
+        return best
     return extent if extent < lanes else lanes
 
 
@@ -129,24 +136,44 @@ def _original(dag: ComputeDAG, name: str) -> ComputeOp | None:
 
 
 def _parallel_vectorize(s: State, name: str, target: Target) -> State:
+    """Parallel outer loops; the innermost spatial axis vectorized when the stage reads it contiguously
+    (for a reduction, with the reduce loops moved outside the vector lanes)."""
     sid = s.stage_id(name)
     st = s.stages[sid]
     n_sp = sum(1 for it in st.iters if it.kind == IterKind.SPATIAL)
-    has_reduce = n_sp < len(st.iters)
-    vec_ok = not has_reduce and n_sp > 0 and (st.iters[n_sp - 1].extent or 1) > 1
+    n_red = len(st.iters) - n_sp
+    last = st.iters[n_sp - 1] if n_sp else None
+    vec_ok = last is not None and (last.extent or 1) > 1
+    if vec_ok and n_red:
+        vec_ok = _reads_contiguously(st.op, st.op.axes[n_sp - 1].var)
     if vec_ok:
-        vec = _vector_tile(st.iters[n_sp - 1].extent, _lanes(st.op.dtype, target))
-        if vec < st.iters[n_sp - 1].extent:
+        vec = _vector_tile(last.extent, _lanes(st.op.dtype, target))
+        if vec < last.extent:
             s = s.split(sid, n_sp - 1, [vec])
             n_sp += 1
-        outer = n_sp - 1
-    else:
-        outer = n_sp
+        if n_red:
+            order = list(range(n_sp - 1)) + list(range(n_sp, n_sp + n_red)) + [n_sp - 1]
+            s = s.reorder(sid, order)
+    outer = n_sp - 1 if vec_ok else n_sp
     if outer > 1:
         s = s.fuse(sid, list(range(outer)))
         outer = 1
     if outer >= 1 and (s.stages[sid].iters[0].extent or 1) > 1:
         s = s.parallel(sid, 0)
     if vec_ok:
-        s = s.vectorize(sid, outer)
+        s = s.vectorize(sid, len(s.stages[sid].iters) - 1)
     return s
+
+
+def _reads_contiguously(op: ComputeOp, var) -> bool:
+    """Every read of `op` either ignores `var` or uses it with stride 1 in its last dimension."""
+    for read in reads_of(op):
+        for d, idx in enumerate(read.indices):
+            if var not in free_vars(idx):
+                continue
+            terms, _ = linear_terms(idx)
+            if d != len(read.indices) - 1 or terms.pop(var, 0) != 1:
+                return False
+            if any(var in free_vars(atom) for atom in terms):
+                return False
+    return True

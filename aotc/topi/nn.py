@@ -82,6 +82,44 @@ def pad(
     return te.compute(shape, body, name, tag="pad")
 
 
+def strided_window_input(
+    data: Operation,
+    pads: tuple[int, int, int, int],
+    stride: tuple[int, int],
+    value: float = 0.0,
+    name: str = "pad",
+):
+    """The padded input of a windowed op, and `read(n, c, yy, ky, xx, kx)` = padded[n, c, yy*sh+ky, xx*sw+kx].
+
+    With a stride above 1 the padded input is stored split by stride phase, [n, c, sh, sw, H/sh, W/sw],
+    so that consecutive outputs read consecutive elements (contiguous vector loads, no gathers).
+    """
+    sh, sw = stride
+    pt, pl, pb, pr = pads
+    if sh == 1 and sw == 1:
+        padded = pad(data, (0, 0, pt, pl), (0, 0, pb, pr), value=value, name=name)
+
+        def read_plain(n, c, yy, ky, xx, kx):
+            return padded[n, c, yy + ky, xx + kx]
+
+        return padded, read_plain
+    nb, ch, h, w = data.shape
+    hq, wq = -(-(h + pt + pb) // sh), -(-(w + pl + pr) // sw)
+
+    def body(nn, cc, py, px, yq, xq):
+        y = yq * sh + py - pt
+        x = xq * sw + px - pl
+        inside = logical_and(y >= 0, y < h, x >= 0, x < w)
+        return select(inside, data[nn, cc, y, x], const(value, data.dtype))
+
+    phases = te.compute((nb, ch, sh, sw, hq, wq), body, name, tag="pad")
+
+    def read_phased(n, c, yy, ky, xx, kx):
+        return phases[n, c, ky % sh, kx % sw, yy + ky // sh, xx + kx // sw]
+
+    return phases, read_phased
+
+
 def conv2d_nchw(
     data: Operation,
     weight: Operation,
@@ -103,7 +141,7 @@ def conv2d_nchw(
         )
     oh = (h + pt + pb - dh * (kh - 1) - 1) // sh + 1
     ow = (w + pl + pr - dw * (kw - 1) - 1) // sw + 1
-    padded = pad(data, (0, 0, pt, pl), (0, 0, pb, pr), name=f"{name}_pad")
+    _, read = strided_window_input(data, (pt, pl, pb, pr), (sh, sw), name=f"{name}_pad")
     rc = te.reduce_axis(icg, "rc")
     ry = te.reduce_axis(kh, "ry")
     rx = te.reduce_axis(kw, "rx")
@@ -112,8 +150,7 @@ def conv2d_nchw(
     def body(nn, ff, yy, xx):
         cin = rc.var if groups == 1 else (ff // ocg) * icg + rc.var
         return te.sum(
-            padded[nn, cin, yy * sh + ry.var * dh, xx * sw + rx.var * dw]
-            * weight[ff, rc.var, ry.var, rx.var],
+            read(nn, cin, yy, ry.var * dh, xx, rx.var * dw) * weight[ff, rc.var, ry.var, rx.var],
             [rc, ry, rx],
         )
 
@@ -139,15 +176,14 @@ def depthwise_conv2d_nchw(
     pt, pl, pb, pr = _pads(padding)
     oh = (h + pt + pb - dh * (kh - 1) - 1) // sh + 1
     ow = (w + pl + pr - dw * (kw - 1) - 1) // sw + 1
-    padded = pad(data, (0, 0, pt, pl), (0, 0, pb, pr), name=f"{name}_pad")
+    _, read = strided_window_input(data, (pt, pl, pb, pr), (sh, sw), name=f"{name}_pad")
     ry = te.reduce_axis(kh, "ry")
     rx = te.reduce_axis(kw, "rx")
 
     def body(nn, ff, yy, xx):
         src_c = ff // mult if mult > 1 else ff
         return te.sum(
-            padded[nn, src_c, yy * sh + ry.var * dh, xx * sw + rx.var * dw] * weight[ff, 0, ry.var, rx.var],
-            [ry, rx],
+            read(nn, src_c, yy, ry.var * dh, xx, rx.var * dw) * weight[ff, 0, ry.var, rx.var], [ry, rx]
         )
 
     return te.compute((n, oc, oh, ow), body, name, tag="depthwise_conv2d_nchw")
@@ -176,23 +212,21 @@ def pool2d_nchw(
         raise te.TEError(f"pool2d: window {kh}x{kw} does not fit input {h}x{w} with pads {[pt, pl, pb, pr]}")
     extra_b = max(0, (oh - 1) * sh + dh * (kh - 1) + 1 - (h + pt + pb))
     extra_r = max(0, (ow - 1) * sw + dw * (kw - 1) + 1 - (w + pl + pr))
-    before, after = (0, 0, pt, pl), (0, 0, pb + extra_b, pr + extra_r)
+    pads = (pt, pl, pb + extra_b, pr + extra_r)
     ry = te.reduce_axis(kh, "ry")
     rx = te.reduce_axis(kw, "rx")
 
-    def window(padded: Operation, nn, cc, yy, xx):
-        return padded[nn, cc, yy * sh + ry.var * dh, xx * sw + rx.var * dw]
+    def window(read, nn, cc, yy, xx):
+        return read(nn, cc, yy, ry.var * dh, xx, rx.var * dw)
 
     if kind == "max":
-        padded = pad(data, before, after, value=dtype_min(data.dtype), name=f"{name}_pad")
-        return te.compute(
-            (n, c, oh, ow), lambda *i: te.max(window(padded, *i), [ry, rx]), name, tag="pool_max"
-        )
+        _, read = strided_window_input(data, pads, (sh, sw), value=dtype_min(data.dtype), name=f"{name}_pad")
+        return te.compute((n, c, oh, ow), lambda *i: te.max(window(read, *i), [ry, rx]), name, tag="pool_max")
     if kind != "avg":
         raise te.TEError(f"pool2d: kind must be 'max' or 'avg', got {kind!r}")
-    padded = pad(data, before, after, name=f"{name}_pad")
+    _, read = strided_window_input(data, pads, (sh, sw), name=f"{name}_pad")
     total = te.compute(
-        (n, c, oh, ow), lambda *i: te.sum(window(padded, *i), [ry, rx]), f"{name}_sum", tag="pool_sum"
+        (n, c, oh, ow), lambda *i: te.sum(window(read, *i), [ry, rx]), f"{name}_sum", tag="pool_sum"
     )
     lo_y, hi_y, lo_x, hi_x = (-pt, h + pb, -pl, w + pr) if count_include_pad else (0, h, 0, w)
     if all(
