@@ -1,0 +1,1 @@
+"""Template-free search (Ansor): sketches, annotation, evolution, cost model, measurement, records."""
