@@ -14,7 +14,7 @@ import numpy as np
 
 from aotc import __version__
 from aotc.graph.ir import Graph, Value
-from aotc.graph.partition import FusedGroup, SearchTask, extract_tasks, group_dag, partition
+from aotc.graph.partition import FusedGroup, Task, extract_tasks, group_dag, partition
 from aotc.graph.passes import optimize
 from aotc.ir.stmt import PrimFunc
 from aotc.memory import Lifetime, plan_memory
@@ -33,7 +33,7 @@ class BuildError(RuntimeError):
 class BuildResult:
     package: Path
     graph: Graph
-    tasks: list[SearchTask]
+    tasks: list[Task]
     seconds: float
     timings: dict[str, float] = field(default_factory=dict)
     validation: list[dict] | None = None
@@ -52,7 +52,7 @@ def load_model(recipe: Recipe) -> Graph:
     return optimize(graph)
 
 
-def schedule_tasks(tasks: list[SearchTask], target: Target) -> list[State]:
+def schedule_tasks(tasks: list[Task], target: Target) -> list[State]:
     return [default_schedule(t.dag, target) for t in tasks]
 
 
@@ -106,7 +106,7 @@ def spec_inputs(spec) -> dict[str, tuple[tuple[int, ...], str]]:
     return {io.name: (tuple(io.shape), io.dtype) for io in spec.inputs}
 
 
-def _symbol(i: int, task: SearchTask) -> str:
+def _symbol(i: int, task: Task) -> str:
     clean = "".join(ch if ch.isalnum() else "_" for ch in task.name)
     return f"k{i}_{clean}"[:64]
 
@@ -115,7 +115,7 @@ def _package_spec(
     recipe: Recipe,
     graph: Graph,
     groups: list[FusedGroup],
-    tasks: list[SearchTask],
+    tasks: list[Task],
     funcs: list[PrimFunc],
     target: Target,
 ):

@@ -39,8 +39,8 @@ class FusedGroup:
 
 
 @dataclass(eq=False)
-class SearchTask:
-    """One distinct fused subgraph: its DAG, key, and how often the model runs it."""
+class Task:
+    """One distinct fused subgraph of a model: its DAG, workload key, and how often the model runs it."""
 
     dag: ComputeDAG
     workload_key: str
@@ -250,22 +250,22 @@ def _scalar_tensor(v: Value, i: int) -> Operation:
     return compute(v.type.shape, lambda *_: const(value, v.type.dtype), name=f"c{i}", tag="constant")
 
 
-def extract_tasks(groups: list[FusedGroup]) -> list[SearchTask]:
+def extract_tasks(groups: list[FusedGroup]) -> list[Task]:
     """Distinct subgraphs by workload key, each weighted by how many groups share it."""
-    by_key: dict[str, SearchTask] = {}
+    by_key: dict[str, Task] = {}
     for g in groups:
         dag, _, _ = group_dag(g)
         key = dag.workload_key
         task = by_key.get(key)
         if task is None:
-            by_key[key] = SearchTask(dag, key, 1, g.name, [g])
+            by_key[key] = Task(dag, key, 1, g.name, [g])
         else:
             task.weight += 1
             task.groups.append(g)
     return list(by_key.values())
 
 
-def describe_tasks(tasks: list[SearchTask]) -> str:
+def describe_tasks(tasks: list[Task]) -> str:
     rows = [f"{'task':<40} {'weight':>6} {'GFLOP':>8}"]
     for t in tasks:
         rows.append(f"{t.name:<40} {t.weight:>6} {t.dag.flop_count / 1e9 * t.weight:>8.3f}")
