@@ -1,0 +1,183 @@
+"""Record lines: exact round trip, tolerant loading, atomic concurrent appends, and apply_best."""
+
+import json
+import multiprocessing as mp
+import warnings
+
+import pytest
+
+from aotc import te
+from aotc.schedule.state import State
+from aotc.schedule.steps import steps_to_json
+from aotc.search.common import ErrorCode, MeasureResult
+from aotc.search.records import (
+    RECORD_VERSION,
+    Record,
+    RecordWarning,
+    append_records,
+    append_results,
+    apply_best,
+    best_records,
+    load_records,
+)
+from aotc.target import parse_target
+from aotc.topi import nn
+
+TARGET = parse_target("llvm -mcpu=skylake-avx512 -num-cores=4")
+OTHER_TARGET = parse_target("llvm -mcpu=haswell -num-cores=4")
+
+
+def matmul_relu(n: int = 32) -> te.ComputeDAG:
+    a = te.placeholder((n, n), name="A")
+    b = te.placeholder((n, n), name="B")
+    return te.ComputeDAG([nn.relu(nn.matmul(a, b))])
+
+
+def make_record(dag, state, cost, target=TARGET, error=ErrorCode.NO_ERROR) -> Record:
+    costs = [cost, cost * 1.01] if error == ErrorCode.NO_ERROR else []
+    return Record.from_result(dag, target, state, MeasureResult(costs, error, "boom" if error else ""))
+
+
+def split_state(dag, factor: int) -> State:
+    return State.initial(dag).split(2, 0, [factor])
+
+
+def test_round_trip_is_exact(tmp_path):
+    dag = matmul_relu()
+    recs = [
+        make_record(dag, split_state(dag, 4).parallel(2, 0), 1.25e-5),
+        make_record(dag, State.initial(dag), 0, error=5),
+    ]
+    path = tmp_path / "sub" / "dir" / "log.jsonl"
+    append_records(path, recs)
+    loaded = load_records(path)
+    assert loaded == recs
+    assert [r.to_json() for r in loaded] == [r.to_json() for r in recs]
+    line = json.loads(path.read_text().splitlines()[0])
+    assert line["v"] == RECORD_VERSION and line["target"] == str(TARGET)
+    assert line["hw"]["num_cores"] == 4 and line["steps"] == steps_to_json(
+        split_state(dag, 4).parallel(2, 0).steps
+    )
+    assert {
+        "workload_key",
+        "fingerprint",
+        "costs",
+        "error",
+        "error_msg",
+        "timestamp",
+        "aotc_version",
+        "host",
+    } <= set(line)
+
+
+def test_corrupt_and_newer_lines_are_skipped_with_warnings(tmp_path):
+    dag = matmul_relu()
+    good = make_record(dag, State.initial(dag), 1e-5)
+    newer = json.loads(good.to_json()) | {"v": RECORD_VERSION + 1, "new_field": [1, 2]}
+    lines = [
+        "# a comment",
+        good.to_json(),
+        '{"v": 1, "workload_key": "trunc',
+        json.dumps(newer),
+        "",
+        json.dumps(json.loads(good.to_json()) | {"costs": "fast"}),
+        json.dumps(json.loads(good.to_json()) | {"v": RECORD_VERSION + 1}),
+        good.to_json(),
+    ]
+    path = tmp_path / "log.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loaded = load_records(path)
+    assert loaded == [good, good]
+    messages = [str(w.message) for w in caught if issubclass(w.category, RecordWarning)]
+    assert len(messages) == 2
+    corrupt = next(m for m in messages if "corrupt" in m)
+    assert "2 corrupt" in corrupt and "line 3, 6" in corrupt
+    version = next(m for m in messages if "version" in m)
+    assert "2 record line(s)" in version and "line 4, 7" in version
+
+
+def test_append_after_a_torn_line_starts_a_new_line(tmp_path):
+    dag = matmul_relu()
+    path = tmp_path / "log.jsonl"
+    path.write_text('{"v": 1, "torn')
+    rec = make_record(dag, State.initial(dag), 1e-5)
+    append_records(path, [rec])
+    with pytest.warns(RecordWarning, match="line 1"):
+        assert load_records(path) == [rec]
+
+
+def _writer(path: str, tag: int, n: int, barrier) -> None:
+    dag = matmul_relu()
+    state = split_state(dag, 4)
+    barrier.wait()
+    for i in range(n):
+        rec = make_record(dag, state, 1e-6 * (i + 1))
+        rec.error_msg = f"{tag}:{i}" + "x" * 20000
+        rec.costs = []
+        rec.error = int(ErrorCode.RUNTIME_DEVICE)
+        append_records(path, [rec])
+
+
+def test_concurrent_appends_never_interleave(tmp_path):
+    path = str(tmp_path / "log.jsonl")
+    ctx = mp.get_context("spawn")
+    barrier = ctx.Barrier(2)
+    procs = [ctx.Process(target=_writer, args=(path, tag, 200, barrier)) for tag in (0, 1)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loaded = load_records(path)
+    assert len(loaded) == 400
+    for tag in (0, 1):
+        mine = [r.error_msg.split("x")[0] for r in loaded if r.error_msg.startswith(f"{tag}:")]
+        assert mine == [f"{tag}:{i}" for i in range(200)]
+
+
+def test_best_records_by_workload_and_target():
+    dag, dag16 = matmul_relu(), matmul_relu(16)
+    recs = [
+        make_record(dag, split_state(dag, 4), 3e-5),
+        make_record(dag, split_state(dag, 8), 2e-5),
+        make_record(dag, split_state(dag, 2), 1e-6, error=ErrorCode.WRONG_ANSWER),
+        make_record(dag, split_state(dag, 16), 1e-5, target=OTHER_TARGET),
+        make_record(dag16, split_state(dag16, 4), 5e-6),
+    ]
+    best = best_records(recs)
+    assert set(best) == {
+        (dag.workload_key, str(TARGET)),
+        (dag.workload_key, str(OTHER_TARGET)),
+        (dag16.workload_key, str(TARGET)),
+    }
+    assert best[(dag.workload_key, str(TARGET))] is recs[1]
+
+
+def test_apply_best_exact_target_fingerprint_and_replay(tmp_path):
+    dag = matmul_relu()
+    other = matmul_relu(16)
+    stale = make_record(dag, split_state(dag, 2), 1e-7)
+    stale.steps = [["SP", 7, 0, 32, [2], 1]]
+    recs = [
+        make_record(dag, split_state(dag, 4), 3e-5),
+        make_record(dag, split_state(dag, 8), 2e-5),
+        make_record(dag, split_state(dag, 2), 1e-6, error=ErrorCode.WRONG_ANSWER),
+        make_record(dag, split_state(dag, 16), 1e-6, target=OTHER_TARGET),
+        make_record(other, split_state(other, 4), 1e-6),
+        stale,
+    ]
+    with pytest.warns(RecordWarning, match="no longer applies"):
+        state, rec = apply_best(recs, dag, TARGET)
+    assert rec is recs[1]
+    assert steps_to_json(state.steps) == steps_to_json(split_state(dag, 8).steps)
+    assert apply_best(recs, matmul_relu(8), TARGET) is None
+    assert apply_best(recs, dag, parse_target("llvm -mcpu=skylake-avx512")) is None
+
+    path = tmp_path / "log.jsonl"
+    append_results(path, dag, OTHER_TARGET, [split_state(dag, 16)], [MeasureResult([4e-6])])
+    state, rec = apply_best(path, dag, OTHER_TARGET)
+    assert rec.costs == [4e-6] and steps_to_json(state.steps) == steps_to_json(split_state(dag, 16).steps)
