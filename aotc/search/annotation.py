@@ -1,0 +1,492 @@
+"""Random annotation of sketches into complete programs (ANSOR.md §2.4), and the state dedup key.
+
+Each init rule is `rule(ctx, state, rng) -> State | None` (None: the sample is invalid). A sample is a
+sketch with every undefined split length filled, a compute location chosen for every untiled stage,
+outer loops fused and parallel, an auto-unroll pragma on reduction stages and the innermost spatial
+loops vectorized.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+import weakref
+from collections import OrderedDict
+from dataclasses import replace
+from functools import lru_cache
+
+from aotc.ir.expr import free_vars
+from aotc.ir.printer import func_str
+from aotc.ir.stmt import Allocate, For, ForKind, IfThenElse, LetStmt, PrimFunc, Seq, Stmt
+from aotc.schedule.lower import infer_bound, lower
+from aotc.schedule.state import Annotation, ComputeAtKind, IterKind, ScheduleError, State
+from aotc.schedule.steps import SplitStep, Step, effective_consumers, replay
+from aotc.search.sketch import (
+    SearchContext,
+    SearchParams,
+    has_reduce_iter,
+    is_complete,
+    is_tiled,
+    step_stage_names,
+)
+from aotc.target import Target
+from aotc.te.dag import ComputeDAG
+
+MAX_LANES = 64
+
+# ---- FillTileSize -----------------------------------------------------------------------------------
+
+
+@lru_cache(maxsize=4096)
+def divisors(n: int) -> tuple[int, ...]:
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return tuple(sorted(set(small + [n // d for d in small])))
+
+
+@lru_cache(maxsize=4096)
+def factorizations(extent: int, parts: int, max_innermost: int) -> tuple[tuple[int, ...], ...]:
+    """Every ordered tuple of `parts` positive ints with product `extent`, the last ≤ max_innermost."""
+    if parts == 1:
+        return ((extent,),) if extent <= max_innermost else ()
+    out = []
+    for d in divisors(extent):
+        out.extend((d, *rest) for rest in factorizations(extent // d, parts - 1, max_innermost))
+    return tuple(out)
+
+
+def _is_pow2(n: int) -> bool:
+    return n & (n - 1) == 0
+
+
+def vector_friendly(length: int, lanes: int) -> bool:
+    """A vector length that compiles well: within one register, or a power of two."""
+    return length <= lanes or _is_pow2(length)
+
+
+def sample_split_lengths(
+    extent: int, n_lengths: int, lanes: int, rng: random.Random, params: SearchParams
+) -> tuple[int, ...]:
+    """Inner lengths (outer to inner) of a split of `extent` into `n_lengths + 1` loops.
+
+    Mostly an exact factorization of the extent; with probability `non_divisor_prob` one of the extent
+    padded up to a multiple of a small power of two (the split then needs a tail guard).
+    """
+    total = extent
+    if extent > 1 and rng.random() < params.non_divisor_prob:
+        m = rng.choice((2, 4, 8, 16))
+        total = -(-extent // m) * m
+        if total == extent:
+            total = extent + m
+    choices = factorizations(total, n_lengths + 1, params.max_innermost_split_factor)
+    if not choices:
+        return (1,) * n_lengths
+    pick = choices[rng.randrange(len(choices))]
+    if not vector_friendly(pick[-1], lanes) and rng.random() < 0.8:
+        good = [c for c in choices if vector_friendly(c[-1], lanes)]
+        if good:
+            pick = good[rng.randrange(len(good))]
+    return tuple(pick[1:])
+
+
+def fill_tile_sizes(ctx: SearchContext, state: State, rng: random.Random) -> State | None:
+    """InitFillTileSize: sample every undefined split length, then replay the steps."""
+    steps = list(state.steps)
+    names = step_stage_names(state.dag, steps)
+    dtypes = {st.name: st.op.dtype for st in state.stages if not st.is_placeholder}
+    changed = False
+    for i, step in enumerate(steps):
+        if not isinstance(step, SplitStep) or all(v is not None for v in step.lengths):
+            continue
+        if step.extent is None:
+            return None
+        lanes = ctx.lanes(dtypes.get(names[i], "float32"))
+        lengths = sample_split_lengths(step.extent, len(step.lengths), lanes, rng, ctx.params)
+        steps[i] = replace(step, lengths=lengths)
+        changed = True
+    if not changed:
+        return state
+    try:
+        return replay(state.dag, steps)
+    except ScheduleError:
+        return None
+
+
+# ---- ChangeComputeLocation --------------------------------------------------------------------------
+
+
+def _attached_at(state: State, stage_id: int) -> dict[int, list[int]]:
+    """Iterator uid of `stage_id` -> stages computed at it."""
+    out: dict[int, list[int]] = {}
+    for i, st in enumerate(state.stages):
+        if st.compute_at == ComputeAtKind.ITER and st.attach is not None and st.attach[0] == stage_id:
+            out.setdefault(st.attach[1], []).append(i)
+    return out
+
+
+def single_consumer_root(state: State, stage_id: int) -> int | None:
+    """The single consumer, or the common stage all consumers are (computed at) under (GetSingleConsumerId)."""
+    consumers = effective_consumers(state, stage_id)
+    if not consumers:
+        return None
+    if len(consumers) == 1:
+        return consumers[0]
+    roots = set()
+    for c in consumers:
+        st = state.stages[c]
+        roots.add(st.attach[0] if st.compute_at == ComputeAtKind.ITER and st.attach else c)
+    return roots.pop() if len(roots) == 1 else None
+
+
+def compute_location_candidates(state: State, stage_id: int) -> list[tuple[int, int]]:
+    """(target stage, iterator position) pairs where the stage may be computed (utils.cc:68)."""
+    tid = single_consumer_root(state, stage_id)
+    if tid is None:
+        return []
+    target = state.stages[tid]
+    attached = _attached_at(state, tid)
+    target_attached = target.compute_at == ComputeAtKind.ITER and target.attach is not None
+    tiled = is_tiled(state, tid)
+    out: list[tuple[int, int]] = []
+    seen_reduce = False
+    for pos, it in enumerate(target.iters):
+        if it.kind == IterKind.REDUCE:
+            seen_reduce = True
+            if not tiled:
+                break
+        elif it.kind == IterKind.SPATIAL and seen_reduce:
+            break
+        if it.annotation in (Annotation.UNROLL, Annotation.VECTORIZE):
+            break
+        if it.extent == 1:
+            continue
+        if target_attached and it.kind == IterKind.SPATIAL and it.name.endswith(".0"):
+            continue
+        out.append((tid, pos))
+        if it.uid in attached:
+            break
+    if target_attached:
+        ttid = target.attach[0]  # type: ignore[index]
+        outer = state.stages[ttid]
+        outer_attached = _attached_at(state, ttid)
+        for pos, it in enumerate(outer.iters):
+            if it.kind == IterKind.REDUCE or it.uid in outer_attached:
+                break
+            if it.annotation in (Annotation.UNROLL, Annotation.VECTORIZE):
+                break
+            if it.extent == 1:
+                continue
+            out.append((ttid, pos))
+    return out
+
+
+def location_is_tunable(ctx: SearchContext, state: State, stage_id: int) -> bool:
+    """Compute stages whose location the search samples: not outputs, not tiled, needing no tiling,
+    and not strictly inlineable (the AlwaysInline sketch rule decides those)."""
+    st = state.stages[stage_id]
+    if st.is_placeholder or st.op in state.outputs or is_tiled(state, stage_id):
+        return False
+    analysis = ctx.analysis(state, stage_id)
+    return not analysis.needs_multi_level_tiling and not analysis.is_strictly_inlineable
+
+
+def location_options(state: State, stage_id: int) -> list[Step]:
+    """Every compute-location step for a stage: inline (if legal), root, or one candidate loop."""
+    from aotc.schedule.steps import ComputeAtStep, ComputeInlineStep, ComputeRootStep
+
+    opts: list[Step] = []
+    nothing_attached = not any(st.attach is not None and st.attach[0] == stage_id for st in state.stages)
+    if not has_reduce_iter(state, stage_id) and nothing_attached:
+        opts.append(ComputeInlineStep(stage_id))
+    opts.append(ComputeRootStep(stage_id))
+    opts.extend(
+        ComputeAtStep(stage_id, tid, pos) for tid, pos in compute_location_candidates(state, stage_id)
+    )
+    return opts
+
+
+def change_compute_location(ctx: SearchContext, state: State, rng: random.Random) -> State | None:
+    """InitChangeComputeLocation: a random location for every stage whose location is tunable."""
+    for sid in reversed(range(len(state.stages))):
+        st = state.stages[sid]
+        if st.compute_at == ComputeAtKind.INLINED or not location_is_tunable(ctx, state, sid):
+            continue
+        opts = location_options(state, sid)
+        try:
+            state = state.apply(opts[rng.randrange(len(opts))])
+        except ScheduleError:
+            return None
+    return state
+
+
+# ---- Parallel ---------------------------------------------------------------------------------------
+
+
+def annotate_parallel(ctx: SearchContext, state: State, rng: random.Random) -> State | None:
+    """InitParallel: fuse the outer spatial loops of every root stage and run them in parallel."""
+    try:
+        state = infer_bound(state)
+    except ScheduleError:
+        return None
+    for sid, st in enumerate(state.stages):
+        if st.is_placeholder or st.compute_at != ComputeAtKind.ROOT:
+            continue
+        state = _parallel_from(ctx, state, sid, 0)
+    return state
+
+
+def _parallel_from(ctx: SearchContext, state: State, sid: int, offset: int) -> State:
+    st = state.stages[sid]
+    attached = _attached_at(state, sid)
+    limit = ctx.params.parallel_per_core * ctx.num_cores
+    n, degree = 0, 1
+    for it in st.iters[offset:]:
+        if it.kind != IterKind.SPATIAL or it.annotation != Annotation.NONE:
+            break
+        n += 1
+        degree *= it.extent or 1
+        if degree > limit or it.uid in attached:
+            break
+    if n == 0:
+        return state
+    last = st.iters[offset + n - 1]
+    if degree == 1:
+        if last.uid not in attached:
+            return state
+        for child in attached[last.uid]:
+            state = _parallel_from(ctx, state, child, 0)
+        return _parallel_from(ctx, state, sid, offset + n)
+    if n > 1:
+        state = state.fuse(sid, list(range(offset, offset + n)))
+    return state.parallel(sid, offset)
+
+
+# ---- Unroll and vectorization -----------------------------------------------------------------------
+
+
+def annotate_unroll(ctx: SearchContext, state: State, rng: random.Random) -> State | None:
+    """InitUnroll: an auto_unroll_max_step pragma with a random step on every reduction stage."""
+    for sid, st in enumerate(state.stages):
+        if st.is_placeholder or st.compute_at == ComputeAtKind.INLINED or not st.iters:
+            continue
+        if has_reduce_iter(state, sid):
+            n = ctx.params.unroll_steps[rng.randrange(len(ctx.params.unroll_steps))]
+            state = state.pragma(sid, 0, f"auto_unroll_max_step${n}")
+    return state
+
+
+def annotate_vectorize(ctx: SearchContext, state: State, rng: random.Random) -> State | None:
+    """InitVectorization: fuse 1..k of the k innermost vectorizable loops (all k allowed) and vectorize.
+
+    Vectorizable: spatial, unannotated, not an attach point, the fused length within two registers
+    and compiling well (one register or a power of two); a tiled stage only offers its innermost loop.
+    """
+    for sid, st in enumerate(state.stages):
+        if st.is_placeholder or st.compute_at == ComputeAtKind.INLINED:
+            continue
+        lanes = ctx.lanes(st.op.dtype)
+        limit = min(MAX_LANES, 2 * lanes)
+        attached = _attached_at(state, sid)
+        tiled = is_tiled(state, sid)
+        lengths: list[int] = []
+        prod = 1
+        for it in reversed(st.iters):
+            if it.uid in attached or it.kind != IterKind.SPATIAL or it.annotation != Annotation.NONE:
+                break
+            if (tiled and lengths) or it.extent is None:
+                break
+            prod *= it.extent
+            if prod > limit:
+                break
+            lengths.append(prod)
+        counts = [k for k, p in enumerate(lengths, 1) if p > 1 and vector_friendly(p, lanes)]
+        if not counts:
+            continue
+        k = counts[rng.randrange(len(counts))]
+        last = len(st.iters) - 1
+        if k > 1:
+            state = state.fuse(sid, list(range(last - k + 1, last + 1)))
+            last -= k - 1
+        state = state.vectorize(sid, last)
+    return state
+
+
+CPU_INIT_RULES = (
+    fill_tile_sizes,
+    change_compute_location,
+    annotate_parallel,
+    annotate_unroll,
+    annotate_vectorize,
+)
+
+
+def sample_state(ctx: SearchContext, sketch: State, rng: random.Random, rules=CPU_INIT_RULES) -> State | None:
+    """One random complete program from a sketch, or None if a rule failed."""
+    state: State | None = sketch
+    for rule in rules:
+        try:
+            state = rule(ctx, state, rng)  # type: ignore[arg-type]
+        except ScheduleError:
+            return None
+        if state is None:
+            return None
+    return state
+
+
+def sample_initial_population(
+    dag: ComputeDAG,
+    sketches: list[State],
+    n: int,
+    rng: random.Random,
+    target: Target,
+    params: SearchParams | None = None,
+) -> list[State]:
+    """Up to `n` valid programs with distinct loop text, sampled from random sketches.
+
+    Stops early when `max(50, n // 4)` samples in a row add nothing new (a small search space).
+    """
+    ctx = SearchContext(dag, target, params or SearchParams())
+    out: list[State] = []
+    seen: set[str] = set()
+    stall = 0
+    stall_limit = max(50, n // 4)
+    while len(out) < n and sketches and stall < stall_limit:
+        stall += 1
+        state = sample_state(ctx, sketches[rng.randrange(len(sketches))], rng)
+        if state is None:
+            continue
+        key = state_key(state)
+        if key is None or key in seen:
+            continue
+        seen.add(key)
+        out.append(state)
+        stall = 0
+    return out
+
+
+# ---- validity and the dedup key ---------------------------------------------------------------------
+
+
+def loop_error(func: PrimFunc) -> str | None:
+    """Why codegen would reject the loop program (nested parallel, bad vector loops), or None."""
+    return _loop_error(func.body, None, False)
+
+
+def _loop_error(s: Stmt, vec: For | None, par: bool) -> str | None:
+    if isinstance(s, For):
+        if s.kind == ForKind.THREAD_BINDING:
+            return f"thread binding {s.thread_tag} on a CPU"
+        if s.kind == ForKind.PARALLEL:
+            if vec is not None:
+                return f"parallel loop {s.var.name} inside vectorized loop {vec.var.name}"
+            if par:
+                return f"nested parallel loop {s.var.name}"
+            return _loop_error(s.body, vec, True)
+        if vec is not None and vec.var in free_vars(s.extent):
+            return f"extent of {s.var.name} varies across the lanes of {vec.var.name}"
+        if s.kind == ForKind.VECTORIZED and s.max_extent > 1:
+            if vec is not None:
+                return f"vectorized loop {s.var.name} inside vectorized loop {vec.var.name}"
+            if s.max_extent > MAX_LANES:
+                return f"vectorized loop {s.var.name} has {s.max_extent} lanes"
+            return _loop_error(s.body, s, par)
+        return _loop_error(s.body, vec, par)
+    if isinstance(s, Allocate):
+        if vec is not None:
+            return f"allocation of {s.buffer.name} inside vectorized loop {vec.var.name}"
+        return _loop_error(s.body, vec, par)
+    if isinstance(s, Seq):
+        for c in s.stmts:
+            err = _loop_error(c, vec, par)
+            if err:
+                return err
+        return None
+    if isinstance(s, IfThenElse):
+        return _loop_error(s.then_case, vec, par) or (
+            _loop_error(s.else_case, vec, par) if s.else_case is not None else None
+        )
+    if isinstance(s, LetStmt):
+        return _loop_error(s.body, vec, par)
+    return None
+
+
+class _Cache:
+    """Per-DAG caches keyed by a state's steps: dedup keys (bounded) and recent lowered functions."""
+
+    def __init__(self, max_keys: int = 200_000, max_funcs: int = 2048):
+        self.keys: dict = {}
+        self.funcs: OrderedDict = OrderedDict()
+        self.max_keys = max_keys
+        self.max_funcs = max_funcs
+
+
+_MISSING = object()
+_CACHES: weakref.WeakKeyDictionary[ComputeDAG, _Cache] = weakref.WeakKeyDictionary()
+
+
+def _cache(state: State) -> _Cache:
+    c = _CACHES.get(state.dag)
+    if c is None:
+        c = _CACHES[state.dag] = _Cache()
+    return c
+
+
+def lowered(state: State) -> PrimFunc | None:
+    """`lower(state)` if it is a valid program for codegen, else None; recent results are cached."""
+    cache = _cache(state)
+    steps = state.steps
+    func = cache.funcs.get(steps)
+    if func is not None:
+        cache.funcs.move_to_end(steps)
+        return func
+    if cache.keys.get(steps, _MISSING) is None:
+        return None
+    func = _lower_valid(state)
+    _remember_key(cache, steps, None if func is None else _digest(func))
+    if func is not None:
+        cache.funcs[steps] = func
+        if len(cache.funcs) > cache.max_funcs:
+            cache.funcs.popitem(last=False)
+    return func
+
+
+def _lower_valid(state: State) -> PrimFunc | None:
+    if not is_complete(state):
+        return None
+    try:
+        func = lower(state, "kernel")
+    except ScheduleError:
+        return None
+    return None if loop_error(func) else func
+
+
+def _digest(func: PrimFunc) -> str:
+    return hashlib.sha1(func_str(func).encode()).hexdigest()
+
+
+def _remember_key(cache: _Cache, steps, key: str | None) -> None:
+    if len(cache.keys) >= cache.max_keys:
+        cache.keys.clear()
+    cache.keys[steps] = key
+
+
+def state_key(state: State) -> str | None:
+    """Dedup key: sha1 of the lowered loop text (`func_str(lower(state))`); None for an invalid state.
+
+    Two step histories that lower to the same loops share a key. Cached per DAG by the steps.
+    """
+    cache = _cache(state)
+    key = cache.keys.get(state.steps, _MISSING)
+    if key is not _MISSING:
+        return key  # type: ignore[return-value]
+    func = lowered(state)
+    return None if func is None else cache.keys[state.steps]
+
+
+def is_valid(state: State) -> bool:
+    return state_key(state) is not None
+
+
+def prune_invalid(states: list[State]) -> list[State]:
+    """Drop sketches and states that fail to lower or that codegen would reject."""
+    return [s for s in states if is_valid(s)]

@@ -1,0 +1,401 @@
+"""Sketch generation (ANSOR.md §2.1-2.3): derivation rules that turn a DAG into loop-structure sketches.
+
+A sketch is a State whose split lengths are still undefined (None). Rules are tried on (state, stage)
+pairs from the last stage to the first; each rule says whether it applies and returns the successor
+states with the stage to visit next.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from enum import Enum
+
+import numpy as np
+
+from aotc.schedule.state import ComputeAtKind, IterKind, SplitRel, State
+from aotc.schedule.steps import RfactorStep, SplitStep, effective_consumers, replay
+from aotc.schedule.tiling import follow_tiling, multi_level_tile
+from aotc.target import Target
+from aotc.te.dag import ComputeDAG, OpAnalysis, reads_of
+from aotc.te.tensor import ComputeOp
+
+
+@dataclass(frozen=True)
+class SearchParams:
+    """Policy parameters (ANSOR.md §3.1, CPU values)."""
+
+    structure: str = "SSRSRS"
+    fusion_levels: tuple[int, ...] = (1, 2)
+    max_innermost_split_factor: int = 64
+    non_divisor_prob: float = 0.2
+    unroll_steps: tuple[int, ...] = (0, 16, 64, 512)
+    parallel_per_core: int = 16
+
+
+@dataclass
+class SearchContext:
+    """What every rule needs: the task's DAG, its target and the policy parameters."""
+
+    dag: ComputeDAG
+    target: Target
+    params: SearchParams = field(default_factory=SearchParams)
+    _analyses: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def num_cores(self) -> int:
+        return max(1, self.target.hw.num_cores)
+
+    def lanes(self, dtype: str) -> int:
+        """Elements of `dtype` in one vector register."""
+        return max(1, self.target.hw.vector_bytes // np.dtype(dtype).itemsize)
+
+    def analysis(self, state: State, stage_id: int) -> OpAnalysis:
+        """Access analysis of a stage's op in the state's current DAG (cache_write/rfactor change it)."""
+        op = state.stages[stage_id].op
+        if op in self.dag.analysis:
+            return self.dag.analysis[op]
+        key = tuple(st.op for st in state.stages)
+        dag = self._analyses.get(key)
+        if dag is None:
+            if len(self._analyses) > 256:
+                self._analyses.clear()
+            dag = self._analyses[key] = ComputeDAG(state.outputs)
+        return dag.analysis[op]
+
+
+class Condition(Enum):
+    SKIP = 0
+    APPLY = 1
+    APPLY_AND_SKIP_REST = 2
+
+
+# ---- predicates shared by the rules (search_policy/utils.h) ----------------------------------------
+
+
+def has_reduce_iter(state: State, stage_id: int) -> bool:
+    return any(it.kind != IterKind.SPATIAL for it in state.stages[stage_id].iters)
+
+
+def is_tiled(state: State, stage_id: int) -> bool:
+    return any(isinstance(r, SplitRel) for r in state.stages[stage_id].relations)
+
+
+def needs_multi_level_tiling(ctx: SearchContext, state: State, stage_id: int) -> bool:
+    st = state.stages[stage_id]
+    return isinstance(st.op, ComputeOp) and ctx.analysis(state, stage_id).needs_multi_level_tiling
+
+
+def has_cache_write_stage(state: State, stage_id: int) -> bool:
+    """The stage is the `.local` cache of the stage after it."""
+    nxt = stage_id + 1
+    return nxt < len(state.stages) and state.stages[stage_id].name == state.stages[nxt].name + ".local"
+
+
+def single_consumer(state: State, stage_id: int) -> int | None:
+    consumers = effective_consumers(state, stage_id)
+    return consumers[0] if len(consumers) == 1 else None
+
+
+def elementwise_match(state: State, producer: int, consumer: int) -> bool:
+    """The consumer reads the producer at its own axes, through a chain of inlined element-wise stages."""
+    stages = state.stages
+    target = stages[consumer].op
+    cur = stages[producer].op
+    while cur is not target:
+        readers = _readers_of(state, cur)
+        if len(readers) != 1:
+            return False
+        nxt = stages[readers[0]]
+        if not isinstance(nxt.op, ComputeOp) or tuple(nxt.op.shape) != tuple(cur.shape):
+            return False
+        axes = [a.var for a in nxt.op.axes]
+        if any(r.tensor is cur and list(r.indices) != axes for r in reads_of(nxt.op)):
+            return False
+        if nxt.op is not target and nxt.compute_at != ComputeAtKind.INLINED:
+            return False
+        cur = nxt.op
+    return True
+
+
+def _readers_of(state: State, op) -> list[int]:
+    return [
+        i
+        for i, st in enumerate(state.stages)
+        if isinstance(st.op, ComputeOp) and any(r.tensor is op for r in reads_of(st.op))
+    ]
+
+
+def single_elementwise_consumer(state: State, stage_id: int) -> int | None:
+    """Ansor's HasSingleElementwiseMatchedConsumer: the consumer to fuse a tiled stage into."""
+    cid = single_consumer(state, stage_id)
+    if cid is None or not elementwise_match(state, stage_id, cid):
+        return None
+    if has_reduce_iter(state, stage_id) and has_reduce_iter(state, cid):
+        return None
+    if state.stages[cid].name.endswith(".shared"):
+        return None
+    return cid
+
+
+def space_and_reduce_length(state: State, stage_id: int) -> tuple[int, int]:
+    space = reduce = 1
+    for it in state.stages[stage_id].iters:
+        ext = it.extent or 1
+        if it.kind == IterKind.SPATIAL:
+            space *= ext
+        else:
+            reduce *= ext
+    return space, reduce
+
+
+def needs_rfactor(ctx: SearchContext, state: State, stage_id: int) -> bool:
+    st = state.stages[stage_id]
+    if not isinstance(st.op, ComputeOp) or not st.op.reduce_axes:
+        return False
+    space, reduce = space_and_reduce_length(state, stage_id)
+    if needs_multi_level_tiling(ctx, state, stage_id):
+        return space <= reduce and space <= ctx.params.parallel_per_core * ctx.num_cores
+    return reduce > ctx.num_cores
+
+
+# ---- the rules --------------------------------------------------------------------------------------
+
+
+class SketchRule:
+    """One derivation rule: `meets` decides, `apply` returns (state, next stage id) pairs."""
+
+    name = "rule"
+
+    def meets(self, ctx: SearchContext, state: State, stage_id: int) -> Condition:
+        raise NotImplementedError
+
+    def apply(self, ctx: SearchContext, state: State, stage_id: int) -> list[tuple[State, int]]:
+        raise NotImplementedError
+
+
+class SkipStage(SketchRule):
+    name = "SkipStage"
+
+    def meets(self, ctx, state, stage_id):
+        return Condition.APPLY
+
+    def apply(self, ctx, state, stage_id):
+        return [(state, stage_id - 1)]
+
+
+class AlwaysInline(SketchRule):
+    name = "AlwaysInline"
+
+    def meets(self, ctx, state, stage_id):
+        st = state.stages[stage_id]
+        if st.is_placeholder or st.op in state.outputs or has_reduce_iter(state, stage_id):
+            return Condition.SKIP
+        if st.compute_at == ComputeAtKind.INLINED:
+            return Condition.SKIP
+        inlineable = ctx.analysis(state, stage_id).is_strictly_inlineable
+        return Condition.APPLY_AND_SKIP_REST if inlineable else Condition.SKIP
+
+    def apply(self, ctx, state, stage_id):
+        return [(state.compute_inline(stage_id), stage_id - 1)]
+
+
+class AddRfactor(SketchRule):
+    """Fuse the reduce iterators, split by a placeholder 1, rfactor the outer or the inner part."""
+
+    name = "AddRfactor"
+
+    def meets(self, ctx, state, stage_id):
+        if needs_rfactor(ctx, state, stage_id) and not has_cache_write_stage(state, stage_id):
+            return Condition.APPLY
+        return Condition.SKIP
+
+    def apply(self, ctx, state, stage_id):
+        st = state.stages[stage_id]
+        n_sp = sum(1 for it in st.iters if it.kind == IterKind.SPATIAL)
+        red = [i for i, it in enumerate(st.iters) if it.kind == IterKind.REDUCE]
+        if red != list(range(n_sp, len(st.iters))):
+            return []
+        base = state.fuse(stage_id, red) if len(red) > 1 else state
+        base = base.split(stage_id, n_sp, [1])
+        out = []
+        for part in (n_sp, n_sp + 1):
+            s = base.rfactor(stage_id, part, n_sp)
+            if part == n_sp + 1:
+                n_iters = len(s.stages[stage_id].iters)
+                s = s.reorder(stage_id, [i for i in range(n_iters) if i != n_sp] + [n_sp])
+            out.append((s, stage_id - 1))
+        return out
+
+
+class AddCacheWrite(SketchRule):
+    name = "AddCacheWrite"
+
+    def meets(self, ctx, state, stage_id):
+        if (
+            needs_multi_level_tiling(ctx, state, stage_id)
+            and single_elementwise_consumer(state, stage_id) is None
+        ):
+            return Condition.APPLY
+        return Condition.SKIP
+
+    def apply(self, ctx, state, stage_id):
+        return [(state.cache_write(stage_id, "local"), stage_id)]
+
+
+class MultiLevelTilingWithFusion(SketchRule):
+    """Tile the stage and compute it at tiling level L of its single element-wise consumer."""
+
+    name = "MultiLevelTilingWithFusion"
+
+    def meets(self, ctx, state, stage_id):
+        if not needs_multi_level_tiling(ctx, state, stage_id) or is_tiled(state, stage_id):
+            return Condition.SKIP
+        if single_elementwise_consumer(state, stage_id) is None:
+            return Condition.SKIP
+        if has_cache_write_stage(state, stage_id):
+            return Condition.APPLY_AND_SKIP_REST
+        return Condition.APPLY
+
+    def apply(self, ctx, state, stage_id):
+        cid = single_elementwise_consumer(state, stage_id)
+        assert cid is not None
+        structure = ctx.params.structure
+        base, spatial = multi_level_tile(state, stage_id, structure)
+        out = []
+        for level in ctx.params.fusion_levels:
+            if structure[level - 1] != "S":
+                continue
+            s, at = follow_tiling(base, cid, spatial, level)
+            out.append((s.compute_at(stage_id, cid, at), stage_id - 1))
+        return out
+
+
+class MultiLevelTiling(SketchRule):
+    name = "MultiLevelTiling"
+
+    def meets(self, ctx, state, stage_id):
+        if needs_multi_level_tiling(ctx, state, stage_id) and not is_tiled(state, stage_id):
+            return Condition.APPLY_AND_SKIP_REST
+        return Condition.SKIP
+
+    def apply(self, ctx, state, stage_id):
+        s, _ = multi_level_tile(state, stage_id, ctx.params.structure)
+        return [(s, stage_id - 1)]
+
+
+CPU_RULES: tuple[SketchRule, ...] = (
+    AlwaysInline(),
+    AddRfactor(),
+    AddCacheWrite(),
+    MultiLevelTilingWithFusion(),
+    MultiLevelTiling(),
+    SkipStage(),
+)
+
+
+# ---- derivation -------------------------------------------------------------------------------------
+
+
+def derive_sketches(
+    ctx: SearchContext, rules: tuple[SketchRule, ...] = CPU_RULES, max_sketches: int = 1000
+) -> list[State]:
+    """ANSOR.md §2.1: breadth-first application of the rules from the last stage to the first."""
+    frontier = [(State.initial(ctx.dag), len(ctx.dag.ops) - 1)]
+    done: list[State] = []
+    while frontier:
+        nxt: list[tuple[State, int]] = []
+        for state, sid in frontier:
+            if sid < 0:
+                done.append(state)
+                continue
+            for rule in rules:
+                cond = rule.meets(ctx, state, sid)
+                if cond == Condition.SKIP:
+                    continue
+                nxt.extend(rule.apply(ctx, state, sid))
+                if cond == Condition.APPLY_AND_SKIP_REST:
+                    break
+        frontier = nxt
+        if len(done) + len(frontier) > max_sketches:
+            raise RuntimeError(f"more than {max_sketches} sketches for {ctx.dag}")
+    return [reset_rfactor_splits(s) for s in done]
+
+
+def is_complete(state: State) -> bool:
+    """No split length is undefined, neither in the stages nor in the steps (rfactor sketches)."""
+    return state.concrete and not any(isinstance(s, SplitStep) and None in s.lengths for s in state.steps)
+
+
+def reset_rfactor_splits(state: State) -> State:
+    """Make the placeholder length of every split step right before an rfactor undefined again."""
+    steps = list(state.steps)
+    for i in range(1, len(steps)):
+        prev = steps[i - 1]
+        if isinstance(steps[i], RfactorStep) and isinstance(prev, SplitStep):
+            steps[i - 1] = replace(prev, lengths=(None,) * len(prev.lengths))
+    return replace(state, steps=tuple(steps))
+
+
+def stage_names_after_step(names: list[str], step) -> list[str]:
+    """Stage names after a step that may insert a stage (cache_read/cache_write/rfactor)."""
+    tag = step.tag
+    if tag == "CHW":
+        return (
+            names[: step.stage_id] + [names[step.stage_id] + "." + step.scope_name] + names[step.stage_id :]
+        )
+    if tag == "RF":
+        return names[: step.stage_id] + [names[step.stage_id] + ".rf"] + names[step.stage_id :]
+    if tag == "CHR":
+        at = step.stage_id + 1
+        return names[:at] + [names[step.stage_id] + "." + step.scope_name] + names[at:]
+    return names
+
+
+def step_stage_names(dag: ComputeDAG, steps) -> list[str]:
+    """The name of the stage each step touches (stable across stage insertions)."""
+    names = [op.name for op in dag.ops]
+    out = []
+    for step in steps:
+        out.append(names[step.stage_id])
+        names = stage_names_after_step(names, step)
+    return out
+
+
+_SKETCH_CACHE: dict[tuple[str, str], tuple[ComputeDAG, list[State]]] = {}
+
+
+def generate_sketches(dag: ComputeDAG, target: Target, params: SearchParams | None = None) -> list[State]:
+    """All CPU sketches of `dag`, cached per (workload key, target)."""
+    params = params or SearchParams()
+    key = (dag.workload_key, f"{target}|{target.hw}|{params}")
+    hit = _SKETCH_CACHE.get(key)
+    if hit is not None and hit[0] is dag:
+        return list(hit[1])
+    if hit is not None:
+        sketches = [rebuild_sketch(dag, s.steps) for s in hit[1]]
+    else:
+        sketches = derive_sketches(SearchContext(dag, target, params))
+    _SKETCH_CACHE[key] = (dag, sketches)
+    return list(sketches)
+
+
+def rebuild_sketch(dag: ComputeDAG, steps) -> State:
+    """Replay sketch steps on another DAG object of the same workload (placeholder lengths for rfactor)."""
+    filled = list(steps)
+    for i in range(1, len(filled)):
+        prev = filled[i - 1]
+        if isinstance(filled[i], RfactorStep) and isinstance(prev, SplitStep):
+            filled[i - 1] = replace(prev, lengths=(1,) * len(prev.lengths))
+    return reset_rfactor_splits(replay(dag, filled))
+
+
+def sketch_signature(state: State) -> tuple:
+    """The step records of a state with split lengths blanked: equal for states of one sketch prefix."""
+    return tuple(_blank(s) for s in state.steps)
+
+
+def _blank(step) -> tuple:
+    rec = step.to_record()
+    if rec[0] == "SP":
+        rec[4] = len(rec[4])
+    return tuple(tuple(v) if isinstance(v, list) else v for v in rec)
