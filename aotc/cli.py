@@ -28,6 +28,14 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--output", type=Path, help="directory to write each output as NAME.npy")
     r.add_argument("--threads", type=int)
 
+    t = sub.add_parser("tune-op", help="tune one named operator and print its best GFLOP/s")
+    t.add_argument("op", help="matmul, dense, conv2d, conv2d_relu, depthwise, softmax")
+    t.add_argument("--shape", help="comma-separated shape parameters (see the operator's defaults)")
+    t.add_argument("--trials", type=int, default=200)
+    t.add_argument("--records", type=Path, help="JSON-lines record log to append to (and resume from)")
+    t.add_argument("--target", default="llvm -mcpu=native")
+    t.add_argument("--seed", type=int, default=0)
+
     i = sub.add_parser("inspect", help="describe a package: inputs, outputs, kernels, sizes, provenance")
     i.add_argument("package", type=Path)
 
@@ -43,9 +51,14 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        return {"build": cmd_build, "run": cmd_run, "inspect": cmd_inspect, "validate": cmd_validate}[
-            args.command
-        ](args)
+        commands = {
+            "build": cmd_build,
+            "run": cmd_run,
+            "inspect": cmd_inspect,
+            "validate": cmd_validate,
+            "tune-op": cmd_tune_op,
+        }
+        return commands[args.command](args)
     except KeyboardInterrupt:
         print("aotc: interrupted", file=sys.stderr)
         return 130
@@ -106,6 +119,25 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"{name}: {value.dtype}{list(value.shape)}  min {value.min():.6g}  max {value.max():.6g}")
         if args.output:
             np.save(args.output / f"{name}.npy", value)
+    return OK
+
+
+def cmd_tune_op(args: argparse.Namespace) -> int:
+    from aotc.search.task import tune_workload
+    from aotc.target import parse_target
+
+    shape = None if args.shape is None else [int(v) for v in args.shape.split(",") if v.strip()]
+    task, result = tune_workload(
+        args.op, shape, parse_target(args.target), args.trials, args.records, args.seed
+    )
+    if result.best_state is None:
+        print(f"{task.name}: no valid candidate in {result.trials} trials")
+        return BUILD_ERROR
+    split = ", ".join(f"{k} {v:.1f} s" for k, v in result.seconds.items())
+    print(
+        f"{task.name}: best {result.gflops(task.dag.flop_count):.2f} GFLOP/s ({result.best_cost * 1e3:.4f} ms) in {result.trials} trials"
+    )
+    print(f"time: {split}")
     return OK
 
 
