@@ -116,7 +116,9 @@ def test_wrong_kernels_are_caught(dag, measurer):
     writes_nothing = dataclasses.replace(naive_func(dag), body=Seq(()))
     results = measurer.measure_funcs([no_relu, writes_nothing, naive_func(dag)])
     assert [r.error for r in results] == [ErrorCode.WRONG_ANSWER, ErrorCode.WRONG_ANSWER, ErrorCode.NO_ERROR]
-    assert "output relu: " in results[0].error_msg and "differ from the naive schedule" in results[0].error_msg
+    assert (
+        "output relu: " in results[0].error_msg and "differ from the naive schedule" in results[0].error_msg
+    )
     assert f"{32 * 32} of {32 * 32} elements differ" in results[1].error_msg
 
 
