@@ -3,6 +3,8 @@
 import pathlib
 import sys
 
+import pytest
+
 BENCH = pathlib.Path(__file__).parent.parent / "benchmarks"
 
 
@@ -23,3 +25,9 @@ def test_kernel_benchmark_quick_run(capsys):
 def test_e2e_benchmark_quick_run(capsys):
     assert _import("e2e").main(["--quick", "--models", "mlp"]) == 0
     assert "mlp" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_tuning_benchmark_quick_run(capsys):
+    assert _import("tuning").main(["--quick"]) == 0
+    assert "gemm 128^3" in capsys.readouterr().out
