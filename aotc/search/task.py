@@ -172,10 +172,17 @@ class SearchTask:
             else "   (none valid)"
         )
         errors = f"  {info.errors} errors" if info.errors else ""
+        bar = progress_bar(info.trials, trials) + " " if sys.stdout.isatty() else ""
         return (
-            f"[{self.name}] round {info.round:3d}  trials {info.trials:5d}/{trials}  best {best}"
+            f"[{self.name}] {bar}round {info.round:3d}  trials {info.trials:5d}/{trials}  best {best}"
             f"  ({info.best_cost * 1e3:.4f} ms)  elapsed {info.elapsed:6.1f} s{errors}"
         )
+
+
+def progress_bar(done: int, total: int, width: int = 24) -> str:
+    """`[#########...............]` for a terminal."""
+    filled = min(width, round(width * done / total)) if total else width
+    return "[" + "#" * filled + "." * (width - filled) + "]"
 
 
 def _default_model() -> CostModel:
