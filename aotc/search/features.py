@@ -703,19 +703,18 @@ def state_key(state: State) -> str:
     return state.dag.workload_key + json.dumps(steps_to_json(state.steps), separators=(",", ":"))
 
 
-def state_features(state: State, name: str = "k") -> np.ndarray:
-    """Features of `lower(state, name)` (LRU-cached by workload key and steps); a state that does
-    not lower gives an empty [0, 164] matrix."""
+def state_features(state: State) -> np.ndarray:
+    """Features of the state's lowered program (sharing the search's lowering cache; LRU-cached by
+    workload key and steps); a state that is not a valid program gives an empty [0, 164] matrix."""
     key = state_key(state)
     got = _CACHE.get(key)
     if got is not None:
         _CACHE.move_to_end(key)
         return got
-    from aotc.schedule.lower import lower
+    from aotc.search.annotation import lowered
 
-    try:
-        func = lower(state, name)
-    except Exception:
+    func = lowered(state)
+    if func is None:
         feats = np.zeros((0, N_FEATURES), dtype=np.float32)
     else:
         steps = {st.op.name: st.auto_unroll_max_step for st in state.stages if not st.is_placeholder}
