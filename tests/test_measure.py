@@ -92,6 +92,13 @@ def test_valid_states_are_timed(dag, measurer):
     assert sum(r.run_seconds for r in results) <= batch.run_seconds
 
 
+def test_candidates_slower_than_the_cutoff_get_one_checked_run(dag, measurer):
+    states = [tiled_state(dag), random_state(dag, 1)]
+    results = measurer.measure(states, cutoff_seconds=0.0)
+    assert all(r.error == ErrorCode.NO_ERROR and len(r.costs) == 1 for r in results)
+    assert all(len(r.costs) == 2 for r in measurer.measure(states, cutoff_seconds=1e9))
+
+
 def test_invalid_steps_are_instantiation_errors_in_order(dag, measurer):
     bad_stage = dataclasses.replace(State.initial(dag), steps=(AnnotationStep(9, 0, Annotation.PARALLEL),))
     sketch = State.initial(dag).split(2, 0, [None])

@@ -442,8 +442,10 @@ class _Bench:
         if self.inputs:
             self.inputs[0].sum()
 
-    def run(self, path: str) -> tuple[ErrorCode, str, list[float]]:
+    def run(self, request: tuple[str, float | None]) -> tuple[ErrorCode, str, list[float]]:
         from aotc.codegen.module import KernelError, load_library
+
+        path, cutoff = request
 
         lib = None
         try:
@@ -458,7 +460,7 @@ class _Bench:
             _unload(lib)
             return ErrorCode.COMPILE_DEVICE, _error_text(err), []
         try:
-            return self._check_and_time(fn)
+            return self._check_and_time(fn, cutoff)
         except KernelError as err:
             return ErrorCode.RUNTIME_DEVICE, str(err), []
         except Exception:
@@ -466,7 +468,10 @@ class _Bench:
         finally:
             _unload(lib)
 
-    def _check_and_time(self, fn: Callable[[], None]) -> tuple[ErrorCode, str, list[float]]:
+    def _check_and_time(
+        self, fn: Callable[[], None], cutoff: float | None
+    ) -> tuple[ErrorCode, str, list[float]]:
+        """The checked first run, then timing; a first run slower than `cutoff` is its only sample."""
         if self.opts.check_correctness:
             for out, poison in zip(self.outputs, self.poison):
                 np.copyto(out, poison)
@@ -478,6 +483,8 @@ class _Bench:
                 msg = _mismatch(name, out, ref, self.opts.rtol, self.opts.atol)
                 if msg:
                     return ErrorCode.WRONG_ANSWER, msg, []
+        if cutoff is not None and first > cutoff:
+            return ErrorCode.NO_ERROR, "", [first]
         if self.flush_buf is not None:
             return ErrorCode.NO_ERROR, "", _time_flushed(fn, self.flush, self.opts)
         return ErrorCode.NO_ERROR, "", _time_kernel(fn, self.opts, first)
@@ -545,8 +552,11 @@ class Measurer:
         """Stop the worker processes and delete the temporary directory."""
         self._finalizer()
 
-    def measure(self, states: Sequence[State]) -> list[MeasureResult]:
+    def measure(self, states: Sequence[State], cutoff_seconds: float | None = None) -> list[MeasureResult]:
         """Build all `states` in parallel, then run them one by one; results in the same order.
+
+        A candidate whose checked first run takes longer than `cutoff_seconds` (say, ten times the best
+        so far) cannot win: that run is its only sample, which saves the repeats of slow candidates.
 
         A result's `build_seconds` is its equal share of the batch's build-phase wall time and its
         `run_seconds` the wall time of its own run (a worker restart included), so the results of a
@@ -559,11 +569,11 @@ class Measurer:
                 tasks.append((i, ("steps", self._steps_of(state))))
             except Exception as err:
                 early[i] = MeasureResult([], ErrorCode.INSTANTIATION_ERROR, _error_text(err))
-        return self._measure(len(states), tasks, early)
+        return self._measure(len(states), tasks, early, cutoff_seconds)
 
     def measure_funcs(self, funcs: Sequence[PrimFunc]) -> list[MeasureResult]:
         """Measure loop programs directly; their params must match the task's (placeholders, then outputs)."""
-        return self._measure(len(funcs), [(i, ("func", f)) for i, f in enumerate(funcs)], {})
+        return self._measure(len(funcs), [(i, ("func", f)) for i, f in enumerate(funcs)], {}, None)
 
     def _steps_of(self, state: State) -> list:
         from aotc.schedule.steps import steps_to_json
@@ -572,7 +582,9 @@ class Measurer:
             raise ValueError(f"the state belongs to {state.dag}, not to this measurer's {self.dag}")
         return steps_to_json(state.steps)
 
-    def _measure(self, n: int, tasks: list, early: dict[int, MeasureResult]) -> list[MeasureResult]:
+    def _measure(
+        self, n: int, tasks: list, early: dict[int, MeasureResult], cutoff: float | None
+    ) -> list[MeasureResult]:
         if not self._finalizer.alive:
             raise MeasureError("the measurer is closed")
         start = time.perf_counter()
@@ -584,16 +596,16 @@ class Measurer:
             results[i] = replace(r, build_seconds=share)
         start = time.perf_counter()
         for (i, _), b in zip(tasks, built):
-            results[i] = self._run_built(b, share)
+            results[i] = self._run_built(b, share, cutoff)
         self.last_batch = BatchStats(n, build_wall, time.perf_counter() - start)
         return results  # type: ignore[return-value]
 
-    def _run_built(self, built: _Built, build_share: float) -> MeasureResult:
+    def _run_built(self, built: _Built, build_share: float, cutoff: float | None) -> MeasureResult:
         if built.error:
             return MeasureResult([], built.error, built.msg, build_seconds=build_share)
         start = time.perf_counter()
         try:
-            error, msg, costs = self._run(built.path)
+            error, msg, costs = self._run(built.path, cutoff)
         finally:
             with contextlib.suppress(OSError):
                 os.unlink(built.path)
@@ -675,14 +687,14 @@ class Measurer:
             if kind == "failed":
                 raise MeasureError(f"the runner process failed to start:\n{payload}")
 
-    def _run(self, path: str) -> tuple[ErrorCode, str, list[float]]:
+    def _run(self, path: str, cutoff: float | None) -> tuple[ErrorCode, str, list[float]]:
         r = self._runner
         if not r.proc.is_alive():
             r.restart()
         self._await_runner()
         timeout = self.options.timeout
         try:
-            r.submit(0, path, timeout)
+            r.submit(0, (path, cutoff), timeout)
             if not r.conn.poll(timeout):
                 r.restart()
                 return ErrorCode.RUN_TIMEOUT, f"the kernel did not finish within {timeout:g} s", []

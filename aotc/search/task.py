@@ -18,6 +18,8 @@ from aotc.search.records import append_results, load_records
 from aotc.target import Target
 from aotc.te.dag import ComputeDAG
 
+SLOW_CUTOFF = 10.0  # a candidate this many times slower than the best gets one run, not repeats
+
 
 @dataclass
 class RoundInfo:
@@ -97,7 +99,8 @@ class SearchTask:
                         log(f"[{self.name}] every candidate the search finds has been measured; stopping")
                         break
                     continue
-                results = measurer.measure(states)
+                cutoff = SLOW_CUTOFF * result.best_cost if result.best_cost < float("inf") else None
+                results = measurer.measure(states, cutoff)
                 seconds["build"] += measurer.last_batch.build_seconds
                 seconds["run"] += measurer.last_batch.run_seconds
                 t0 = time.perf_counter()
