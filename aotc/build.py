@@ -52,8 +52,73 @@ def load_model(recipe: Recipe) -> Graph:
     return optimize(graph)
 
 
-def schedule_tasks(tasks: list[Task], target: Target) -> list[State]:
-    return [default_schedule(t.dag, target) for t in tasks]
+def schedule_tasks(
+    tasks: list[Task], target: Target, trials: int, records: Path | None, log: Callable[[str], None]
+) -> tuple[list[State], list[dict]]:
+    """Each task's best tuning record if there is one, else its default schedule; tunes first if asked.
+
+    The trial budget is split across tasks by weight x FLOPs (the task scheduler of a later milestone
+    will spend it adaptively); trials already in the records count, so a repeated build tunes nothing.
+    """
+    from aotc.search.records import apply_best, load_records
+
+    if trials > 0:
+        if records is None:
+            raise BuildError("tuning.trials is set but tuning.records is not: give the record file to write")
+        tune_tasks(tasks, target, trials, records, log)
+    found = load_records(records) if records is not None and records.exists() else []
+    states, sources = [], []
+    for task in tasks:
+        best = apply_best(found, task.dag, target) if found else None
+        if best is None:
+            states.append(default_schedule(task.dag, target))
+            sources.append({"schedule": "default"})
+        else:
+            states.append(best[0])
+            sources.append(
+                {"schedule": "record", "record_cost_s": best[1].mean_cost, "record_time": best[1].timestamp}
+            )
+    return states, sources
+
+
+def allocate_trials(tasks: list[Task], trials: int) -> list[int]:
+    """Trials per task in proportion to weight x FLOPs (largest remainders get the leftovers)."""
+    shares = [t.weight * max(t.dag.flop_count, 1) for t in tasks]
+    total = sum(shares)
+    exact = [trials * s / total for s in shares]
+    alloc = [int(e) for e in exact]
+    for i in sorted(range(len(tasks)), key=lambda i: exact[i] - alloc[i], reverse=True)[
+        : trials - sum(alloc)
+    ]:
+        alloc[i] += 1
+    return alloc
+
+
+def tune_tasks(
+    tasks: list[Task], target: Target, trials: int, records: Path, log: Callable[[str], None]
+) -> None:
+    from aotc.search.measure import MeasureOptions
+    from aotc.search.records import load_records
+    from aotc.search.task import SearchTask
+
+    done: dict[str, int] = {}
+    if records.exists():
+        for rec in load_records(records):
+            if rec.target == str(target):
+                done[rec.fingerprint] = done.get(rec.fingerprint, 0) + 1
+    options = MeasureOptions(repeat=3, min_repeat_ms=20)
+    for task, budget in zip(tasks, allocate_trials(tasks, trials)):
+        need = budget - done.get(task.dag.fingerprint, 0)
+        if need <= 0:
+            continue
+        log(f"tuning {task.name} (weight {task.weight}): {need} trials")
+        SearchTask(task.dag, target, task.name).tune(
+            need,
+            records=records,
+            measure_options=options,
+            initial_states=[default_schedule(task.dag, target)],
+            log=log,
+        )
 
 
 def build(recipe: Recipe, log: Callable[[str], None] = print) -> BuildResult:
@@ -74,11 +139,12 @@ def build(recipe: Recipe, log: Callable[[str], None] = print) -> BuildResult:
     )
 
     t0 = time.perf_counter()
-    states = schedule_tasks(tasks, target)
+    trials = recipe.tuning.trials or 0
+    states, sources = schedule_tasks(tasks, target, trials, recipe.tuning.records, log)
     funcs = [lower(state, _symbol(i, task)) for i, (task, state) in enumerate(zip(tasks, states))]
-    timings["schedule+lower"] = time.perf_counter() - t0
+    timings["tune+schedule+lower"] = time.perf_counter() - t0
 
-    spec = _package_spec(recipe, graph, groups, tasks, funcs, target)
+    spec = _package_spec(recipe, graph, groups, tasks, funcs, target, sources)
     out = recipe.output
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
@@ -118,6 +184,7 @@ def _package_spec(
     tasks: list[Task],
     funcs: list[PrimFunc],
     target: Target,
+    sources: list[dict],
 ):
     from aotc.package import BufferRef, IOSpec, KernelCall, PackageSpec, layout_weights
 
@@ -174,14 +241,14 @@ def _package_spec(
             "workload_key": t.workload_key,
             "weight": t.weight,
             "flops": t.dag.flop_count,
-            "schedule": "default",
+            **source,
         }
-        for t in tasks
+        for t, source in zip(tasks, sources)
     ]
     provenance = {
         "aotc_version": __version__,
         "recipe": recipe.to_dict(),
-        "records": [],
+        "records": [str(recipe.tuning.records)] if any(x["schedule"] == "record" for x in sources) else [],
         "host": f"{platform.node()} {platform.machine()} {platform.python_version()}",
     }
     return PackageSpec(

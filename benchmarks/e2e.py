@@ -35,14 +35,17 @@ QUICK = {
 }
 
 
-def bench_model(name: str, make, workdir: Path, threads: list[int]) -> list[str]:
+def bench_model(name: str, make, workdir: Path, threads: list[int], trials: int = 0) -> list[str]:
     import aotc_runtime
     import onnxruntime as ort
 
     model_path = workdir / f"{name}.onnx"
     models.save(make(), str(model_path))
     recipe_path = workdir / f"{name}.yaml"
-    recipe_path.write_text(f"model: {model_path}\noutput: {workdir / (name + '.aotc')}\nvalidate: true\n")
+    tuning = f"tuning: {{trials: {trials}, records: {workdir / (name + '.jsonl')}}}\n" if trials else ""
+    recipe_path.write_text(
+        f"model: {model_path}\noutput: {workdir / (name + '.aotc')}\nvalidate: true\n{tuning}"
+    )
     result = build(load_recipe(recipe_path), log=lambda _: None)
     compiled = aotc_runtime.load(str(result.package))
     inputs = random_inputs({t.name: (tuple(t.shape), t.dtype) for t in compiled.inputs}, seed=0)
@@ -67,6 +70,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default=",".join(MODELS), help="comma-separated subset")
     ap.add_argument("--quick", action="store_true", help="thin variants of the large models")
+    ap.add_argument(
+        "--trials", type=int, default=0, help="tune each model with this many trials (default: untuned)"
+    )
     args = ap.parse_args(argv)
     table = QUICK if args.quick else MODELS
     names = [n for n in args.models.split(",") if n]
@@ -77,9 +83,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'model':<14} {'th':>2}  {'aotc ms':>9}  {'ort ms':>9}  {'ratio':>7}  {'build':>9}  tasks")
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:
-            for row in bench_model(name, table[name], Path(tmp), threads):
+            for row in bench_model(name, table[name], Path(tmp), threads, args.trials):
                 print(row, flush=True)
-    print("ratio = onnxruntime latency / aotc latency (untuned default schedules); build includes validation")
+    how = f"tuned with {args.trials} trials per model" if args.trials else "untuned default schedules"
+    print(f"ratio = onnxruntime latency / aotc latency ({how}); build includes tuning and validation")
     return 0
 
 

@@ -75,3 +75,39 @@ def test_two_runs_reuse_no_state(tmp_path):
     x = random_inputs({"input": ((1, 64), "float32")}, 5)
     first = compiled.run(x)["output"]
     np.testing.assert_array_equal(compiled.run(x)["output"], first)
+
+
+def test_tuned_build_uses_records_and_a_second_build_tunes_nothing(tmp_path):
+    extra = "tuning:\n  trials: 24\n  records: mlp.jsonl\n"
+    logs: list[str] = []
+    path = tmp_path / "mlp.onnx"
+    models.save(models.mlp(), path)
+    recipe = tmp_path / "mlp.yaml"
+    recipe.write_text(f"model: mlp.onnx\noutput: mlp.aotc\nvalidate: true\n{extra}")
+    first = build(load_recipe(recipe), log=logs.append)
+    kernels = aotc_runtime.load(str(first.package)).manifest["kernels"]
+    assert any(k["schedule"] == "record" for k in kernels)
+    assert any(line.startswith("tuning ") for line in logs)
+    records_after_first = (tmp_path / "mlp.jsonl").read_text().count("\n")
+    assert records_after_first == 24
+
+    logs.clear()
+    second = build(load_recipe(recipe), log=logs.append)
+    assert not any(line.startswith("tuning ") for line in logs)
+    assert (tmp_path / "mlp.jsonl").read_text().count("\n") == records_after_first
+    again = aotc_runtime.load(str(second.package)).manifest["kernels"]
+    assert [k["schedule"] for k in again] == [k["schedule"] for k in kernels]
+    check_against_onnxruntime(second, path)
+
+
+def test_trials_are_split_by_weight_and_flops():
+    from aotc.build import allocate_trials
+    from aotc.graph.partition import Task
+
+    class _Dag:
+        def __init__(self, flops):
+            self.flop_count = flops
+
+    tasks = [Task(_Dag(1000), "a", 1, "a"), Task(_Dag(1000), "b", 3, "b"), Task(_Dag(10), "c", 1, "c")]
+    alloc = allocate_trials(tasks, 100)
+    assert sum(alloc) == 100 and alloc[1] > alloc[0] > alloc[2]

@@ -64,9 +64,14 @@ class SearchTask:
         batch: int = 64,
         population: int = 256,
         early_stopping: int | None = None,
+        initial_states: Sequence[State] = (),
         log: Callable[[str], None] | None = None,
     ) -> TuneResult:
-        """Measure up to `trials` candidates; the best valid one wins. Records are appended to `records`."""
+        """Measure up to `trials` candidates; the best valid one wins. Records are appended to `records`.
+
+        `initial_states` (e.g. the default schedule) are measured in the first round, so the result is
+        never worse than them.
+        """
         log = log or _default_log
         rng = random.Random(seed)
         model = model or _default_model()
@@ -93,6 +98,9 @@ class SearchTask:
                     population=population,
                 )
                 seconds["search"] += time.perf_counter() - t0
+                if rounds == 0 and initial_states:
+                    fresh = [st for st in initial_states if (state_key(st) or "") not in measured]
+                    states = (fresh + states)[: min(batch, trials - result.trials)]
                 if not states:
                     empty_retries += 1
                     if empty_retries > 1:
