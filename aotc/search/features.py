@@ -43,6 +43,7 @@ from aotc.ir.expr import (
     Var,
     children,
     dtype_bits,
+    free_vars,
     is_float,
 )
 from aotc.ir.simplify import bounds
@@ -234,6 +235,8 @@ class _Affine:
 
 
 def _decompose(e: Expr) -> _Affine:
+    """The linear form of an index as lowered (already simplified): unlike `aotc.ir.simplify.linear_terms`
+    it does not simplify again, which matters on this hot path."""
     out = _Affine({}, [], 0)
     _accumulate(e, 1, out)
     return out
@@ -255,24 +258,12 @@ def _accumulate(e: Expr, scale: int, out: _Affine) -> None:
         out.atoms.append((e, scale))
 
 
-def _vars_of(e: Expr) -> set[Var]:
-    out: set[Var] = set()
-    stack = [e]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, Var):
-            out.add(node)
-        else:
-            stack.extend(children(node))
-    return out
-
-
 def _derivative(e: Expr, v: Var) -> float:
     """Approximate change of `e` per unit step of `v` (exact for affine expressions)."""
     aff = _decompose(e)
     d = float(aff.coefs.get(v, 0))
     for atom, coef in aff.atoms:
-        if v in _vars_of(atom):
+        if v in free_vars(atom):
             d += coef * _atom_derivative(atom, v)
     return d
 
@@ -295,7 +286,7 @@ def _is_injective_in(affs: list[_Affine], v: Var) -> bool:
     spatial·reduce loop, whose distinct iterations revisit the same element)."""
     if any(aff.coefs.get(v, 0) for aff in affs):
         return True
-    ops = {a.op for aff in affs for a, _ in aff.atoms if isinstance(a, Binary) and v in _vars_of(a)}
+    ops = {a.op for aff in affs for a, _ in aff.atoms if isinstance(a, Binary) and v in free_vars(a)}
     return not ops or ("floordiv" in ops and "floormod" in ops) or bool(ops - {"floordiv", "floormod"})
 
 
@@ -345,7 +336,7 @@ class _Extractor:
         key = id(e)
         got = self.atom_vars.get(key)
         if got is None:
-            got = self.atom_vars[key] = _vars_of(e)
+            got = self.atom_vars[key] = free_vars(e)
             self.keep.append(e)
         return got
 
