@@ -62,6 +62,9 @@ class MeasureOptions:
     warm-up run Ansor discards) plus filling and comparing the outputs; a mismatch beyond
     `rtol`/`atol` (atol scaled by the largest reference magnitude) is WRONG_ANSWER. Builder
     processes are recycled after `builds_per_worker` builds (llvmlite leaks memory per compile).
+    `omp_wait_policy` "" keeps libgomp's default (spin briefly, then sleep), as a deployed package runs;
+    "passive" (the default for now) makes every parallel region pay a thread wake-up, which misranks
+    short kernels, but "" does not yet survive a runner restart after an input-write crash.
     """
 
     number: int = 0
@@ -181,8 +184,13 @@ def _shutdown(workers: list[_Worker], workdir: str) -> None:
 
 
 def _child_setup(env: dict[str, str]) -> None:
-    """Environment for a worker: variables, no Ctrl-C (the parent handles it), die with the parent."""
-    os.environ.update(env)
+    """Environment for a worker: variables (an empty one is removed), no Ctrl-C (the parent handles
+    it), die with the parent."""
+    for key, value in env.items():
+        if value:
+            os.environ[key] = value
+        else:
+            os.environ.pop(key, None)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     with contextlib.suppress(Exception):
         ctypes.CDLL(None).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
