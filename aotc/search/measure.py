@@ -63,8 +63,7 @@ class MeasureOptions:
     `rtol`/`atol` (atol scaled by the largest reference magnitude) is WRONG_ANSWER. Builder
     processes are recycled after `builds_per_worker` builds (llvmlite leaks memory per compile).
     `omp_wait_policy` "" keeps libgomp's default (spin briefly, then sleep), as a deployed package runs;
-    "passive" (the default for now) makes every parallel region pay a thread wake-up, which misranks
-    short kernels, but "" does not yet survive a runner restart after an input-write crash.
+    "passive" makes every parallel region pay a thread wake-up, which misranks short kernels.
     """
 
     number: int = 0
@@ -79,7 +78,7 @@ class MeasureOptions:
     atol: float = 1e-5
     num_threads: int = 0
     seed: int = 0
-    omp_wait_policy: str = "passive"
+    omp_wait_policy: str = ""
     builds_per_worker: int = 1000
 
     def __post_init__(self) -> None:
@@ -433,6 +432,9 @@ class _Bench:
     """The runner's state: inputs, reference outputs, output buffers, and the cache-flush buffer."""
 
     def __init__(self, workdir: str, ref_path: str, n_inputs: int, opts: MeasureOptions, threads: int):
+        from aotc.codegen.module import load_library
+
+        load_library(ref_path)  # libgomp and the kernel's libraries load before the guarded pages exist
         named = _load_reference(workdir, ref_path, n_inputs, opts.seed)
         arrays = list(named.values())
         self.opts, self.threads = opts, threads
