@@ -31,25 +31,21 @@ from aotc.search.sketch import SearchContext, SearchParams, generate_sketches
 from aotc.target import host_target
 from aotc.te.reference import evaluate
 from aotc.topi import nn
+from aotc.topi.workloads import make_workload
 
 TARGET = replace(host_target(), num_cores=4, hw=None)
 
 
 def matmul(m=19, k=33, n=23):
-    a = te.placeholder((m, k), name="A")
-    b = te.placeholder((k, n), name="B")
-    return te.ComputeDAG([nn.matmul(a, b)])
+    return make_workload("matmul", [m, n, k])
 
 
 def conv_bias_relu():
-    x = te.placeholder((1, 3, 9, 9), name="x")
-    w = te.placeholder((5, 3, 3, 3), name="w")
-    b = te.placeholder((5,), name="b")
-    return te.ComputeDAG([nn.relu(nn.bias_add(nn.conv2d_nchw(x, w, padding=1), b))])
+    return make_workload("conv2d_relu", [1, 3, 9, 9, 5, 3, 1, 1])
 
 
 def softmax():
-    return te.ComputeDAG([nn.softmax(te.placeholder((5, 137), name="x"))])
+    return make_workload("softmax", [5, 137])
 
 
 def reduction():

@@ -20,25 +20,21 @@ from aotc.search.sketch import (
 )
 from aotc.target import host_target
 from aotc.topi import nn
+from aotc.topi.workloads import make_workload
 
 TARGET = replace(host_target(), num_cores=4, hw=None)
 
 
 def matmul(m, k, n):
-    a = te.placeholder((m, k), name="A")
-    b = te.placeholder((k, n), name="B")
-    return te.ComputeDAG([nn.matmul(a, b)])
+    return make_workload("matmul", [m, n, k])
 
 
 def conv_bias_relu():
-    x = te.placeholder((1, 16, 14, 14), name="x")
-    w = te.placeholder((32, 16, 3, 3), name="w")
-    b = te.placeholder((32,), name="b")
-    return te.ComputeDAG([nn.relu(nn.bias_add(nn.conv2d_nchw(x, w, padding=1), b))])
+    return make_workload("conv2d_relu", [1, 16, 14, 14, 32, 3, 1, 1])
 
 
 def softmax():
-    return te.ComputeDAG([nn.softmax(te.placeholder((8, 1000), name="x"))])
+    return make_workload("softmax", [8, 1000])
 
 
 def reduction():
@@ -161,7 +157,7 @@ def _ctx(dag):
 def test_rule_conditions():
     dag = conv_bias_relu()
     ctx, s = _ctx(dag), State.initial(dag)
-    relu, bias, conv, pad, x = (s.stage_id(n) for n in ("relu", "bias_add", "conv2d", "conv2d_pad", "x"))
+    relu, bias, conv, pad, x = (s.stage_id(n) for n in ("relu", "bias_add", "conv2d", "conv2d_pad", "data"))
     assert AlwaysInline().meets(ctx, s, bias) == Condition.APPLY_AND_SKIP_REST
     assert AlwaysInline().meets(ctx, s, relu) == Condition.SKIP
     assert AlwaysInline().meets(ctx, s, pad) == Condition.SKIP
