@@ -47,8 +47,12 @@ def load_model(recipe: Recipe) -> Graph:
         from aotc.frontend.onnx import load_onnx
 
         graph = load_onnx(str(recipe.model), input_shapes=shapes)
+    elif suffix == ".tflite":
+        from aotc.frontend.tflite import load_tflite
+
+        graph = load_tflite(str(recipe.model), input_shapes=shapes)
     else:
-        raise BuildError(f"{recipe.model}: unsupported model format {suffix!r} (expected .onnx)")
+        raise BuildError(f"{recipe.model}: unsupported model format {suffix!r} (expected .onnx or .tflite)")
     return optimize(graph)
 
 
