@@ -52,6 +52,7 @@ from aotc.schedule.state import (
     ScheduleError,
     Stage,
     State,
+    innermost_positions,
     iterator_values,
     overflowing_splits,
     propagate_extents,
@@ -206,7 +207,10 @@ class _Lowering:
             return Buffer(name, op.dtype, tuple(op.shape), "param")
         scope = "global" if st.compute_at == ComputeAtKind.ROOT else "local"
         shape = tuple(info.region_ext)
-        return Buffer(name, op.dtype, shape, scope, _aligned_strides(shape, st.storage_align))
+        strides = _aligned_strides(shape, st.storage_align)
+        if strides is None and scope == "local":
+            strides = _loop_order_strides(shape, innermost_positions(st, len(op.axes)))
+        return Buffer(name, op.dtype, shape, scope, strides)
 
     def _region(self, sid: int, prefix: list[Var]) -> tuple[list[Expr], list[int]]:
         """Region of stage `sid` that its consumers read within one iteration of its attach loop."""
@@ -478,6 +482,23 @@ def _aligned_strides(shape: tuple[int, ...], aligns) -> tuple[int, ...] | None:
         if d in wanted and d != len(shape) - 1:
             factor, offset = wanted[d]
             acc += (offset - acc) % factor
+        strides[d] = acc
+        acc *= shape[d]
+    return tuple(strides)
+
+
+def _loop_order_strides(shape: tuple[int, ...], positions: list[int]) -> tuple[int, ...] | None:
+    """Dense strides that make the axis whose innermost loop is deepest the contiguous one.
+
+    A local buffer is written by its own stage's loops, so laying it out in their order keeps a
+    vectorized loop over any axis (not only the last) on unit-stride accesses.
+    """
+    order = sorted(range(len(shape)), key=lambda d: (positions[d], d))
+    if order == list(range(len(shape))):
+        return None
+    strides = [1] * len(shape)
+    acc = 1
+    for d in reversed(order):
         strides[d] = acc
         acc *= shape[d]
     return tuple(strides)

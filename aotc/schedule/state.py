@@ -198,6 +198,23 @@ def root_expressions(
     return {uid: values[uid] for uid, *_ in stage.root_iters}
 
 
+def innermost_positions(stage: Stage, n_axes: int) -> list[int]:
+    """For each of the first `n_axes` root iterators, the loop position of its innermost leaf (-1 if none)."""
+    roots: dict[int, set[int]] = {uid: {uid} for uid in range(len(stage.root_iters))}
+    for rel in stage.relations:
+        if isinstance(rel, SplitRel):
+            for child in rel.children:
+                roots[child] = roots[rel.parent]
+        else:
+            roots[rel.child] = set().union(*(roots[p] for p in rel.parents))
+    deepest = [-1] * n_axes
+    for pos, it in enumerate(stage.iters):
+        for root in roots.get(it.uid, ()):
+            if root < n_axes:
+                deepest[root] = pos
+    return deepest
+
+
 def overflowing_splits(stage: Stage, extents: dict[int, int | None]) -> list[int]:
     """Uids of split parents whose children cover more than the parent's extent.
 
