@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -14,7 +14,7 @@ from aotc.search.annotation import state_key
 from aotc.search.common import CostModel, MeasureResult
 from aotc.search.evolution import search_round
 from aotc.search.measure import MeasureOptions, Measurer
-from aotc.search.records import append_results, load_records
+from aotc.search.records import Record, append_results, load_records
 from aotc.target import Target
 from aotc.te.dag import ComputeDAG
 
@@ -73,110 +73,165 @@ class SearchTask:
         never worse than them.
         """
         log = log or _default_log
-        rng = random.Random(seed)
-        model = model or _default_model()
-        measured: dict[str, tuple[State, float]] = {}
-        result = TuneResult(None, float("inf"), 0)
+        search = TaskSearch(self, model or _default_model(), records, seed, batch, population, initial_states)
         if records is not None:
-            self._resume(Path(records), model, measured, result)
-        seconds = {"search": 0.0, "build": 0.0, "run": 0.0, "model": 0.0}
-        start = time.perf_counter()
+            search.resume_from(Path(records))
+        result = search.result
         last_improvement = result.trials
         with Measurer(self.dag, self.target, measure_options) as measurer:
-            rounds, empty_retries = 0, 0
             while result.trials < trials:
-                t0 = time.perf_counter()
-                ranked = sorted(measured.values(), key=lambda sc: sc[1])
-                states = search_round(
-                    self.dag,
-                    self.target,
-                    model,
-                    rng,
-                    set(measured),
-                    [s for s, _ in ranked],
-                    n=min(batch, trials - result.trials),
-                    population=population,
-                )
-                seconds["search"] += time.perf_counter() - t0
-                if rounds == 0 and initial_states:
-                    fresh = [st for st in initial_states if (state_key(st) or "") not in measured]
-                    states = (fresh + states)[: min(batch, trials - result.trials)]
-                if not states:
-                    empty_retries += 1
-                    if empty_retries > 1:
-                        log(f"[{self.name}] every candidate the search finds has been measured; stopping")
-                        break
-                    continue
-                cutoff = SLOW_CUTOFF * result.best_cost if result.best_cost < float("inf") else None
-                results = measurer.measure(states, cutoff)
-                seconds["build"] += measurer.last_batch.build_seconds
-                seconds["run"] += measurer.last_batch.run_seconds
-                t0 = time.perf_counter()
-                model.update(self.dag, states, results)
-                seconds["model"] += time.perf_counter() - t0
-                if records is not None:
-                    append_results(records, self.dag, self.target, states, results)
-                batch_best = self._absorb(states, results, measured, result)
-                if batch_best < float("inf") and batch_best <= result.best_cost:
+                info = search.round(measurer, min(batch, trials - result.trials))
+                if info is None:
+                    log(f"[{self.name}] every candidate the search finds has been measured; stopping")
+                    break
+                if info.batch_best_cost < float("inf") and info.batch_best_cost <= result.best_cost:
                     last_improvement = result.trials
-                rounds += 1
-                info = RoundInfo(
-                    rounds,
-                    result.trials,
-                    time.perf_counter() - start,
-                    result.best_cost,
-                    batch_best,
-                    sum(not r.ok for r in results),
-                )
-                result.history.append(info)
-                log(self._progress(info, trials))
+                log(search.progress(info, trials))
                 for cb in callbacks:
                     cb(self, info)
                 if early_stopping is not None and result.trials - last_improvement >= early_stopping:
                     log(f"[{self.name}] no improvement in {early_stopping} trials; stopping early")
                     break
-        result.seconds = seconds
+        result.seconds = search.seconds
         return result
 
-    def _absorb(
-        self, states: list[State], results: list[MeasureResult], measured: dict, result: TuneResult
-    ) -> float:
+
+class TaskSearch:
+    """One task's search, advanced one round at a time (ANSOR.md §5.4), so that a task scheduler can
+    interleave tasks that share one cost model. The measurer is passed to each round, not owned."""
+
+    def __init__(
+        self,
+        task: SearchTask,
+        model: CostModel,
+        records: str | Path | None = None,
+        seed: int = 0,
+        batch: int = 64,
+        population: int = 256,
+        initial_states: Sequence[State] = (),
+    ):
+        self.task = task
+        self.model = model
+        self.records = None if records is None else Path(records)
+        self.rng = random.Random(seed)
+        self.batch, self.population = batch, population
+        self.measured: dict[str, tuple[State, float]] = {}
+        self.result = TuneResult(None, float("inf"), 0)
+        self.resumed = 0
+        self.rounds = 0
+        self.seconds = {"search": 0.0, "build": 0.0, "run": 0.0, "model": 0.0}
+        self.start = time.perf_counter()
+        self._initial = list(initial_states)
+
+    @property
+    def trials(self) -> int:
+        """Candidates measured by this search (records it resumed from not included)."""
+        return self.result.trials
+
+    def resume_from(self, path: Path) -> int:
+        """Seed from the earlier records of this task in `path`; returns how many there were."""
+        if not path.exists():
+            return 0
+        return self.resume(load_records(path))
+
+    def resume(self, records: Iterable[Record]) -> int:
+        """Seed the measured set, the best state and the cost model from earlier records of this task:
+        nothing they hold is measured again. Returns how many records were taken."""
+        dag, target = self.task.dag, str(self.task.target)
+        states, results = [], []
+        for rec in records:
+            if rec.fingerprint != dag.fingerprint or rec.target != target:
+                continue
+            try:
+                state = rec.state(dag)
+            except Exception:  # noqa: BLE001 - a record that no longer replays is skipped
+                continue
+            states.append(state)
+            results.append(MeasureResult(list(rec.costs), rec.error, rec.error_msg))
+        if states:
+            self.model.update(dag, states, results)
+            trials = self.result.trials
+            self._absorb(states, results)
+            self.result.trials = trials
+            self.resumed += len(states)
+        return len(states)
+
+    def cost_of(self, state: State) -> float | None:
+        """The measured cost of `state` (inf if it failed), or None if it was never measured."""
+        hit = self.measured.get(state_key(state) or repr(state.steps))
+        return None if hit is None else hit[1]
+
+    def propose(self, n: int) -> list[State]:
+        """Up to `n` unmeasured candidates from one search round (the initial states first); the round is
+        retried once when it finds nothing new, and an empty list means the space looks exhausted."""
+        for _ in range(2):
+            t0 = time.perf_counter()
+            ranked = sorted(self.measured.values(), key=lambda sc: sc[1])
+            states = search_round(
+                self.task.dag,
+                self.task.target,
+                self.model,
+                self.rng,
+                set(self.measured),
+                [s for s, _ in ranked],
+                n=n,
+                population=self.population,
+            )
+            self.seconds["search"] += time.perf_counter() - t0
+            if self._initial:
+                fresh = [st for st in self._initial if (state_key(st) or "") not in self.measured]
+                states = (fresh + states)[:n]
+                self._initial = []
+            if states:
+                return states
+        return []
+
+    def round(self, measurer: Measurer, n: int) -> RoundInfo | None:
+        """Search, measure up to `n` new candidates, then update the cost model; None if none was found."""
+        states = self.propose(n)
+        if not states:
+            return None
+        return self.measure(measurer, states)
+
+    def measure(self, measurer: Measurer, states: list[State]) -> RoundInfo:
+        result = self.result
+        cutoff = SLOW_CUTOFF * result.best_cost if result.best_cost < float("inf") else None
+        results = measurer.measure(states, cutoff)
+        self.seconds["build"] += measurer.last_batch.build_seconds
+        self.seconds["run"] += measurer.last_batch.run_seconds
+        t0 = time.perf_counter()
+        self.model.update(self.task.dag, states, results)
+        self.seconds["model"] += time.perf_counter() - t0
+        if self.records is not None:
+            append_results(self.records, self.task.dag, self.task.target, states, results)
+        batch_best = self._absorb(states, results)
+        self.rounds += 1
+        info = RoundInfo(
+            self.rounds,
+            result.trials,
+            time.perf_counter() - self.start,
+            result.best_cost,
+            batch_best,
+            sum(not r.ok for r in results),
+        )
+        result.history.append(info)
+        return info
+
+    def _absorb(self, states: list[State], results: list[MeasureResult]) -> float:
+        result = self.result
         batch_best = float("inf")
         for state, res in zip(states, results):
             key = state_key(state) or repr(state.steps)
             cost = res.mean_cost if res.ok else float("inf")
-            measured[key] = (state, cost)
+            self.measured[key] = (state, cost)
             batch_best = min(batch_best, cost)
             if cost < result.best_cost:
                 result.best_cost, result.best_state = cost, state
         result.trials += len(states)
         return batch_best
 
-    def _resume(self, path: Path, model: CostModel, measured: dict, result: TuneResult) -> None:
-        """Continue from earlier records of this task: never re-measure, start from their best."""
-        if not path.exists():
-            return
-        mine = [
-            r
-            for r in load_records(path)
-            if r.fingerprint == self.dag.fingerprint and r.target == str(self.target)
-        ]
-        states, results = [], []
-        for rec in mine:
-            try:
-                state = rec.state(self.dag)
-            except Exception:  # noqa: BLE001 - a record that no longer replays is skipped
-                continue
-            res = MeasureResult(list(rec.costs), rec.error, rec.error_msg)
-            states.append(state)
-            results.append(res)
-        if states:
-            model.update(self.dag, states, results)
-            self._absorb(states, results, measured, result)
-            result.trials = 0
-
-    def _progress(self, info: RoundInfo, trials: int) -> str:
-        flops = self.dag.flop_count
+    def progress(self, info: RoundInfo, trials: int) -> str:
+        flops = self.task.dag.flop_count
         best = (
             f"{flops / info.best_cost / 1e9:8.2f} GFLOP/s"
             if info.best_cost < float("inf")
@@ -185,7 +240,7 @@ class SearchTask:
         errors = f"  {info.errors} errors" if info.errors else ""
         bar = progress_bar(info.trials, trials) + " " if sys.stdout.isatty() else ""
         return (
-            f"[{self.name}] {bar}round {info.round:3d}  trials {info.trials:5d}/{trials}  best {best}"
+            f"[{self.task.name}] {bar}round {info.round:3d}  trials {info.trials:5d}/{trials}  best {best}"
             f"  ({info.best_cost * 1e3:.4f} ms)  elapsed {info.elapsed:6.1f} s{errors}"
         )
 
