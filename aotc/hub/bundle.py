@@ -1,0 +1,271 @@
+"""Tophub bundles: the best record per workload for a target, with provenance and a sha256 manifest.
+
+A bundle is a zip (or a directory) holding `manifest.json` and `records.jsonl`. The manifest lists the
+sha256, size and line count of every member, who exported it (user@host, host CPU, when), and per
+workload the record's provenance: where and when it was measured, the trials spent on that workload
+and the measurement noise (relative standard deviation of the record's repeated costs). A bundle is
+only ever read whole and verified first; a damaged one is refused with the reason.
+"""
+
+from __future__ import annotations
+
+import getpass
+import hashlib
+import io
+import json
+import math
+import os
+import platform
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+import warnings
+import zipfile
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from aotc import __version__
+from aotc.hub.store import HubError, TargetKey, best_per_key, download_cache_dir, parse_lines, write_atomic
+from aotc.search.records import RECORD_VERSION, Record, host_info
+
+BUNDLE_FORMAT = "aotc-tophub-bundle"
+BUNDLE_VERSION = 1
+MANIFEST = "manifest.json"
+RECORDS = "records.jsonl"
+DOWNLOAD_TIMEOUT_S = 30
+
+
+class BundleError(HubError):
+    """A bundle that fails verification."""
+
+
+class HubWarning(UserWarning):
+    """A source that was skipped or only partly usable."""
+
+
+@dataclass
+class Bundle:
+    path: str
+    manifest: dict
+    records: list[Record]
+
+
+# ----------------------------------------------------------------------------- writing
+
+
+def who() -> str:
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = f"uid{os.getuid()}"
+    return f"{user}@{platform.node() or 'unknown-host'}"
+
+
+def relative_noise(costs: list[float]) -> float | None:
+    """Population standard deviation / mean of a record's repeated costs; None with fewer than two."""
+    if len(costs) < 2:
+        return None
+    mean = sum(costs) / len(costs)
+    var = sum((c - mean) ** 2 for c in costs) / len(costs)
+    return math.sqrt(var) / mean if mean > 0 else None
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ") if ts else ""
+
+
+def bundle_bytes(records: Iterable[Record], target: TargetKey) -> tuple[bytes, dict]:
+    """The zip of the best record per workload of `records` for `target`, and its manifest."""
+    records = list(records)
+    trials: dict[str, int] = {}
+    for rec in records:
+        if TargetKey.of_record(rec.target, rec.host) == target:
+            trials[rec.fingerprint] = trials.get(rec.fingerprint, 0) + 1
+    best = [recs[0] for (_, key), recs in best_per_key(records).items() if key == target]
+    best.sort(key=lambda r: r.fingerprint)
+    body = "".join(r.to_json() + "\n" for r in best).encode()
+    manifest = {
+        "format": BUNDLE_FORMAT,
+        "bundle_version": BUNDLE_VERSION,
+        "record_version": RECORD_VERSION,
+        "aotc_version": __version__,
+        "target": target.text,
+        "created_utc": _iso(time.time()),
+        "exported_by": who(),
+        "exporter_host": host_info(),
+        "members": {
+            RECORDS: {"sha256": hashlib.sha256(body).hexdigest(), "bytes": len(body), "lines": len(best)}
+        },
+        "workloads": [
+            {
+                "workload_key": r.workload_key,
+                "fingerprint": r.fingerprint,
+                "target": r.target,
+                "best_cost_s": r.mean_cost,
+                "trials": trials.get(r.fingerprint, 0),
+                "noise": relative_noise(r.costs),
+                "measured_utc": _iso(r.timestamp),
+                "measured_on": r.host.get("cpu_model") or r.host.get("cpu", ""),
+                "host_cpu": r.host.get("cpu", ""),
+                "aotc_version": r.aotc_version,
+            }
+            for r in best
+        ],
+    }
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr(MANIFEST, json.dumps(manifest, indent=1, sort_keys=True))
+        zf.writestr(RECORDS, body)
+    return buf.getvalue(), manifest
+
+
+def export_bundle(records: Iterable[Record], target: TargetKey, out: str | os.PathLike) -> dict:
+    """Write the bundle to `out` atomically; returns its manifest. Raises HubError if nothing matches."""
+    data, manifest = bundle_bytes(records, target)
+    if not manifest["workloads"]:
+        raise HubError(f"no valid records for target {target.text!r}: nothing to export")
+    write_atomic(Path(out), data)
+    return manifest
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+def _members(path: Path) -> dict[str, bytes]:
+    """Every member of a zip or directory bundle."""
+    if path.is_dir():
+        return {
+            p.name: p.read_bytes()
+            for p in sorted(path.iterdir())
+            if p.is_file() and not p.name.startswith(".")
+        }
+    try:
+        with zipfile.ZipFile(path) as zf:
+            out = {}
+            for info in zf.infolist():
+                if info.is_dir():
+                    continue
+                out[info.filename] = zf.read(info)
+            return out
+    except zipfile.BadZipFile as err:
+        raise BundleError(f"{path}: not a bundle zip, or a damaged one ({err})") from None
+    except Exception as err:  # noqa: BLE001 - zipfile raises many types on damaged input; all mean refuse
+        raise BundleError(f"{path}: a zip member is damaged ({type(err).__name__}: {err})") from None
+
+
+def read_bundle(path: str | os.PathLike) -> Bundle:
+    """Verify a bundle (manifest, versions, every member's sha256, every line) and return its records."""
+    path = Path(path)
+    if not path.exists():
+        raise BundleError(f"{path}: no such bundle")
+    members = _members(path)
+    if MANIFEST not in members:
+        raise BundleError(f"{path}: missing member {MANIFEST}")
+    try:
+        manifest = json.loads(members[MANIFEST])
+    except (ValueError, UnicodeDecodeError) as err:
+        raise BundleError(f"{path}: {MANIFEST} is not valid JSON ({err})") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != BUNDLE_FORMAT:
+        raise BundleError(
+            f"{path}: {MANIFEST} is not an aotc tophub bundle manifest (format {BUNDLE_FORMAT!r})"
+        )
+    if manifest.get("bundle_version") != BUNDLE_VERSION:
+        raise BundleError(
+            f"{path}: bundle version {manifest.get('bundle_version')!r}, this aotc reads version {BUNDLE_VERSION}"
+        )
+    if manifest.get("record_version") != RECORD_VERSION:
+        raise BundleError(
+            f"{path}: records of format v{manifest.get('record_version')}, this aotc reads v{RECORD_VERSION}"
+        )
+    listed = manifest.get("members")
+    if not isinstance(listed, dict) or RECORDS not in listed:
+        raise BundleError(f"{path}: {MANIFEST} does not list the member {RECORDS}")
+    for name in sorted(set(members) - set(listed) - {MANIFEST}):
+        raise BundleError(f"{path}: member {name} is not listed in {MANIFEST}")
+    for name, meta in listed.items():
+        if name not in members:
+            raise BundleError(f"{path}: missing member {name}")
+        if not isinstance(meta, dict) or not isinstance(meta.get("sha256"), str):
+            raise BundleError(f"{path}: {MANIFEST} entry of {name} has no sha256")
+        digest = hashlib.sha256(members[name]).hexdigest()
+        if digest != meta["sha256"]:
+            raise BundleError(
+                f"{path}: member {name} fails its sha256 check (manifest {meta['sha256'][:16]}..., file {digest[:16]}...)"
+            )
+    try:
+        text = members[RECORDS].decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise BundleError(f"{path}: {RECORDS} is not UTF-8 ({err})") from None
+    content = parse_lines(text.splitlines(), f"{path}/{RECORDS}")
+    if content.corrupt:
+        lineno, why = content.corrupt[0]
+        raise BundleError(f"{path}: {RECORDS} line {lineno} is not a valid record ({why})")
+    if content.foreign:
+        line = content.foreign[0]
+        raise BundleError(
+            f"{path}: {RECORDS} line {line.lineno} has record format v{line.version}, expected v{RECORD_VERSION}"
+        )
+    expected = listed[RECORDS].get("lines")
+    if expected != len(content.records):
+        raise BundleError(
+            f"{path}: {RECORDS} holds {len(content.records)} records, the manifest says {expected}"
+        )
+    return Bundle(str(path), manifest, content.records)
+
+
+def is_bundle(path: Path) -> bool:
+    """A zip file or a directory holding a bundle manifest (as opposed to a store directory)."""
+    return (path.is_dir() and (path / MANIFEST).is_file()) or (path.is_file() and zipfile.is_zipfile(path))
+
+
+# ----------------------------------------------------------------------------- fetching
+
+
+def fetch_bundle(url: str) -> Path:
+    """A local path for a bundle URL: file:// maps to its path; http(s):// is downloaded into the user
+    cache and verified (and checked against `#sha256=<hex>` when the URL carries one). When the download
+    fails, an earlier verified copy is used with a warning; without one, HubError says why."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme == "file":
+        return Path(urllib.request.url2pathname(parts.path))
+    if parts.scheme not in ("http", "https"):
+        raise HubError(
+            f"tophub source {url!r}: unsupported URL scheme {parts.scheme!r} (use https:// or file://)"
+        )
+    pin = ""
+    if parts.fragment.startswith("sha256="):
+        pin = parts.fragment[len("sha256=") :].lower()
+    clean = urllib.parse.urlunsplit(parts._replace(fragment=""))
+    name = os.path.basename(parts.path) or "bundle.tophub"
+    cached = download_cache_dir() / f"{hashlib.sha256(clean.encode()).hexdigest()[:16]}-{name}"
+    try:
+        with urllib.request.urlopen(clean, timeout=DOWNLOAD_TIMEOUT_S) as resp:
+            data = resp.read()
+    except (urllib.error.URLError, OSError) as err:
+        reason = getattr(err, "reason", err)
+        if cached.exists():
+            warnings.warn(
+                f"cannot download tophub bundle {clean} ({reason}); using the copy from {cached}",
+                HubWarning,
+                stacklevel=2,
+            )
+            return cached
+        raise HubError(
+            f"cannot download tophub bundle {clean} ({reason}); are we offline? "
+            "Remove it from tuning.tophub / AOTC_TOPHUB, or set AOTC_TOPHUB=none"
+        ) from None
+    digest = hashlib.sha256(data).hexdigest()
+    if pin and digest != pin:
+        raise BundleError(f"tophub bundle {clean}: sha256 {digest} does not match the pinned {pin}")
+    staging = cached.with_name(cached.name + ".download")
+    write_atomic(staging, data)
+    try:
+        read_bundle(staging)
+    except BundleError as err:
+        staging.unlink(missing_ok=True)
+        raise BundleError(f"tophub bundle {clean}: {str(err).split(': ', 1)[-1]}") from None
+    os.replace(staging, cached)
+    return cached

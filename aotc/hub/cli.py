@@ -1,0 +1,227 @@
+"""`aotc hub ...`: list, verify, prune, export, import and explain tuned records.
+
+Exit codes: 0 ok, 1 bad input (a corrupt bundle or store, an unreadable package, nothing to export),
+2 usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+from aotc.hub.bundle import BundleError, export_bundle, is_bundle, read_bundle
+from aotc.hub.lookup import RecordSources, explain_package, open_sources, sources_from_paths
+from aotc.hub.store import (
+    HubError,
+    TargetKey,
+    merge_into_store,
+    prune_store,
+    read_store_file,
+    store_files,
+    user_store_dir,
+)
+from aotc.target import TargetError, parse_target
+
+
+def add_hub_parser(subparsers) -> None:
+    """Add `hub` and its subcommands to the CLI's subparsers."""
+    hub = subparsers.add_parser(
+        "hub", help="the tophub record store: ls, verify, prune, export, import, explain"
+    )
+    sub = hub.add_subparsers(dest="hub_command", metavar="COMMAND")
+
+    ls = sub.add_parser("ls", help="records per source and target: workloads, records, best costs")
+    ls.add_argument(
+        "--from", dest="paths", nargs="+", metavar="PATH", help="list these instead of the sources"
+    )
+    ls.add_argument("--target", help="only records for this target")
+    ls.add_argument("-v", "--verbose", action="store_true", help="one line per workload")
+
+    verify = sub.add_parser("verify", help="check a bundle, a store directory or a record file")
+    verify.add_argument("path", nargs="?", help="default: the user store")
+
+    prune = sub.add_parser(
+        "prune", help="keep the best records per workload; drop failed and unknown-version lines"
+    )
+    prune.add_argument("path", nargs="?", help="store directory (default: the user store)")
+    prune.add_argument("--keep", type=int, default=3, help="records kept per workload and target (default 3)")
+
+    export = sub.add_parser("export", help="write the best record per workload for a target as a bundle")
+    export.add_argument("--target", required=True, help="target string, e.g. 'llvm -mcpu=znver4'")
+    export.add_argument("-o", "--output", required=True, help="bundle file to write (e.g. team.tophub)")
+    export.add_argument(
+        "--from", dest="paths", nargs="+", metavar="PATH", help="record files, stores or bundles"
+    )
+
+    imp = sub.add_parser(
+        "import", help="verify a bundle and merge it into the user store (best per key wins)"
+    )
+    imp.add_argument("bundle")
+    imp.add_argument("--store", help="store directory (default: the user store)")
+
+    explain = sub.add_parser("explain", help="per task of a package: hit / miss / stale against the sources")
+    explain.add_argument("package")
+    explain.add_argument("--records", help="the recipe's records file, first in the chain")
+
+    hub.set_defaults(hub_parser=hub)
+
+
+def cmd_hub(args: argparse.Namespace) -> int:
+    command = getattr(args, "hub_command", None)
+    handlers = {
+        "ls": _ls,
+        "verify": _verify,
+        "prune": _prune,
+        "export": _export,
+        "import": _import,
+        "explain": _explain,
+    }
+    if command not in handlers:
+        parser = getattr(args, "hub_parser", None)
+        if parser is not None:
+            parser.print_help(sys.stderr)
+        return 2
+    try:
+        return handlers[command](args)
+    except (HubError, TargetError, OSError) as err:
+        print(f"aotc hub {command}: {err}", file=sys.stderr)
+        return 1
+
+
+def short_target(text: str, width: int = 72) -> str:
+    """A target string with a long feature list abbreviated."""
+    if len(text) <= width:
+        return text
+    return re.sub(r"-mattr=(\S+)", lambda m: f"-mattr=<{m.group(1).count(',') + 1} features>", text)
+
+
+def _sources(args) -> RecordSources:
+    return sources_from_paths(args.paths) if args.paths else open_sources(None, None)
+
+
+def _ls(args) -> int:
+    sources = _sources(args)
+    wanted = TargetKey.of(parse_target(args.target)) if args.target else None
+    sources.all_records()
+    for src in sources.sources:
+        files = [f for f in src.files]
+        problem = f"  ({src.problem})" if src.problem else ""
+        count = sum(len(f.records) for f in files)
+        print(f"{src.name}{problem}" + ("" if count or problem else "  (empty)"))
+        by_target: dict[TargetKey, list] = defaultdict(list)
+        for content in files:
+            for rec in content.records:
+                by_target[TargetKey.of_record(rec.target, rec.host)].append(rec)
+        for key, recs in sorted(by_target.items(), key=lambda kv: kv[0].text):
+            if wanted is not None and key != wanted:
+                continue
+            per_workload: dict[str, list] = defaultdict(list)
+            for rec in recs:
+                per_workload[rec.workload_key].append(rec)
+            failed = sum(not r.ok for r in recs)
+            print(
+                f"  {short_target(key.text)}: {len(per_workload)} workload(s), {len(recs)} record(s)"
+                + (f" ({failed} failed)" if failed else "")
+            )
+            if args.verbose:
+                for wk, wrecs in sorted(per_workload.items()):
+                    best = min(r.mean_cost for r in wrecs)
+                    cost = f"best {best * 1e3:.4f} ms" if best < float("inf") else "no valid record"
+                    print(f"    {wk}  {cost}  ({len(wrecs)} record(s))")
+        foreign = sum(len(f.foreign) for f in files)
+        corrupt = sum(len(f.corrupt) for f in files)
+        if foreign or corrupt:
+            print(f"  + {foreign} line(s) of another format version, {corrupt} corrupt line(s)")
+    return 0
+
+
+def _verify(args) -> int:
+    path = Path(args.path) if args.path else user_store_dir()
+    if not path.exists():
+        print(f"aotc hub verify: {path} does not exist", file=sys.stderr)
+        return 1
+    if is_bundle(path):
+        try:
+            bundle = read_bundle(path)
+        except BundleError as err:
+            print(f"aotc hub verify: refused: {err}", file=sys.stderr)
+            return 1
+        m = bundle.manifest
+        print(
+            f"ok: {path}: {len(bundle.records)} record(s) for {short_target(m.get('target', '?'))}, "
+            f"exported by {m.get('exported_by', '?')} at {m.get('created_utc', '?')}; sha256 of every member verified"
+        )
+        return 0
+    files = [path] if path.is_file() else store_files(path)
+    bad = 0
+    for file in files:
+        content = read_store_file(file)
+        line = f"{file}: {len(content.records)} record(s)"
+        if content.foreign:
+            versions = sorted({str(f.version) for f in content.foreign})
+            line += f", {len(content.foreign)} line(s) of format version {'/'.join(versions)} (not used)"
+        if content.corrupt:
+            bad += len(content.corrupt)
+            shown = ", ".join(f"line {n} ({why})" for n, why in content.corrupt[:5])
+            line += f", {len(content.corrupt)} CORRUPT: {shown}"
+        print(line)
+    if bad:
+        print(f"aotc hub verify: {bad} corrupt line(s); `aotc hub prune` drops them", file=sys.stderr)
+        return 1
+    print(f"ok: {len(files)} file(s) verified")
+    return 0
+
+
+def _prune(args) -> int:
+    path = Path(args.path) if args.path else user_store_dir()
+    if not path.is_dir():
+        print(f"aotc hub prune: {path} is not a store directory", file=sys.stderr)
+        return 1
+    print(f"{path}: {prune_store(path, args.keep)}")
+    return 0
+
+
+def _export(args) -> int:
+    target = parse_target(args.target)
+    sources = _sources(args)
+    records = [rec for rec, _ in sources.all_records()]
+    manifest = export_bundle(records, TargetKey.of(target), args.output)
+    print(
+        f"wrote {args.output}: best record of {len(manifest['workloads'])} workload(s) for "
+        f"{short_target(str(target))}, from {len(records)} record(s)"
+    )
+    return 0
+
+
+def _import(args) -> int:
+    try:
+        bundle = read_bundle(args.bundle)
+    except BundleError as err:
+        print(f"aotc hub import: refused, nothing written: {err}", file=sys.stderr)
+        return 1
+    store = Path(args.store) if args.store else user_store_dir()
+    added, kept = merge_into_store(store, bundle.records)
+    print(
+        f"imported {args.bundle} into {store}: {added} record(s) added, "
+        f"{kept} not (the store already has one as fast or faster)"
+    )
+    return 0
+
+
+def _explain(args) -> int:
+    sources = open_sources(Path(args.records) if args.records else None, None)
+    target, rows = explain_package(args.package, sources)
+    print(f"package {args.package}, target {short_target(str(target))}")
+    print(
+        "sources: "
+        + ", ".join(s.name + (f" (skipped: {s.problem})" if s.problem else "") for s in sources.sources)
+    )
+    width = max((len(task) for task, _ in rows), default=4)
+    for task, result in rows:
+        print(f"  {task:<{width}}  {result}")
+    counts = {s: sum(r.status == s for _, r in rows) for s in ("hit", "miss", "stale")}
+    print(f"{counts['hit']} hit, {counts['miss']} miss, {counts['stale']} stale")
+    return 0

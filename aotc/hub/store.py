@@ -1,0 +1,345 @@
+"""A record store: a directory of JSON-lines files, one per target, that many builds append to at once.
+
+Why JSON lines and not SQLite: a record already is one JSON line (aotc.search.records), so a store
+file, a build's records file and a bundle member are the same format and can be read, diffed, grepped
+and concatenated with ordinary tools. Appends are atomic without a database: each line goes out in
+one `os.write` on an O_APPEND descriptor, so two builds appending at once never interleave lines.
+Shared stores often live on network filesystems, where SQLite's locking is documented as unreliable;
+aotc only ever reads those. Whole-file rewrites (prune) go to a temporary file and `os.replace`, and
+take an exclusive `flock` on the store's `.lock` that every appender takes shared, so no append is
+lost to a concurrent rewrite.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import platform
+import re
+import tempfile
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from aotc.search.records import RECORD_VERSION, Record, append_records
+from aotc.target import Target, TargetError, parse_target
+
+STORE_SUFFIX = ".jsonl"
+LOCK_NAME = ".lock"
+
+
+class HubError(ValueError):
+    """A store, bundle or source that cannot be used; the message names it and says why."""
+
+
+# ----------------------------------------------------------------------------- where stores live
+
+
+def user_store_dir() -> Path:
+    """`$AOTC_HOME/tophub`, else `$XDG_CACHE_HOME/aotc/tophub`, else `~/.cache/aotc/tophub`."""
+    home = os.environ.get("AOTC_HOME")
+    if home:
+        return Path(home) / "tophub"
+    cache = os.environ.get("XDG_CACHE_HOME")
+    base = Path(cache) if cache else Path.home() / ".cache"
+    return base / "aotc" / "tophub"
+
+
+def download_cache_dir() -> Path:
+    """Where downloaded bundles are kept (next to the user store)."""
+    return user_store_dir().parent / "tophub-downloads"
+
+
+def shipped_store_dir() -> Path | None:
+    """The project's `tophub/` folder (repository root), or None where it is absent (an installed wheel)."""
+    import aotc
+
+    path = Path(aotc.__file__).resolve().parent.parent / "tophub"
+    return path if path.is_dir() else None
+
+
+# ----------------------------------------------------------------------------- keys
+
+
+@dataclass(frozen=True)
+class TargetKey:
+    """The part of a target a record is tied to: kind, architecture, CPU model, features, core count."""
+
+    kind: str
+    arch: str
+    cpu: str
+    features: frozenset[str]
+    cores: int
+    text: str = field(default="", compare=False)
+
+    @staticmethod
+    def of(target: Target) -> TargetKey:
+        if target.kind == "cuda":
+            return TargetKey("cuda", target.arch, "", frozenset(), 0, str(target))
+        arch = target.mtriple.split("-")[0] if target.mtriple else platform.machine()
+        return TargetKey("llvm", arch, target.mcpu, frozenset(target.mattr), target.num_cores, str(target))
+
+    @staticmethod
+    def of_record(target_text: str, host: dict | None = None) -> TargetKey:
+        """The key of a record's target string; without a -mtriple the measuring host's machine is the arch."""
+        try:
+            target = parse_target(target_text) if "-mcpu=native" not in target_text else None
+        except TargetError:
+            target = None
+        if target is None:
+            return TargetKey("?", "", "", frozenset(), 0, target_text)
+        key = TargetKey.of(target)
+        machine = (host or {}).get("machine")
+        if key.kind == "llvm" and not target.mtriple and isinstance(machine, str) and machine:
+            key = TargetKey(key.kind, machine, key.cpu, key.features, key.cores, target_text)
+        return key
+
+    def difference(self, wanted: TargetKey) -> str:
+        """Which part of this (a record's) key differs from `wanted` (the target being built), or ""."""
+        if self.kind != wanted.kind:
+            if self.kind == "?":
+                return f"record for target {self.text!r} (not a valid target string)"
+            return f"record for a {self.kind} target, this target is {wanted.kind}"
+        if self.arch != wanted.arch:
+            what = "-arch" if self.kind == "cuda" else "arch"
+            return f"record for {what}={self.arch}, this target is {what}={wanted.arch}"
+        if self.cpu != wanted.cpu:
+            return f"record for -mcpu={self.cpu}, this target is -mcpu={wanted.cpu}"
+        if self.features != wanted.features:
+            extra = sorted(self.features - wanted.features)
+            missing = sorted(wanted.features - self.features)
+            parts = []
+            if extra:
+                parts.append(f"record has {_listed(extra)} that this target has not")
+            if missing:
+                parts.append(f"this target has {_listed(missing)} that the record has not")
+            return "record for other -mattr features: " + "; ".join(parts)
+        if self.cores != wanted.cores:
+            return f"record for {_cores(self.cores)}, this target is {_cores(wanted.cores)}"
+        return ""
+
+    def file_name(self) -> str:
+        """`llvm-skylake-avx512-<hash>.jsonl`: readable, and distinct per key."""
+        text = json.dumps([self.kind, self.arch, self.cpu, sorted(self.features), self.cores])
+        digest = hashlib.sha256(text.encode()).hexdigest()[:12]
+        name = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{self.kind}-{self.cpu or self.arch}")
+        return f"{name}-{digest}{STORE_SUFFIX}"
+
+
+def _listed(items: list[str], limit: int = 6) -> str:
+    return ",".join(items[:limit]) + (f",... ({len(items)} in all)" if len(items) > limit else "")
+
+
+def _cores(n: int) -> str:
+    return f"-num-cores={n}" if n else "the host's core count (no -num-cores)"
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+@dataclass(frozen=True)
+class ForeignLine:
+    """A line of another record format version: enough of it to say why it is not used."""
+
+    version: object
+    workload_key: str
+    fingerprint: str
+    target: str
+    lineno: int
+
+
+@dataclass
+class StoreFile:
+    """What one store file holds: current-version records, lines of other versions, corrupt lines."""
+
+    path: str
+    records: list[Record] = field(default_factory=list)
+    foreign: list[ForeignLine] = field(default_factory=list)
+    corrupt: list[tuple[int, str]] = field(default_factory=list)
+
+
+def parse_lines(lines: Iterable[str], path: str) -> StoreFile:
+    """Classify record lines; blank and `#` lines are ignored. Never raises on bad content."""
+    out = StoreFile(path)
+    for lineno, line in enumerate(lines, 1):
+        text = line.strip()
+        if not text or text.startswith("#"):
+            continue
+        try:
+            obj = json.loads(text)
+        except ValueError as err:
+            out.corrupt.append((lineno, f"not JSON ({err})"))
+            continue
+        if not isinstance(obj, dict):
+            out.corrupt.append((lineno, f"expected a JSON object, got {type(obj).__name__}"))
+            continue
+        if obj.get("v") != RECORD_VERSION:
+            out.foreign.append(
+                ForeignLine(
+                    obj.get("v"),
+                    str(obj.get("workload_key", "")),
+                    str(obj.get("fingerprint", "")),
+                    str(obj.get("target", "")),
+                    lineno,
+                )
+            )
+            continue
+        try:
+            out.records.append(Record.from_json(text))
+        except ValueError as err:
+            out.corrupt.append((lineno, str(err)))
+    return out
+
+
+def read_store_file(path: str | os.PathLike) -> StoreFile:
+    path = os.fspath(path)
+    with open(path, encoding="utf-8", errors="replace") as f:
+        return parse_lines(f, path)
+
+
+def store_files(directory: str | os.PathLike) -> list[Path]:
+    """The record files of a store directory, sorted by name."""
+    d = Path(directory)
+    return sorted(p for p in d.glob(f"*{STORE_SUFFIX}") if p.is_file()) if d.is_dir() else []
+
+
+# ----------------------------------------------------------------------------- writing
+
+
+@contextlib.contextmanager
+def store_lock(directory: Path, exclusive: bool) -> Iterator[None]:
+    """`flock` on the store's lock file: appenders share it, rewriters hold it alone."""
+    directory.mkdir(parents=True, exist_ok=True)
+    fd = os.open(directory / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        yield
+    finally:
+        os.close(fd)
+
+
+def group_by_target(records: Iterable[Record]) -> dict[str, list[Record]]:
+    """Records by the store file name of their target key."""
+    groups: dict[str, list[Record]] = {}
+    for rec in records:
+        name = TargetKey.of_record(rec.target, rec.host).file_name()
+        groups.setdefault(name, []).append(rec)
+    return groups
+
+
+def append_to_store(directory: str | os.PathLike, records: Iterable[Record], _locked: bool = False) -> int:
+    """Append records to the store's per-target files; returns how many were written."""
+    directory = Path(directory)
+    groups = group_by_target(records)
+    if not groups:
+        return 0
+    lock = contextlib.nullcontext() if _locked else store_lock(directory, exclusive=False)
+    with lock:
+        for name, recs in groups.items():
+            append_records(directory / name, recs)
+    return sum(len(r) for r in groups.values())
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write `data` to a temporary file beside `path`, then rename it over `path`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def record_identity(rec: Record) -> tuple:
+    """Records equal in this are the same measurement (seen through two sources)."""
+    return (rec.fingerprint, rec.target, json.dumps(rec.steps), tuple(rec.costs), rec.error, rec.timestamp)
+
+
+def best_per_key(records: Iterable[Record], keep: int = 1) -> dict[tuple[str, TargetKey], list[Record]]:
+    """The `keep` fastest valid records (distinct steps) per (fingerprint, target key), fastest first."""
+    groups: dict[tuple[str, TargetKey], list[Record]] = {}
+    for rec in records:
+        if rec.ok:
+            groups.setdefault((rec.fingerprint, TargetKey.of_record(rec.target, rec.host)), []).append(rec)
+    out = {}
+    for key, recs in groups.items():
+        recs.sort(key=lambda r: (r.mean_cost, r.timestamp))
+        chosen, seen = [], set()
+        for rec in recs:
+            steps = json.dumps(rec.steps)
+            if steps not in seen:
+                seen.add(steps)
+                chosen.append(rec)
+            if len(chosen) == keep:
+                break
+        out[key] = chosen
+    return out
+
+
+@dataclass
+class PruneReport:
+    files: int = 0
+    kept: int = 0
+    dropped_errors: int = 0
+    dropped_versions: int = 0
+    dropped_corrupt: int = 0
+    dropped_slower: int = 0
+
+    def __str__(self) -> str:
+        return (
+            f"{self.files} file(s): kept {self.kept} record(s); dropped {self.dropped_slower} slower, "
+            f"{self.dropped_errors} failed, {self.dropped_versions} of another format version, "
+            f"{self.dropped_corrupt} corrupt"
+        )
+
+
+def prune_store(directory: str | os.PathLike, keep: int = 3) -> PruneReport:
+    """Keep the `keep` best records per (workload, target); drop failed, foreign-version and corrupt
+    lines. Each file is rewritten atomically while no one appends."""
+    if keep < 1:
+        raise HubError(f"prune: keep must be at least 1, got {keep}")
+    directory = Path(directory)
+    report = PruneReport()
+    with store_lock(directory, exclusive=True):
+        for path in store_files(directory):
+            content = read_store_file(path)
+            best = best_per_key(content.records, keep)
+            kept = sorted(
+                (r for recs in best.values() for r in recs), key=lambda r: (r.fingerprint, r.mean_cost)
+            )
+            report.files += 1
+            report.kept += len(kept)
+            report.dropped_errors += sum(not r.ok for r in content.records)
+            report.dropped_versions += len(content.foreign)
+            report.dropped_corrupt += len(content.corrupt)
+            report.dropped_slower += sum(r.ok for r in content.records) - len(kept)
+            write_atomic(path, "".join(r.to_json() + "\n" for r in kept).encode())
+    return report
+
+
+def merge_into_store(directory: str | os.PathLike, records: Iterable[Record]) -> tuple[int, int]:
+    """Append each record that is faster than the store's best for its (workload, target), or whose
+    key the store lacks. Returns (appended, not appended)."""
+    directory = Path(directory)
+    incoming = best_per_key(records)
+    with store_lock(directory, exclusive=True):
+        current: list[Record] = []
+        for path in store_files(directory):
+            current.extend(read_store_file(path).records)
+        have = best_per_key(current)
+        new = [
+            recs[0]
+            for key, recs in incoming.items()
+            if key not in have or recs[0].mean_cost < have[key][0].mean_cost
+        ]
+        append_to_store(directory, new, _locked=True)
+    return len(new), len(incoming) - len(new)

@@ -1,0 +1,59 @@
+"""Warm-starting the cost model from stored records (transfer from earlier builds of the same workloads)."""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING
+
+from aotc.search.records import Record
+from aotc.target import Target
+from aotc.te.dag import ComputeDAG
+
+if TYPE_CHECKING:
+    from aotc.hub.lookup import RecordSources
+    from aotc.search.cost_model import XGBCostModel
+
+
+def warm_start(
+    model: XGBCostModel,
+    sources: RecordSources,
+    target: Target,
+    dags: dict[str, ComputeDAG],
+    max_per_workload: int = 512,
+) -> int:
+    """Train `model` on the stored records of `target` whose fingerprint is one of `dags` (the tasks of
+    the model being built; a record's features need its DAG). Returns how many programs were added.
+
+    Each workload contributes its `max_per_workload` fastest records; records that no longer replay are
+    skipped. The model trains once, at the end, if it then holds more than its warm-up sample.
+    """
+    from aotc.search.features import state_features
+
+    by_fingerprint = {dag.fingerprint: dag for dag in dags.values()}
+    groups: dict[str, list[Record]] = {}
+    for rec in sources.records_for(target):
+        if rec.fingerprint in by_fingerprint:
+            groups.setdefault(rec.fingerprint, []).append(rec)
+    added = 0
+    warmup = model.num_warmup_sample
+    model.num_warmup_sample = sys.maxsize  # no retraining after each workload: once, below
+    try:
+        for fingerprint, recs in groups.items():
+            dag = by_fingerprint[fingerprint]
+            feats, costs = [], []
+            for rec in sorted(recs, key=lambda r: r.mean_cost)[:max_per_workload]:
+                try:
+                    state = rec.state(dag)
+                except Exception:  # noqa: BLE001 - a record that no longer replays teaches nothing
+                    continue
+                f = state_features(state)
+                if len(f):
+                    feats.append(f)
+                    costs.append(rec.mean_cost)
+            model.add_training_data(dag.workload_key, feats, costs)
+            added += len(feats)
+    finally:
+        model.num_warmup_sample = warmup
+    if added and model.num_programs > model.num_warmup_sample:
+        model.fit()
+    return added

@@ -1,0 +1,487 @@
+"""The tophub record store: lookup chain and precedence, stale keys, bundles, concurrent writers, prune,
+explain, URL sources and the cost model's warm start."""
+
+import argparse
+import dataclasses
+import functools
+import hashlib
+import http.server
+import json
+import multiprocessing as mp
+import threading
+import warnings
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from aotc.hub import BundleError, HubWarning, RecordSources, open_sources, read_bundle, warm_start
+from aotc.hub.cli import add_hub_parser, cmd_hub
+from aotc.hub.lookup import split_env
+from aotc.hub.store import TargetKey, read_store_file, store_files
+from aotc.schedule.default import default_schedule
+from aotc.schedule.state import State
+from aotc.search.common import ErrorCode, MeasureResult
+from aotc.search.records import RECORD_VERSION, Record, append_records
+from aotc.target import parse_target
+from aotc.topi.workloads import make_workload
+
+SKX = parse_target("llvm -mcpu=skylake-avx512 -num-cores=4")
+ZEN = parse_target("llvm -mcpu=znver4 -num-cores=4")
+
+
+@pytest.fixture(autouse=True)
+def home(tmp_path, monkeypatch):
+    """Every test gets its own AOTC_HOME and no AOTC_TOPHUB; the real home is never touched."""
+    monkeypatch.setenv("AOTC_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("AOTC_TOPHUB", raising=False)
+    return tmp_path / "home"
+
+
+@functools.cache
+def matmul():
+    return make_workload("matmul", [16, 16, 16])
+
+
+@functools.cache
+def dense():
+    return make_workload("dense", [8, 16, 16])
+
+
+def split_state(dag, factor: int) -> State:
+    return State.initial(dag).split(2, 0, [factor])
+
+
+def record(dag, state, cost, target=SKX, error=ErrorCode.NO_ERROR) -> Record:
+    costs = [cost, cost * 1.02, cost * 0.98] if error == ErrorCode.NO_ERROR else []
+    return Record.from_result(dag, target, state, MeasureResult(costs, error, "boom" if error else ""))
+
+
+def chain(tmp_path, records_file=None, tophub=None, shipped=None) -> RecordSources:
+    return open_sources(records_file, tophub, shipped=shipped)
+
+
+def store(path: Path, recs) -> Path:
+    """A store directory holding `recs` in per-target files."""
+    from aotc.hub.store import append_to_store
+
+    append_to_store(path, recs)
+    return path
+
+
+def hub(*argv: str) -> int:
+    parser = argparse.ArgumentParser(prog="aotc")
+    add_hub_parser(parser.add_subparsers(dest="command"))
+    return cmd_hub(parser.parse_args(["hub", *argv]))
+
+
+# ----------------------------------------------------------------------------- lookup
+
+
+def test_lookup_order_and_precedence(tmp_path, home, monkeypatch):
+    dag = matmul()
+    own = tmp_path / "build.records.jsonl"
+    append_records(own, [record(dag, split_state(dag, 4), 2e-5)])
+    store(home / "tophub", [record(dag, split_state(dag, 2), 2e-5)])  # as fast: the earlier source wins
+    shipped = store(tmp_path / "shipped", [record(dag, split_state(dag, 8), 3e-5)])
+    shared = store(tmp_path / "team", [record(dense(), default_schedule(dense(), SKX), 1e-5)])
+    monkeypatch.setenv("AOTC_TOPHUB", str(tmp_path / "env-store"))
+
+    sources = chain(tmp_path, own, [str(shared)], shipped)
+    assert [s.kind for s in sources.sources] == ["records", "user", "tophub", "shared", "shared"]
+    assert [s.location for s in sources.sources][3:] == [str(shared), str(tmp_path / "env-store")]
+    with pytest.warns(HubWarning, match="env-store does not exist"):
+        hit = sources.lookup(dag, SKX)
+    assert hit.status == "hit" and hit.source.startswith(f"records:{own}")
+    assert hit.record.steps == record(dag, split_state(dag, 4), 1).steps
+    assert hit.state is not None and hit.state.steps == split_state(dag, 4).steps
+    assert sources.lookup(dense(), SKX).source.startswith(f"shared:{shared}")
+
+    # a faster record later in the chain wins; one that no longer replays is skipped with a warning
+    store(shipped, [record(dag, split_state(dag, 8), 1e-5)])
+    broken = dataclasses.replace(record(dag, split_state(dag, 8), 1e-6), steps=[["SP", 99, 0, 16, [2], 1]])
+    store(home / "tophub", [broken])
+    sources = chain(tmp_path, own, [], shipped)  # tophub=[]: only the recipe's records
+    assert sources.lookup(dag, SKX).source.startswith("records:")
+    monkeypatch.delenv("AOTC_TOPHUB")
+    sources = chain(tmp_path, own, None, shipped)
+    with pytest.warns(HubWarning, match="does not replay"):
+        hit = sources.lookup(dag, SKX)
+    assert hit.status == "hit" and hit.source.startswith(f"tophub:{shipped}")
+    assert hit.record.mean_cost == pytest.approx(1e-5) and "did not replay" in hit.reason
+
+
+def test_record_for_another_cpu_is_stale_and_not_applied(tmp_path, home):
+    dag = matmul()
+    store(home / "tophub", [record(dag, split_state(dag, 4), 1e-5, SKX)])
+    sources = chain(tmp_path)
+    found = sources.lookup(dag, ZEN)
+    assert found.status == "stale" and found.state is None and found.record is None
+    assert found.reason == "record for -mcpu=skylake-avx512, this target is -mcpu=znver4"
+    assert str(found).startswith("stale: record for -mcpu=skylake-avx512") and "user:" in found.source
+    assert sources.lookup(dag, SKX).status == "hit"
+    assert sources.records_for(ZEN) == []
+
+    features = parse_target("llvm -mcpu=skylake-avx512 -mattr=+avx2 -num-cores=4")
+    assert "this target has +avx2 that the record has not" in sources.lookup(dag, features).reason
+    cores = parse_target("llvm -mcpu=skylake-avx512 -num-cores=8")
+    assert sources.lookup(dag, cores).reason == "record for -num-cores=4, this target is -num-cores=8"
+    assert (
+        sources.lookup(dag, parse_target("cuda -arch=sm_80")).reason
+        == "record for a llvm target, this target is cuda"
+    )
+    miss = sources.lookup(dense(), SKX)
+    assert miss.status == "miss" and miss.state is None and "no record for workload" in miss.reason
+
+
+def test_format_version_mismatch_is_stale(tmp_path, home):
+    dag = matmul()
+    old = json.loads(record(dag, split_state(dag, 4), 1e-5).to_json()) | {"v": 0}
+    path = home / "tophub" / TargetKey.of(SKX).file_name()
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(old) + "\n")
+    found = chain(tmp_path).lookup(dag, SKX)
+    assert found.status == "stale" and found.state is None
+    assert found.reason == f"record format v0 < v{RECORD_VERSION}"
+    failed = store(tmp_path / "failed", [record(dag, State.initial(dag), 0, error=ErrorCode.RUNTIME_DEVICE)])
+    only_failed = open_sources(None, [str(failed)], user_store=tmp_path / "empty")
+    assert only_failed.lookup(dag, SKX).reason == "1 record(s) for this target, all failed measurement"
+
+
+def test_aotc_tophub_none_leaves_only_the_recipes_records(tmp_path, home, monkeypatch):
+    dag = matmul()
+    store(home / "tophub", [record(dag, split_state(dag, 4), 1e-5)])
+    own = tmp_path / "own.jsonl"
+    monkeypatch.setenv("AOTC_TOPHUB", "none")
+    sources = chain(tmp_path, own, None, tmp_path)
+    assert [s.kind for s in sources.sources] == ["records"]
+    assert sources.lookup(dag, SKX).status == "miss"
+    append_records(own, [record(dag, split_state(dag, 2), 3e-5)])
+    assert chain(tmp_path, own).lookup(dag, SKX).source.startswith("records:")
+    sources.save([record(dag, split_state(dag, 8), 1e-5)])  # saving still goes to the user store
+    assert sum(len(read_store_file(f).records) for f in store_files(home / "tophub")) == 2
+
+
+def test_split_env_keeps_urls_whole(monkeypatch):
+    monkeypatch.setattr("os.pathsep", ":")
+    assert split_env("/a:https://h.example:8443/x.tophub:file:///b/c.tophub::/d") == [
+        "/a",
+        "https://h.example:8443/x.tophub",
+        "file:///b/c.tophub",
+        "/d",
+    ]
+
+
+# ----------------------------------------------------------------------------- bundles
+
+
+def test_export_import_round_trip(tmp_path, home, capsys):
+    dag = matmul()
+    team = store(
+        tmp_path / "team",
+        [
+            record(dag, split_state(dag, 4), 3e-5),
+            record(dag, split_state(dag, 8), 1e-5),
+            record(dag, split_state(dag, 2), 0, error=ErrorCode.WRONG_ANSWER),
+            record(dense(), default_schedule(dense(), SKX), 2e-5),
+            record(dag, split_state(dag, 2), 1e-6, ZEN),
+        ],
+    )
+    bundle = tmp_path / "out" / "skx.tophub"
+    assert hub("export", "--target", str(SKX), "-o", str(bundle), "--from", str(team)) == 0
+    got = read_bundle(bundle)
+    assert sorted((r.fingerprint, r.mean_cost) for r in got.records) == sorted(
+        [(dag.fingerprint, pytest.approx(1e-5)), (dense().fingerprint, pytest.approx(2e-5))]
+    )
+    m = got.manifest
+    assert m["record_version"] == RECORD_VERSION and "@" in m["exported_by"] and m["exporter_host"]["cpu"]
+    per = {w["fingerprint"]: w for w in m["workloads"]}
+    assert per[dag.fingerprint]["trials"] == 3 and per[dense().fingerprint]["trials"] == 1
+    assert per[dag.fingerprint]["noise"] == pytest.approx(0.0163, abs=1e-3)  # std/mean of (1, 1.02, 0.98)
+    assert per[dag.fingerprint]["measured_on"] and per[dag.fingerprint]["measured_utc"].endswith("Z")
+
+    assert hub("import", str(bundle)) == 0
+    hit = chain(tmp_path).lookup(dag, SKX)
+    assert hit.status == "hit" and hit.record.steps == record(dag, split_state(dag, 8), 1).steps
+    assert "2 record(s) added" in capsys.readouterr().out
+    assert hub("import", str(bundle)) == 0
+    assert "0 record(s) added, 2 not" in capsys.readouterr().out
+    faster = tmp_path / "faster.tophub"
+    store(tmp_path / "faster", [record(dag, split_state(dag, 4), 5e-6)])
+    assert hub("export", "--target", str(SKX), "-o", str(faster), "--from", str(tmp_path / "faster")) == 0
+    assert hub("import", str(faster)) == 0
+    assert chain(tmp_path).lookup(dag, SKX).record.mean_cost == pytest.approx(5e-6)
+    assert hub("export", "--target", str(ZEN), "-o", str(tmp_path / "x.tophub"), "--from", str(faster)) == 1
+    assert "nothing to export" in capsys.readouterr().err
+
+
+def _rezip(src: Path, dst: Path, change) -> Path:
+    with zipfile.ZipFile(src) as zf:
+        members = {i.filename: zf.read(i) for i in zf.infolist()}
+    members = change(members)
+    with zipfile.ZipFile(dst, "w") as zf:
+        for name, data in members.items():
+            zf.writestr(name, data)
+    return dst
+
+
+def _flip_record_byte(members):
+    data = bytearray(members["records.jsonl"])
+    data[data.index(b'"costs":[') + 10] ^= 0x01
+    return members | {"records.jsonl": bytes(data)}
+
+
+def _old_manifest(members):
+    manifest = json.loads(members["manifest.json"]) | {"record_version": 0}
+    return members | {"manifest.json": json.dumps(manifest).encode()}
+
+
+def _lines_of(members):
+    body = members["records.jsonl"] + b'{"v": 1, "truncated\n'
+    manifest = json.loads(members["manifest.json"])
+    manifest["members"]["records.jsonl"]["sha256"] = hashlib.sha256(body).hexdigest()
+    return {"manifest.json": json.dumps(manifest).encode(), "records.jsonl": body}
+
+
+@pytest.mark.parametrize(
+    "change, reason",
+    [
+        (_flip_record_byte, "member records.jsonl fails its sha256 check"),
+        (lambda m: {"manifest.json": m["manifest.json"]}, "missing member records.jsonl"),
+        (
+            lambda m: m | {"manifest.json": b'{"format": "aotc-tophub-bundle", '},
+            "manifest.json is not valid JSON",
+        ),
+        (lambda m: {"records.jsonl": m["records.jsonl"]}, "missing member manifest.json"),
+        (_old_manifest, "records of format v0, this aotc reads v1"),
+        (lambda m: m | {"extra.bin": b"x"}, "member extra.bin is not listed"),
+        (_lines_of, "records.jsonl line 2 is not a valid record"),
+    ],
+)
+def test_corrupt_bundle_is_refused_with_the_reason_and_nothing_written(
+    tmp_path, home, capsys, change, reason
+):
+    dag = matmul()
+    good = tmp_path / "good.tophub"
+    store(tmp_path / "team", [record(dag, split_state(dag, 4), 1e-5)])
+    assert hub("export", "--target", str(SKX), "-o", str(good), "--from", str(tmp_path / "team")) == 0
+    bad = _rezip(good, tmp_path / "bad.tophub", change)
+    capsys.readouterr()
+    assert hub("import", str(bad)) == 1
+    err = capsys.readouterr().err
+    assert "refused, nothing written" in err and reason in err and str(bad) in err
+    assert not store_files(home / "tophub")
+    assert hub("verify", str(bad)) == 1 and reason in capsys.readouterr().err
+    assert hub("verify", str(good)) == 0 and "ok:" in capsys.readouterr().out
+
+
+def test_every_flipped_byte_is_refused_or_harmless(tmp_path):
+    dag = matmul()
+    good = tmp_path / "good.tophub"
+    store(
+        tmp_path / "team",
+        [record(dag, split_state(dag, 4), 1e-5), record(dense(), State.initial(dense()), 2e-5)],
+    )
+    assert hub("export", "--target", str(SKX), "-o", str(good), "--from", str(tmp_path / "team")) == 0
+    original = good.read_bytes()
+    want = [r.to_json() for r in read_bundle(good).records]
+    refused = 0
+    for pos in range(0, len(original), 3):
+        flipped = bytearray(original)
+        flipped[pos] ^= 0x10
+        path = tmp_path / "flipped.tophub"
+        path.write_bytes(bytes(flipped))
+        try:
+            got = read_bundle(path)
+        except BundleError as err:
+            assert str(path) in str(err)
+            refused += 1
+            continue
+        assert [r.to_json() for r in got.records] == want  # an unchecked header byte: content intact
+    assert refused > len(original) // 6
+
+
+# ----------------------------------------------------------------------------- concurrency and prune
+
+
+def _writer(lines: list[str]) -> None:
+    sources = open_sources(None, None)
+    for start in range(0, len(lines), 10):
+        sources.save(Record.from_json(line) for line in lines[start : start + 10])
+
+
+def test_concurrent_writers_leave_the_store_readable_and_complete(home):
+    dag = matmul()
+    base = record(dag, split_state(dag, 4), 1e-5)
+    batches = [
+        [
+            dataclasses.replace(base, costs=[1e-5 + (w * 1000 + i) * 1e-9], error_msg="x" * 500).to_json()
+            for i in range(200)
+        ]
+        for w in range(2)
+    ]
+    ctx = mp.get_context("fork")
+    procs = [ctx.Process(target=_writer, args=(lines,)) for lines in batches]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    files = store_files(home / "tophub")
+    assert len(files) == 1
+    content = read_store_file(files[0])
+    assert not content.corrupt and not content.foreign
+    assert sorted(r.to_json() for r in content.records) == sorted(batches[0] + batches[1])
+
+
+def test_prune_keeps_the_best(tmp_path, home, capsys):
+    dag = matmul()
+    recs = [
+        record(dag, split_state(dag, 2), 4e-5),
+        record(dag, split_state(dag, 4), 1e-5),
+        record(dag, split_state(dag, 4), 5e-5),  # the same state measured again, slower
+        record(dag, split_state(dag, 8), 2e-5),
+        record(dag, split_state(dag, 16), 3e-5),
+        record(dag, State.initial(dag), 0, error=ErrorCode.BUILD_TIMEOUT),
+        record(dense(), State.initial(dense()), 7e-5),
+    ]
+    path = store(home / "tophub", recs)
+    file = store_files(path)[0]
+    with open(file, "a") as f:
+        f.write(json.dumps(json.loads(recs[0].to_json()) | {"v": 0}) + "\n")
+        f.write('{"v": 1, "workload_key": "cut off\n')
+    assert hub("verify") == 1 and "1 CORRUPT: line 9" in capsys.readouterr().out
+    assert hub("prune", "--keep", "2") == 0
+    out = capsys.readouterr().out
+    assert "kept 3 record(s); dropped 3 slower, 1 failed, 1 of another format version, 1 corrupt" in out
+    kept = read_store_file(file)
+    assert not kept.corrupt and not kept.foreign
+    assert sorted((r.fingerprint == dag.fingerprint, r.mean_cost) for r in kept.records) == [
+        (False, pytest.approx(7e-5)),
+        (True, pytest.approx(1e-5)),
+        (True, pytest.approx(2e-5)),
+    ]
+    assert chain(tmp_path).lookup(dag, SKX).record.mean_cost == pytest.approx(1e-5)
+    assert hub("verify") == 0
+    assert hub("ls", "-v") == 0
+    listing = capsys.readouterr().out
+    assert "llvm -mcpu=skylake-avx512 -num-cores=4: 2 workload(s), 3 record(s)" in listing
+    assert f"{dag.workload_key}  best 0.0100 ms  (2 record(s))" in listing
+
+
+# ----------------------------------------------------------------------------- explain
+
+
+def test_explain_a_package(tmp_path, home, capsys):
+    from aotc.package import write_package
+    from tests.test_package import tiny_spec
+
+    dag, other = matmul(), dense()
+    store(
+        home / "tophub",
+        [record(dag, split_state(dag, 4), 1e-5, SKX), record(other, State.initial(other), 1e-5, ZEN)],
+    )
+    info = [
+        {"task": "matmul_16", "workload_key": dag.workload_key, "fingerprint": dag.fingerprint},
+        {"task": "dense_8", "workload_key": other.workload_key},
+    ]
+    pkg = tmp_path / "m.aotc"
+    write_package(tiny_spec(target=SKX, kernel_info=info), str(pkg))
+    assert hub("explain", str(pkg)) == 0
+    out = capsys.readouterr().out
+    assert f"target {SKX}" in out and "user:" in out
+    lines = {line.split()[0]: line for line in out.splitlines() if line.startswith("  ")}
+    assert "hit: 0.0100 ms" in lines["matmul_16"]
+    assert "stale: record for -mcpu=znver4, this target is -mcpu=skylake-avx512" in lines["dense_8"]
+    assert "1 hit, 0 miss, 1 stale" in out
+    assert hub("explain", str(tmp_path / "missing.aotc")) == 1
+
+
+# ----------------------------------------------------------------------------- shared URLs
+
+
+class _Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+def test_shared_bundles_by_file_and_http_url(tmp_path, home):
+    dag = matmul()
+    bundle = tmp_path / "www" / "team.tophub"
+    store(tmp_path / "team", [record(dag, split_state(dag, 8), 1e-5)])
+    assert hub("export", "--target", str(SKX), "-o", str(bundle), "--from", str(tmp_path / "team")) == 0
+    assert open_sources(None, [bundle.as_uri()]).lookup(dag, SKX).source == f"shared:{bundle.as_uri()}"
+
+    handler = functools.partial(_Quiet, directory=str(bundle.parent))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/team.tophub"
+        digest = hashlib.sha256(bundle.read_bytes()).hexdigest()
+        hit = open_sources(None, [f"{url}#sha256={digest}"]).lookup(dag, SKX)
+        assert hit.status == "hit" and hit.source == f"shared:{url}#sha256={digest}"
+        assert list((home / "tophub-downloads").glob("*team.tophub"))
+        with pytest.warns(HubWarning, match="does not match the pinned"):
+            assert open_sources(None, [url + "#sha256=" + "0" * 64]).lookup(dag, SKX).status == "miss"
+        with pytest.warns(HubWarning, match="cannot download tophub bundle .*missing.tophub.*offline"):
+            assert open_sources(None, [url.replace("team", "missing")]).lookup(dag, SKX).status == "miss"
+    finally:
+        server.shutdown()
+        server.server_close()
+    with pytest.warns(HubWarning, match="using the copy from"):
+        assert open_sources(None, [url]).lookup(dag, SKX).status == "hit"  # offline: the cached copy
+
+
+# ----------------------------------------------------------------------------- warm start
+
+
+def test_warm_start_trains_on_records_of_the_given_workloads(tmp_path, home):
+    from aotc.search.cost_model import XGBCostModel
+
+    dag = matmul()
+    recs = [record(dag, split_state(dag, f), c) for f, c in [(2, 4e-5), (4, 1e-5), (8, 2e-5), (16, 3e-5)]]
+    recs += [record(dag, split_state(dag, 4), 1e-6, ZEN), record(dense(), State.initial(dense()), 1e-5)]
+    store(home / "tophub", recs)
+    model = XGBCostModel(num_warmup_sample=2, nthread=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        added = warm_start(model, open_sources(None, None), SKX, {"matmul": dag})
+    assert added == 4 and model.num_programs == 4 and model.num_warmup_sample == 2
+    assert model.booster is not None and set(model.tasks) == {dag.workload_key}
+    assert (
+        warm_start(
+            XGBCostModel(), open_sources(None, None), SKX, {"softmax": make_workload("softmax", [4, 8])}
+        )
+        == 0
+    )
+
+
+@pytest.mark.slow
+def test_warm_start_measurement(tmp_path, home):
+    """Best GFLOP/s after each of 2 rounds of 64, from scratch vs warm-started from another run's records."""
+    from aotc.search.cost_model import XGBCostModel
+    from aotc.search.measure import MeasureOptions
+    from aotc.search.task import SearchTask
+    from aotc.target import host_target
+
+    target = host_target()
+    dag = make_workload("matmul", [128, 128, 128])
+    opts = MeasureOptions(repeat=3, min_repeat_ms=5, n_build_workers=2)
+    earlier = tmp_path / "earlier.jsonl"
+    SearchTask(dag, target).tune(128, records=earlier, seed=11, measure_options=opts, log=lambda _: None)
+    rows = {}
+    for name in ("scratch", "warm"):
+        model = XGBCostModel()
+        if name == "warm":
+            added = warm_start(model, open_sources(earlier, []), target, {"matmul": dag})
+            assert added > 64
+        result = SearchTask(dag, target).tune(
+            128, seed=5, model=model, measure_options=opts, log=lambda _: None
+        )
+        rows[name] = [dag.flop_count / h.best_cost / 1e9 for h in result.history]
+    for name, curve in rows.items():
+        print(f"{name:8s} best GFLOP/s after each round of 64: " + ", ".join(f"{g:.1f}" for g in curve))
+    print(
+        f"earlier run's best: {dag.flop_count / min(r.mean_cost for r in open_sources(earlier, []).records_for(target)) / 1e9:.1f} GFLOP/s"
+    )
