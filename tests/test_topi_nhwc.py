@@ -45,16 +45,16 @@ def pad_nhwc(x: np.ndarray, pads, value=0) -> np.ndarray:
     return np.pad(x, ((0, 0), (t, b), (l, r), (0, 0)), constant_values=value)
 
 
-def conv_ref(x, w, strides, pads, dilations, groups=1):
-    """float64 NHWC conv, OHWI weight."""
-    x, w = x.astype(np.float64), w.astype(np.float64)
+def conv_ref(x, w, strides, pads, dilations, groups=1, dtype=np.float64):
+    """NHWC conv, OHWI weight, computed in `dtype` (float64, or int64 for exact integer sums)."""
+    x, w = x.astype(dtype), w.astype(dtype)
     (sh, sw), (dh, dw) = strides, dilations
     xp = pad_nhwc(x, pads)
     n, hp, wp, c = xp.shape
     o, kh, kw, icg = w.shape
     oh = (hp - dh * (kh - 1) - 1) // sh + 1
     ow = (wp - dw * (kw - 1) - 1) // sw + 1
-    out = np.zeros((n, oh, ow, o))
+    out = np.zeros((n, oh, ow, o), dtype)
     ocg = o // groups
     for g in range(groups):
         for ky in range(kh):
@@ -67,9 +67,9 @@ def conv_ref(x, w, strides, pads, dilations, groups=1):
     return out
 
 
-def depthwise_ref(x, w, strides, pads, dilations, mult):
-    """float64 depthwise conv, weight [1, KH, KW, C*M]."""
-    x, w = x.astype(np.float64), w.astype(np.float64)
+def depthwise_ref(x, w, strides, pads, dilations, mult, dtype=np.float64):
+    """Depthwise conv, weight [1, KH, KW, C*M], computed in `dtype`."""
+    x, w = x.astype(dtype), w.astype(dtype)
     (sh, sw), (dh, dw) = strides, dilations
     xp = np.repeat(pad_nhwc(x, pads), mult, axis=3)
     _, kh, kw, _ = w.shape
