@@ -81,14 +81,21 @@ def assert_matches(got: dict, ref: dict, rtol: float = RTOL, atol: float = ATOL)
             np.testing.assert_allclose(actual, expected, rtol=rtol, atol=atol, err_msg=name)
 
 
-def check(tmp_path, data: bytes, inputs: list[np.ndarray], rtol: float = RTOL, atol: float = ATOL):
+def check(
+    tmp_path,
+    data: bytes,
+    inputs: list[np.ndarray],
+    rtol: float = RTOL,
+    atol: float = ATOL,
+    xnnpack: bool = True,
+):
     """Load the model from a file, run the numpy evaluator of its graph and LiteRT on `inputs`; compare."""
     path = tmp_path / "model.tflite"
     path.write_bytes(data)
     graph = load_tflite(str(path))
     feeds = {v.name: x for v, x in zip(graph.inputs, inputs)}
     got = run_graph(graph, feeds)
-    ref = run_litert(data, inputs)
+    ref = run_litert(data, inputs, xnnpack)
     assert_matches(got, ref, rtol, atol)
     return graph
 
@@ -101,7 +108,7 @@ def check_float(tmp_path, make, low=-1.0, high=1.0, **tol):
     return check(tmp_path, data, float_inputs(mb, 1, low, high), **tol)
 
 
-def check_int8(tmp_path, make, per_channel=True, io="int8", low=-1.0, high=1.0):
+def check_int8(tmp_path, make, per_channel=True, io="int8", low=-1.0, high=1.0, xnnpack=True):
     """Quantize the float model `make` builds (calibrated on random inputs) and compare its int8 form."""
     mb = ModelBuilder()
     outs = make(mb)
@@ -116,7 +123,7 @@ def check_int8(tmp_path, make, per_channel=True, io="int8", low=-1.0, high=1.0):
             quantize(v, q.tensors[t].quant.scale[0], q.tensors[t].quant.zero_point[0])
             for v, t in zip(x, q.inputs)
         ]
-    graph = check(tmp_path, data, x)
+    graph = check(tmp_path, data, x, xnnpack=xnnpack)
     return graph, q
 
 
@@ -448,10 +455,10 @@ def add_op(mb, code="ADD", act="NONE"):
 
 
 def concat_mixed(mb):
-    """Concatenation whose inputs come from different ranges (so they need requantizing)."""
+    """Concatenation of inputs from different ranges (int8 CONCATENATION makes them share one scale)."""
     x = mb.input((1, 3, 3, 2))
     a = mb.op("MUL", [x, mb.const(np.full((1,), 3.0, np.float32))], act_options("MulOptions"))
-    b = mb.op("RELU", [x])
+    b = mb.op("MUL", [x, mb.const(np.full((1,), -0.5, np.float32))], act_options("MulOptions"))
     return mb.op("CONCATENATION", [a, b, x], act_options("ConcatenationOptions", Axis=3))
 
 
@@ -480,7 +487,7 @@ INT8_CASES = [
     case("logistic", lambda mb: unary(mb, "LOGISTIC"), low=-5, high=5),
     case("hard-swish", lambda mb: unary(mb, "HARD_SWISH"), low=-5, high=5),
     case("reshape-after-conv", conv_chain),
-    case("concat-requantize", concat_mixed),
+    case("concat", concat_mixed),
     case(
         "pad",
         lambda mb: with_const(mb, "PAD", (1, 3, 4, 2), np.array([[0, 0], [1, 1], [2, 0], [0, 0]], np.int32)),
@@ -502,6 +509,22 @@ def test_int8_conv_carries_per_channel_scales_and_clamps_inside(tmp_path):
     assert node.op == "qnn.conv2d_nhwc" and node.attrs["activation"] == "RELU6"
     assert len(node.attrs["weight_scales"]) == 4 and node.inputs[2].type.dtype == "int32"
     assert graph.inputs[0].type.dtype == "int8"
+
+
+@needs_qnn
+def test_uint8_concatenation_requantizes_inputs_with_other_scales(tmp_path):
+    """uint8 CONCATENATION rescales each input to the output's parameters (int8 requires them equal)."""
+    mb = ModelBuilder()
+    a = mb.input((1, 2, 3, 4), "uint8", quant=Quant([0.1], [128]))
+    b = mb.input((1, 2, 3, 2), "uint8", quant=Quant([0.05], [100]))
+    c = mb.input((1, 2, 3, 1), "uint8", quant=Quant([0.08], [120]))
+    out = mb.tensor(None, "uint8", quant=Quant([0.08], [120]))
+    mb.output(mb.op("CONCATENATION", [a, b, c], act_options("ConcatenationOptions", Axis=3), outputs=[out]))
+    data = mb.build()
+    rng = np.random.default_rng(4)
+    xs = [rng.integers(0, 256, mb.tensors[t].shape).astype(np.uint8) for t in mb.inputs]
+    graph = check(tmp_path, data, xs, xnnpack=False)
+    assert [n.op for n in graph.nodes].count("qnn.requantize") == 2
 
 
 @needs_qnn

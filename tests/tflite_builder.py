@@ -336,6 +336,12 @@ def quantized(
                 q.tensors[out].quant = activation_quant(out)
         if name == "PADV2" and len(op.inputs) > 2:
             q.tensors[op.inputs[2]].quant = q.tensors[op.inputs[0]].quant
+    for op in q.ops:
+        if names[op.opcode] == "CONCATENATION":  # int8 CONCATENATION needs one scale for all its tensors
+            tensors = [*op.inputs, *op.outputs]
+            shared = quant_of(min(ranges[t][0] for t in tensors), max(ranges[t][1] for t in tensors))
+            for t in tensors:
+                q.tensors[t].quant.scale, q.tensors[t].quant.zero_point = shared.scale, shared.zero_point
     for t, axis in weights.items():
         tensor = q.tensors[t]
         tensor.data, tensor.quant = symmetric_weights(tensor.data, axis)
@@ -436,11 +442,15 @@ def symmetric_weights(w: np.ndarray, axis: int | None) -> tuple[np.ndarray, Quan
     return q, Quant(scale, [0] * len(scale), axis)
 
 
-def run_litert(data: bytes, inputs: dict[str, np.ndarray] | list[np.ndarray]) -> dict[str, np.ndarray]:
-    """The LiteRT interpreter's outputs (by tensor name) on `inputs` (by name, or in input order)."""
-    from ai_edge_litert.interpreter import Interpreter
+def run_litert(
+    data: bytes, inputs: dict[str, np.ndarray] | list[np.ndarray], xnnpack: bool = True
+) -> dict[str, np.ndarray]:
+    """The LiteRT interpreter's outputs (by tensor name) on `inputs` (by name, or in input order);
+    `xnnpack=False` runs TFLite's builtin kernels without the default XNNPACK delegate."""
+    from ai_edge_litert.interpreter import Interpreter, OpResolverType
 
-    interp = Interpreter(model_content=data, num_threads=1)
+    resolver = OpResolverType.AUTO if xnnpack else OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES
+    interp = Interpreter(model_content=data, num_threads=1, experimental_op_resolver_type=resolver)
     interp.allocate_tensors()
     details = interp.get_input_details()
     values = inputs if isinstance(inputs, list) else [inputs[d["name"]] for d in details]
