@@ -6,8 +6,20 @@ softmax, logistic and hard_swish within 1 LSB."""
 from __future__ import annotations
 
 import math
+import re
+import time
 
 import numpy as np
+import pytest
+
+from aotc.codegen.llvm import build_llvm_ir
+from aotc.codegen.module import build_module, load_library
+from aotc.graph.interpret import node_compute
+from aotc.graph.ir import Node, TensorType
+from aotc.schedule.default import default_schedule
+from aotc.schedule.lower import lower
+from aotc.target import host_target
+from aotc.te.dag import ComputeDAG
 
 from .test_topi_nhwc import compile_ops, conv_ref, depthwise_ref
 
@@ -399,3 +411,232 @@ def test_integer_quantized_ops_match_tflite_reference_exactly(tmp_path):
         assert expected.size < 4 or np.unique(expected).size > 3, f"{name}: degenerate case"
         np.testing.assert_array_equal(ref, expected, err_msg=f"{name} (reference evaluator)")
         np.testing.assert_array_equal(got, expected, err_msg=f"{name} (compiled)")
+
+
+# ----------------------------------------------------------------------------- float-based kernels
+
+
+def srdhm16(a, b: int):
+    """gemmlowp SaturatingRoundingDoublingHighMul on int16."""
+    ab = np.asarray(a, np.int64) * b
+    v = ab + np.where(ab >= 0, 1 << 14, 1 - (1 << 14))
+    q = np.sign(v) * (np.abs(v) // (1 << 15))
+    return np.where((np.asarray(a) == -32768) & (b == -32768), 32767, q)
+
+
+def sdhm16(a, b):
+    """SaturatingDoublingHighMul on int16 (truncating)."""
+    ab = np.asarray(a, np.int64) * np.asarray(b, np.int64)
+    q = np.sign(ab) * (np.abs(ab) // (1 << 15))
+    return np.where((np.asarray(a) == -32768) & (np.asarray(b) == -32768), 32767, q)
+
+
+def downscale_to_int16(m: int) -> int:
+    return 32767 if m >= INT32_MAX - (1 << 15) else (m + (1 << 15)) >> 16
+
+
+def ref_hard_swish_fixed_point(x, attrs, dtype):
+    """reference_ops::HardSwish (int8/uint8): TFLite's 16-bit fixed-point kernel."""
+    hires = np.float32(1.0 / 128.0) * np.float32(attrs["input_scale"])
+    out_m, out_exp = quantize_multiplier(float(hires / np.float32(attrs["output_scale"])))
+    rel_m, rel_exp = quantize_multiplier(float(hires / np.float32(3.0 / 32768.0)))
+    out_m16, rel_m16 = downscale_to_int16(out_m), downscale_to_int16(rel_m)
+    hi = (x.astype(np.int64) - attrs["input_zero_point"]) * 128
+    preshift = srdhm16(hi, out_m16)
+    r = hi
+    if rel_exp > 0:
+        r = np.clip(r * (1 << (rel_exp - 1)), -32768, 32767)
+    r = srdhm16(r, rel_m16)
+    if rel_exp > 0:
+        r = np.clip(r * 2, -32768, 32767)
+    if rel_exp < 0:
+        r = rounding_divide_by_pot(r, -rel_exp)
+    r = (r + (1 << 15)) >> 1
+    out = rounding_divide_by_pot(sdhm16(r, preshift), -out_exp) + attrs["output_zero_point"]
+    info = np.iinfo(dtype)
+    return np.clip(out, info.min, info.max).astype(dtype)
+
+
+def ref_logistic_lut(x, attrs, dtype):
+    """LiteRT's int8/uint8 LOGISTIC: a float32 lookup table over every input value."""
+    d = np.float32(attrs["input_scale"]) * (x.astype(np.int64) - attrs["input_zero_point"]).astype(np.float32)
+    t = np.float32(1) / (np.float32(1) + np.exp(-d))
+    q = tfl_round(t * (np.float32(1) / np.float32(attrs["output_scale"]))) + attrs["output_zero_point"]
+    info = np.iinfo(dtype)
+    return np.clip(q, info.min, info.max).astype(dtype)
+
+
+def ref_softmax_lut(x, attrs, dtype):
+    """LiteRT's int8/uint8 SOFTMAX: exp from a float32 table of input_scale * beta * (max - x)."""
+    coef = np.float32(-np.float32(attrs["input_scale"]) * np.float32(attrs["beta"]))
+    table = np.exp(coef * np.arange(256, dtype=np.float32)).astype(np.float32)
+    xi = x.astype(np.int64)
+    e = table[xi.max(axis=-1, keepdims=True) - xi]
+    inv = np.float32(1) / (
+        e.sum(axis=-1, keepdims=True, dtype=np.float32) * np.float32(attrs["output_scale"])
+    )
+    q = tfl_round(e * inv) + attrs["output_zero_point"]
+    info = np.iinfo(dtype)
+    return np.clip(q, info.min, info.max).astype(dtype)
+
+
+def every_value(dtype, rows=1, rng=None):
+    info = np.iinfo(dtype)
+    values = np.arange(info.min, info.max + 1).astype(dtype)
+    return np.stack([values if rng is None else rng.permutation(values) for _ in range(rows)])
+
+
+def float_kernel_cases(rng):
+    cases = []
+    for dtype in ("int8", "uint8"):
+        out_zp = -128 if dtype == "int8" else 0
+        x = every_value(dtype)
+        for i in range(3):
+            attrs = {"input_scale": f32(rng.uniform(0.02, 0.12)), "input_zero_point": zero_point(rng, dtype)}
+            attrs |= {"output_scale": 1 / 256, "output_zero_point": out_zp, "out_dtype": dtype}
+            cases.append(
+                (f"logistic_{dtype}_{i}", "qnn.logistic", [x], attrs, ref_logistic_lut(x, attrs, dtype))
+            )
+            hs = dict(attrs)
+            hs |= {"output_scale": f32(attrs["input_scale"] * rng.uniform(0.5, 1.2))}
+            hs |= {"output_zero_point": zero_point(rng, dtype)}
+            cases.append(
+                (
+                    f"hard_swish_{dtype}_{i}",
+                    "qnn.hard_swish",
+                    [x],
+                    hs,
+                    ref_hard_swish_fixed_point(x, hs, dtype),
+                )
+            )
+            sm = {**attrs, "beta": [1.0, 0.7, 2.0][i], "input_scale": f32(rng.uniform(0.02, 0.2))}
+            rows = every_value(dtype, 3, rng)
+            cases.append(
+                (f"softmax_{dtype}_{i}", "qnn.softmax", [rows], sm, ref_softmax_lut(rows, sm, dtype))
+            )
+            short = (rng.integers(-25, 25, (2, 5, 10)) + (0 if dtype == "int8" else 128)).astype(dtype)
+            cases.append(
+                (f"softmax_short_{dtype}_{i}", "qnn.softmax", [short], sm, ref_softmax_lut(short, sm, dtype))
+            )
+    return cases
+
+
+def test_float_based_kernels_within_one_lsb_on_every_input_value(tmp_path):
+    """Logistic and softmax against LiteRT's float lookup-table kernels, hard_swish against TFLite's
+    fixed-point kernel; every int8 and uint8 input value."""
+    cases = float_kernel_cases(np.random.default_rng(1))
+    results = compile_ops([c[:4] for c in cases], tmp_path)
+    for name, _, _, _, expected in cases:
+        assert expected.size < 40 or np.unique(expected).size > 10, f"{name}: degenerate case"
+        for what, got in zip(("reference evaluator", "compiled"), results[name]):
+            diff = np.abs(got.astype(np.int64) - expected.astype(np.int64))
+            assert got.dtype == expected.dtype and diff.max() <= 1, f"{name} ({what}): off by {diff.max()}"
+            assert np.mean(diff == 0) >= 0.97, f"{name} ({what}): only {np.mean(diff == 0):.1%} exact"
+
+
+# ----------------------------------------------------------------------------- dtype-generic ops on int8
+
+
+@pytest.mark.parametrize("dtype", ["int8", "uint8"])
+def test_layout_ops_compile_on_quantized_values(dtype, tmp_path):
+    rng = np.random.default_rng(2)
+    x = qtensor(rng, (2, 3, 6, 5), dtype)
+    y = qtensor(rng, (2, 3, 6, 2), dtype)
+    idx = np.array([[4, 0], [-1, 2]], np.int32)
+    zp = zero_point(rng, dtype)
+    cases = [
+        ("reshape", "reshape", [x], {"shape": (6, 1, 30)}, x.reshape(6, 1, 30)),
+        ("transpose", "transpose", [x], {"perm": (0, 2, 3, 1)}, x.transpose(0, 2, 3, 1)),
+        ("concat", "concat", [x, y], {"axis": 3}, np.concatenate([x, y], axis=3)),
+        (
+            "pad",
+            "pad",
+            [x],
+            {"before": (0, 1, 2, 0), "after": (0, 0, 1, 3), "mode": "constant", "value": zp},
+            np.pad(x, ((0, 0), (1, 0), (2, 1), (0, 3)), constant_values=zp),
+        ),
+        (
+            "strided_slice",
+            "strided_slice",
+            [x],
+            {"begin": (1, 2, 0, 4), "end": (2, -1, 6, 0), "strides": (1, -1, 2, -3)},
+            x[1:2, 2::-1, 0:6:2, 4:0:-3],
+        ),
+        ("take", "take", [x, idx], {"axis": 2}, np.take(x, np.where(idx < 0, idx + 6, idx), axis=2)),
+    ]
+    results = compile_ops([c[:4] for c in cases], tmp_path)
+    for name, _, _, _, expected in cases:
+        ref, got = results[name]
+        assert got.dtype == np.dtype(dtype), name
+        np.testing.assert_array_equal(ref, expected, err_msg=f"{name} (reference evaluator)")
+        np.testing.assert_array_equal(got, expected, err_msg=f"{name} (compiled)")
+
+
+# ----------------------------------------------------------------------------- vectorization and speed
+
+
+def _conv_dag(dtype: str, shape=(1, 56, 56, 64), out_c=64) -> ComputeDAG:
+    types = [TensorType(shape, dtype), TensorType((out_c, 3, 3, shape[3]), dtype)]
+    if dtype == "float32":
+        node = Node("conv2d_nhwc", [], [], {"strides": (1, 1), "pads": (1, 1, 1, 1), "dilations": (1, 1)})
+    else:
+        types.append(TensorType((out_c,), "int32"))
+        attrs = {
+            **W1,
+            "input_scale": 0.02,
+            "input_zero_point": 3,
+            "output_scale": 0.1,
+            "output_zero_point": -5,
+        }
+        attrs |= {
+            "weight_scales": tuple(0.001 * (1 + c % 7) for c in range(out_c)),
+            "weight_zero_points": (0,),
+        }
+        attrs |= {"activation": "RELU6", "out_dtype": "int8"}
+        node = Node("qnn.conv2d_nhwc", [], [], attrs)
+    _, outs = node_compute(node, types)
+    return ComputeDAG(outs)
+
+
+def test_int8_conv_kernel_is_vectorized():
+    """The default schedule's int8 conv multiplies and requantizes whole vectors of channels."""
+    target = host_target()
+    ir = build_llvm_ir(
+        [lower(default_schedule(_conv_dag("int8", (1, 8, 8, 32), 32), target), "qconv")], target
+    )
+    vector_int_ops = re.findall(r"= (mul|add|sub|ashr)(?: nsw)? <(\d+) x i(32|64)>", ir)
+    assert any(op == "mul" and bits == "32" and int(lanes) >= 4 for op, lanes, bits in vector_int_ops), ir[
+        :2000
+    ]
+    assert any(op == "ashr" and bits == "64" for op, _, bits in vector_int_ops), (
+        "requantize shift is not vectorized"
+    )
+
+
+@pytest.mark.slow
+def test_print_int8_vs_float_conv_speed(tmp_path):
+    """1x56x56x64 3x3 conv, 64 output channels, default schedule: int8 (per-channel requantized) vs float."""
+    target = host_target()
+    rng = np.random.default_rng(0)
+    rates = {}
+    for dtype in ("float32", "int8"):
+        dag = _conv_dag(dtype)
+        lib = load_library(
+            build_module([lower(default_schedule(dag, target), "k")], target, str(tmp_path / f"{dtype}.so"))
+        )
+        args = [
+            rng.integers(-100, 100, p.shape).astype(p.dtype)
+            if p.dtype != "float32"
+            else rng.random(p.shape, np.float32)
+            for p in dag.placeholders
+        ]
+        out = np.zeros(dag.outputs[0].shape, dag.outputs[0].dtype)
+        run = lib.kernel("k").prepare(*args, out)
+        run()
+        reps, start = 20, time.perf_counter()
+        for _ in range(reps):
+            run()
+        seconds = (time.perf_counter() - start) / reps
+        rates[dtype] = 2 * 56 * 56 * 64 * 64 * 9 / seconds / 1e9
+        print(f"{dtype}: {seconds * 1e3:.2f} ms, {rates[dtype]:.1f} GOP/s")
+    print(f"int8 / float32: {rates['int8'] / rates['float32']:.2f}")
