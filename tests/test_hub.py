@@ -18,7 +18,7 @@ import pytest
 from aotc.hub import BundleError, HubWarning, RecordSources, open_sources, read_bundle, warm_start
 from aotc.hub.cli import add_hub_parser, cmd_hub
 from aotc.hub.lookup import split_env
-from aotc.hub.store import TargetKey, read_store_file, store_files
+from aotc.hub.store import TargetKey, prune_store, read_store_file, store_files
 from aotc.schedule.default import default_schedule
 from aotc.schedule.state import State
 from aotc.search.common import ErrorCode, MeasureResult
@@ -143,6 +143,16 @@ def test_format_version_mismatch_is_stale(tmp_path, home):
     found = chain(tmp_path).lookup(dag, SKX)
     assert found.status == "stale" and found.state is None
     assert found.reason == f"record format v0 < v{RECORD_VERSION}"
+    broken = dataclasses.replace(
+        record(dag, split_state(dag, 4), 1e-5, ZEN), steps=[["SP", 99, 0, 16, [2], 1]]
+    )
+    store(home / "tophub", [broken])
+    with pytest.warns(HubWarning, match="does not replay"):
+        found = chain(tmp_path).lookup(dag, ZEN)
+    assert found.status == "stale" and found.reason.startswith(
+        "1 record(s) for this target no longer replay ("
+    )
+    assert found.source.startswith("user:")
     failed = store(tmp_path / "failed", [record(dag, State.initial(dag), 0, error=ErrorCode.RUNTIME_DEVICE)])
     only_failed = open_sources(None, [str(failed)], user_store=tmp_path / "empty")
     assert only_failed.lookup(dag, SKX).reason == "1 record(s) for this target, all failed measurement"
@@ -334,6 +344,29 @@ def test_concurrent_writers_leave_the_store_readable_and_complete(home):
     assert sorted(r.to_json() for r in content.records) == sorted(batches[0] + batches[1])
 
 
+def test_prune_while_builds_append_loses_nothing(home):
+    dag = matmul()
+    base = record(dag, split_state(dag, 4), 1e-5)
+    batches = [
+        [dataclasses.replace(base, fingerprint=f"{w}{i:063x}").to_json() for i in range(200)]
+        for w in range(2)
+    ]
+    ctx = mp.get_context("fork")
+    procs = [ctx.Process(target=_writer, args=(lines,)) for lines in batches]
+    for p in procs:
+        p.start()
+    prunes = 0
+    while any(p.is_alive() for p in procs) or prunes == 0:
+        prune_store(home / "tophub", keep=1)  # each record is its own key: prune must keep all
+        prunes += 1
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    content = read_store_file(store_files(home / "tophub")[0])
+    assert not content.corrupt
+    assert sorted(r.to_json() for r in content.records) == sorted(batches[0] + batches[1])
+
+
 def test_prune_keeps_the_best(tmp_path, home, capsys):
     dag = matmul()
     recs = [
@@ -466,22 +499,23 @@ def test_warm_start_measurement(tmp_path, home):
     from aotc.target import host_target
 
     target = host_target()
-    dag = make_workload("matmul", [128, 128, 128])
+    known = make_workload("matmul", [128, 128, 128])
+    new = make_workload("matmul", [96, 160, 128])
     opts = MeasureOptions(repeat=3, min_repeat_ms=5, n_build_workers=2)
     earlier = tmp_path / "earlier.jsonl"
-    SearchTask(dag, target).tune(128, records=earlier, seed=11, measure_options=opts, log=lambda _: None)
-    rows = {}
-    for name in ("scratch", "warm"):
-        model = XGBCostModel()
-        if name == "warm":
-            added = warm_start(model, open_sources(earlier, []), target, {"matmul": dag})
-            assert added > 64
-        result = SearchTask(dag, target).tune(
-            128, seed=5, model=model, measure_options=opts, log=lambda _: None
-        )
-        rows[name] = [dag.flop_count / h.best_cost / 1e9 for h in result.history]
-    for name, curve in rows.items():
-        print(f"{name:8s} best GFLOP/s after each round of 64: " + ", ".join(f"{g:.1f}" for g in curve))
+    SearchTask(known, target).tune(128, records=earlier, seed=11, measure_options=opts, log=lambda _: None)
+    best = min(r.mean_cost for r in open_sources(earlier, []).records_for(target))
     print(
-        f"earlier run's best: {dag.flop_count / min(r.mean_cost for r in open_sources(earlier, []).records_for(target)) / 1e9:.1f} GFLOP/s"
+        f"\nearlier run of matmul 128x128x128: best {known.flop_count / best / 1e9:.1f} GFLOP/s after 128 trials"
     )
+    dags = {"known": known, "new": new}
+    for label, dag in [("same DAG (matmul 128x128x128)", known), ("other task (matmul 96x160x128)", new)]:
+        for start in ("scratch", "warm"):
+            model = XGBCostModel()
+            if start == "warm":
+                assert warm_start(model, open_sources(earlier, []), target, dags) > 64
+            result = SearchTask(dag, target).tune(
+                128, seed=5, model=model, measure_options=opts, log=lambda _: None
+            )
+            curve = ", ".join(f"{dag.flop_count / h.best_cost / 1e9:.1f}" for h in result.history)
+            print(f"{label} {start:8s} best GFLOP/s after each round of 64: {curve}")

@@ -120,7 +120,7 @@ class RecordSources:
 
         key = TargetKey.of(target)
         hw = asdict(target.hw)
-        failures: list[str] = []
+        failures: list[tuple[str, str]] = []
         tried: set[str] = set()
         for entry in self._matching(dag.fingerprint, key, hw):
             steps = json.dumps(entry.record.steps)
@@ -132,7 +132,7 @@ class RecordSources:
                 lower(state, "check")
             except Exception as err:  # noqa: BLE001 - any replay/lowering failure makes the record unusable
                 msg = f"{type(err).__name__}: {err}"
-                failures.append(msg)
+                failures.append((msg, entry.where))
                 warnings.warn(
                     f"a record of workload {dag.workload_key} from {entry.where} does not replay on this DAG "
                     f"({msg}); trying the next best",
@@ -171,10 +171,11 @@ class RecordSources:
         found.sort(key=lambda e: (e.record.hw != hw, e.record.mean_cost, e.rank))
         return found
 
-    def _not_found(self, workload: str, key: TargetKey, failures: list[str]) -> Lookup:
+    def _not_found(self, workload: str, key: TargetKey, failures: list[tuple[str, str]]) -> Lookup:
         if failures:
+            msg, where = failures[0]
             return Lookup(
-                "stale", "", f"{len(failures)} record(s) for this target no longer replay ({failures[0]})"
+                "stale", where, f"{len(failures)} record(s) for this target no longer replay ({msg})"
             )
         mine = [e for e in self._load() if _same_workload(e.record.fingerprint, workload)]
         exact = [e for e in mine if _key(e.record) == key]

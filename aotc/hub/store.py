@@ -6,7 +6,7 @@ and concatenated with ordinary tools. Appends are atomic without a database: eac
 one `os.write` on an O_APPEND descriptor, so two builds appending at once never interleave lines.
 Shared stores often live on network filesystems, where SQLite's locking is documented as unreliable;
 aotc only ever reads those. Whole-file rewrites (prune) go to a temporary file and `os.replace`, and
-take an exclusive `flock` on the store's `.lock` that every appender takes shared, so no append is
+take an exclusive `flock` on the store directory that every appender takes shared, so no append is
 lost to a concurrent rewrite.
 """
 
@@ -28,7 +28,6 @@ from aotc.search.records import RECORD_VERSION, Record, append_records
 from aotc.target import Target, TargetError, parse_target
 
 STORE_SUFFIX = ".jsonl"
-LOCK_NAME = ".lock"
 
 
 class HubError(ValueError):
@@ -211,9 +210,9 @@ def store_files(directory: str | os.PathLike) -> list[Path]:
 
 @contextlib.contextmanager
 def store_lock(directory: Path, exclusive: bool) -> Iterator[None]:
-    """`flock` on the store's lock file: appenders share it, rewriters hold it alone."""
+    """`flock` on the store directory itself (no lock file): appenders share it, rewriters hold it alone."""
     directory.mkdir(parents=True, exist_ok=True)
-    fd = os.open(directory / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(directory, os.O_RDONLY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
         yield
