@@ -1,4 +1,9 @@
-"""Compare a package with the reference runtime (onnxruntime for ONNX) on seeded random inputs."""
+"""Compare a package with the reference runtime on seeded random inputs: onnxruntime for ONNX models, the
+LiteRT interpreter for TFLite ones.
+
+Float outputs must agree within rtol/atol; int8/uint8 (quantized) outputs are compared in units of the
+last place: within 1 LSB on at least 99.9% of the values and never more than 2 LSB.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,11 @@ import numpy as np
 
 RTOL = 1e-4
 ATOL = 1e-5
+LSB_SHARE = 0.999
+"""Share of a quantized output's values that must be within 1 LSB of the reference."""
+LSB_MAX = 2
+"""No quantized output value may be further than this many LSB from the reference."""
+QUANTIZED_DTYPES = ("int8", "uint8")
 
 
 class ValidationError(RuntimeError):
@@ -27,6 +37,9 @@ def random_inputs(specs: Mapping[str, tuple[tuple[int, ...], str]], seed: int = 
             out[name] = rng.uniform(-1.0, 1.0, shape).astype(dtype)
         elif dtype == "bool":
             out[name] = rng.integers(0, 2, shape).astype(bool)
+        elif dtype in QUANTIZED_DTYPES:
+            info = np.iinfo(dtype)
+            out[name] = rng.integers(info.min, info.max + 1, shape).astype(dtype)
         else:
             out[name] = rng.integers(0, 4, shape).astype(dtype)
     return out
@@ -34,6 +47,8 @@ def random_inputs(specs: Mapping[str, tuple[tuple[int, ...], str]], seed: int = 
 
 def reference_outputs(model: Path, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     suffix = Path(model).suffix.lower()
+    if suffix == ".tflite":
+        return litert_outputs(model, inputs)
     if suffix != ".onnx":
         raise ValueError(f"{model}: no reference runtime for {suffix!r} models")
     import onnxruntime as ort
@@ -43,6 +58,37 @@ def reference_outputs(model: Path, inputs: Mapping[str, np.ndarray]) -> dict[str
     sess = ort.InferenceSession(str(model), opts, providers=["CPUExecutionProvider"])
     names = [o.name for o in sess.get_outputs()]
     return dict(zip(names, sess.run(names, dict(inputs))))
+
+
+def litert_outputs(model: Path, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Outputs of the LiteRT interpreter with TFLite's builtin kernels (one thread, no XNNPACK delegate:
+    the kernels whose fixed-point arithmetic aotc's quantized operators reproduce)."""
+    from ai_edge_litert.interpreter import Interpreter, OpResolverType
+
+    interp = Interpreter(
+        model_path=str(model),
+        num_threads=1,
+        experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES,
+    )
+    details = interp.get_input_details()
+    missing = sorted({d["name"] for d in details} - set(inputs))
+    if missing:
+        raise ValueError(f"{model}: no values for inputs {missing}")
+    for d in details:
+        value = np.asarray(inputs[d["name"]], d["dtype"])
+        if tuple(d["shape"]) != value.shape:
+            interp.resize_tensor_input(d["index"], value.shape)
+    interp.allocate_tensors()
+    for d in details:
+        interp.set_tensor(d["index"], np.asarray(inputs[d["name"]], d["dtype"]))
+    interp.invoke()
+    return {d["name"]: interp.get_tensor(d["index"]).copy() for d in interp.get_output_details()}
+
+
+def lsb_histogram(got: np.ndarray, ref: np.ndarray) -> dict[int, int]:
+    """How many values differ by 0, 1, 2... units in the last place."""
+    diff = np.abs(got.astype(np.int64) - ref.astype(np.int64)).reshape(-1)
+    return {k: int(n) for k, n in enumerate(np.bincount(diff)) if n}
 
 
 def compare(
@@ -56,6 +102,13 @@ def compare(
             report.append(
                 {"output": name, "ok": False, "error": f"shape {got.shape} vs reference {ref.shape}"}
             )
+            continue
+        if ref.dtype.name in QUANTIZED_DTYPES and got.dtype == ref.dtype:
+            hist = lsb_histogram(got, ref)
+            within_one = hist.get(0, 0) + hist.get(1, 0)
+            max_lsb = max(hist, default=0)
+            ok = max_lsb <= LSB_MAX and within_one >= LSB_SHARE * ref.size
+            report.append({"output": name, "ok": ok, "max_lsb": max_lsb, "lsb_histogram": hist})
             continue
         diff = np.abs(got.astype(np.float64) - ref.astype(np.float64))
         scale = np.abs(ref.astype(np.float64))
@@ -85,7 +138,9 @@ def validate_package(
     if bad:
         lines = [format_report_row(r) for r in bad]
         raise ValidationError(
-            f"{package} differs from {model} (rtol {rtol}, atol {atol}):\n" + "\n".join(lines), report
+            f"{package} differs from {model} (rtol {rtol}, atol {atol}; quantized outputs: within 1 LSB on "
+            f"{LSB_SHARE:.1%}, never over {LSB_MAX} LSB):\n" + "\n".join(lines),
+            report,
         )
     return report
 
@@ -94,4 +149,7 @@ def format_report_row(r: dict) -> str:
     if "error" in r:
         return f"  {r['output']}: {r['error']}"
     status = "ok" if r["ok"] else "MISMATCH"
+    if "max_lsb" in r:
+        hist = ", ".join(f"{k} LSB: {n}" for k, n in sorted(r["lsb_histogram"].items()))
+        return f"  {r['output']}: max |diff| {r['max_lsb']} LSB ({hist})  {status}"
     return f"  {r['output']}: max abs {r['max_abs']:.3g}, max rel {r['max_rel']:.3g}  {status}"

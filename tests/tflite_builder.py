@@ -495,3 +495,133 @@ def pool_options(kernel=(2, 2), padding=SAME, stride=(2, 2), act="NONE") -> tupl
 
 def act_options(table: str, act: str = "NONE", **fields) -> tuple[str, dict]:
     return (table, {"FusedActivationFunction": ACT[act], **fields})
+
+
+# --- example models ---------------------------------------------------------------------------------------
+
+
+def _weights(rng: np.random.Generator, *shape: int, fan_in: int) -> np.ndarray:
+    return (rng.standard_normal(shape) * np.sqrt(2.0 / fan_in)).astype(np.float32)
+
+
+def _conv(
+    mb: ModelBuilder, rng, x: int, cin: int, cout: int, k: int = 1, stride: int = 1, act: str = "RELU6"
+) -> int:
+    w = mb.const(_weights(rng, cout, k, k, cin, fan_in=k * k * cin))
+    b = mb.const((rng.standard_normal(cout) * 0.1).astype(np.float32))
+    return mb.op("CONV_2D", [x, w, b], conv_options(SAME, (stride, stride), act=act))
+
+
+def _depthwise(mb: ModelBuilder, rng, x: int, c: int, stride: int) -> int:
+    w = mb.const(_weights(rng, 1, 3, 3, c, fan_in=9))
+    b = mb.const((rng.standard_normal(c) * 0.1).astype(np.float32))
+    return mb.op("DEPTHWISE_CONV_2D", [x, w, b], depthwise_options(SAME, (stride, stride), act="RELU6"))
+
+
+def _dense(mb: ModelBuilder, rng, x: int, k: int, n: int, act: str = "NONE", keep: bool = False) -> int:
+    w = mb.const(_weights(rng, n, k, fan_in=k))
+    b = mb.const((rng.standard_normal(n) * 0.1).astype(np.float32))
+    return mb.op("FULLY_CONNECTED", [x, w, b], act_options("FullyConnectedOptions", act, KeepNumDims=keep))
+
+
+BLOCKS = ((16, 1, 4), (24, 2, 4), (24, 1, 4), (32, 2, 4), (32, 1, 4))
+"""(output channels, stride, expansion) of each inverted residual block."""
+
+
+def mobilenet_blocks(
+    size: int = 32, classes: int = 10, seed: int = 0, blocks: int = len(BLOCKS)
+) -> ModelBuilder:
+    """A MobileNetV2-style stack: stem conv, inverted residual blocks (expand 1x1, depthwise 3x3, linear
+    project 1x1, residual ADD), 1x1 head, global MEAN, FULLY_CONNECTED, SOFTMAX."""
+    rng = np.random.default_rng(seed)
+    mb = ModelBuilder()
+    x = mb.input((1, size, size, 3), name="image")
+    y = _conv(mb, rng, x, 3, 16, k=3, stride=2)
+    channels = 16
+    for cout, stride, expand in BLOCKS[:blocks]:
+        h = _conv(mb, rng, y, channels, channels * expand)
+        h = _depthwise(mb, rng, h, channels * expand, stride)
+        h = _conv(mb, rng, h, channels * expand, cout, act="NONE")
+        if stride == 1 and cout == channels:
+            h = mb.op("ADD", [y, h], act_options("AddOptions"))
+        y, channels = h, cout
+    y = _conv(mb, rng, y, channels, 64)
+    y = mb.op("MEAN", [y, mb.const(np.array([1, 2], np.int32))], ("ReducerOptions", {"KeepDims": False}))
+    y = _dense(mb, rng, y, 64, classes)
+    mb.output(mb.op("SOFTMAX", [y], ("SoftmaxOptions", {"Beta": 1.0})))
+    mb.build()
+    return mb
+
+
+def small_cnn(size: int = 16, classes: int = 10, seed: int = 1) -> ModelBuilder:
+    """conv-relu, max pool, conv-relu, average pool, flatten, two FULLY_CONNECTED, SOFTMAX."""
+    rng = np.random.default_rng(seed)
+    mb = ModelBuilder()
+    x = mb.input((1, size, size, 3), name="image")
+    y = _conv(mb, rng, x, 3, 8, k=3, act="RELU")
+    y = mb.op("MAX_POOL_2D", [y], pool_options((2, 2), VALID, (2, 2)))
+    y = _conv(mb, rng, y, 8, 16, k=3, act="RELU")
+    y = mb.op("AVERAGE_POOL_2D", [y], pool_options((2, 2), VALID, (2, 2)))
+    flat = 16 * (size // 4) ** 2
+    y = mb.op("RESHAPE", [y, mb.const(np.array([1, flat], np.int32))])
+    y = _dense(mb, rng, y, flat, 32, act="RELU")
+    y = _dense(mb, rng, y, 32, classes)
+    mb.output(mb.op("SOFTMAX", [y], ("SoftmaxOptions", {"Beta": 1.0})))
+    mb.build()
+    return mb
+
+
+def _layer_norm(mb: ModelBuilder, rng, x: int, d: int) -> int:
+    axis = mb.const(np.array([-1], np.int32))
+    mean = mb.op("MEAN", [x, axis], ("ReducerOptions", {"KeepDims": True}))
+    var = mb.op(
+        "MEAN", [mb.op("SQUARED_DIFFERENCE", [x, mean]), axis], ("ReducerOptions", {"KeepDims": True})
+    )
+    inv = mb.op(
+        "RSQRT", [mb.op("ADD", [var, mb.const(np.array([1e-5], np.float32))], act_options("AddOptions"))]
+    )
+    centered = mb.op("SUB", [x, mean], act_options("SubOptions"))
+    gamma = mb.const((1.0 + 0.1 * rng.standard_normal(d)).astype(np.float32))
+    beta = mb.const((0.1 * rng.standard_normal(d)).astype(np.float32))
+    y = mb.op("MUL", [centered, inv], act_options("MulOptions"))
+    y = mb.op("MUL", [y, gamma], act_options("MulOptions"))
+    return mb.op("ADD", [y, beta], act_options("AddOptions"))
+
+
+def transformer_block(seq: int = 8, d: int = 32, heads: int = 4, seed: int = 2) -> ModelBuilder:
+    """Pre-norm encoder block: layer norm, multi-head self-attention (BATCH_MATMUL, SOFTMAX), residual,
+    layer norm, GELU feed-forward, residual."""
+    rng = np.random.default_rng(seed)
+    hd = d // heads
+    mb = ModelBuilder()
+    x = mb.input((1, seq, d), name="tokens")
+    h = _layer_norm(mb, rng, x, d)
+
+    def project_heads(v: int) -> int:
+        v = mb.op("RESHAPE", [v, mb.const(np.array([1, seq, heads, hd], np.int32))])
+        return mb.op("TRANSPOSE", [v, mb.const(np.array([0, 2, 1, 3], np.int32))])
+
+    q, k, v = (project_heads(_dense(mb, rng, h, d, d, keep=True)) for _ in range(3))
+    scores = mb.op("BATCH_MATMUL", [q, k], ("BatchMatMulOptions", {"AdjX": False, "AdjY": True}))
+    scores = mb.op("MUL", [scores, mb.const(np.array([hd**-0.5], np.float32))], act_options("MulOptions"))
+    attn = mb.op("SOFTMAX", [scores], ("SoftmaxOptions", {"Beta": 1.0}))
+    ctx = mb.op("BATCH_MATMUL", [attn, v], ("BatchMatMulOptions", {"AdjX": False, "AdjY": False}))
+    ctx = mb.op("TRANSPOSE", [ctx, mb.const(np.array([0, 2, 1, 3], np.int32))])
+    ctx = mb.op("RESHAPE", [ctx, mb.const(np.array([1, seq, d], np.int32))])
+    x = mb.op("ADD", [x, _dense(mb, rng, ctx, d, d, keep=True)], act_options("AddOptions"))
+    h = _layer_norm(mb, rng, x, d)
+    h = mb.op("GELU", [_dense(mb, rng, h, d, 2 * d, keep=True)], ("GeluOptions", {"Approximate": False}))
+    mb.output(mb.op("ADD", [x, _dense(mb, rng, h, 2 * d, d, keep=True)], act_options("AddOptions")))
+    mb.build()
+    return mb
+
+
+def int8_model(mb: ModelBuilder, per_channel: bool = True, io: str = "int8", seed: int = 100) -> ModelBuilder:
+    """The int8 form of float model `mb`, calibrated on 8 seeded uniform [-1, 1) inputs."""
+    rng = np.random.default_rng(seed)
+    calibration = [
+        [rng.uniform(-1, 1, mb.tensors[t].shape).astype(np.float32) for t in mb.inputs] for _ in range(8)
+    ]
+    q = quantized(mb, calibration, per_channel=per_channel, io=io)
+    q.build()
+    return q
