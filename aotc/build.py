@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import platform
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -19,9 +22,13 @@ from aotc.graph.passes import optimize
 from aotc.ir.stmt import PrimFunc
 from aotc.memory import Lifetime, plan_memory
 from aotc.recipe import Recipe
+from aotc.report import report_dir, write_report
 from aotc.schedule.default import default_schedule
 from aotc.schedule.lower import lower
 from aotc.schedule.state import State
+from aotc.search.measure import MeasureOptions
+from aotc.search.records import Record
+from aotc.search.scheduler import SearchRounds, TaskScheduler, TuneSummary
 from aotc.target import Target, parse_target
 
 
@@ -37,6 +44,8 @@ class BuildResult:
     seconds: float
     timings: dict[str, float] = field(default_factory=dict)
     validation: list[dict] | None = None
+    report: Path | None = None
+    tuning: TuneSummary | None = None
 
 
 def load_model(recipe: Recipe) -> Graph:
@@ -56,82 +65,168 @@ def load_model(recipe: Recipe) -> Graph:
     return optimize(graph)
 
 
-def schedule_tasks(
-    tasks: list[Task], target: Target, trials: int, records: Path | None, log: Callable[[str], None]
-) -> tuple[list[State], list[dict]]:
-    """Each task's best tuning record if there is one, else its default schedule; tunes first if asked.
+# Time kept back from a deadline for what follows tuning: reloading records, lowering, LLVM codegen,
+# packaging, validation and the report. Fixed part + per kernel (twice that with validation), at most
+# RESERVE_MAX_FRACTION of the deadline.
+RESERVE_FIXED_SECONDS = 2.0
+RESERVE_PER_TASK_SECONDS = 0.15
+RESERVE_MAX_FRACTION = 0.4
 
-    The trial budget is split across tasks by weight x FLOPs (the task scheduler of a later milestone
-    will spend it adaptively); trials already in the records count, so a repeated build tunes nothing.
-    """
-    from aotc.search.records import apply_best, load_records
 
-    if trials > 0:
-        if records is None:
-            raise BuildError("tuning.trials is set but tuning.records is not: give the record file to write")
-        tune_tasks(tasks, target, trials, records, log)
-    found = load_records(records) if records is not None and records.exists() else []
-    states, sources = [], []
+@dataclass
+class KernelLookup:
+    """Where a task's kernel schedule comes from: a record (hit), or nothing usable (miss / stale)."""
+
+    status: str
+    reason: str
+    source: str = ""
+    state: State | None = None
+    record: Record | None = None
+
+
+@dataclass
+class TuningOptions:
+    """Knobs of whole-model tuning that a recipe does not set (tests and benchmarks change them)."""
+
+    measure: MeasureOptions | None = None
+    population: int = 256
+    per_round: int = 64
+    strategy: str = "gradient"
+    seed: int = 0
+
+
+@dataclass
+class TuningRun:
+    scheduler: TaskScheduler
+    summary: TuneSummary
+    new_trials: list[int]
+
+
+def records_path(recipe: Recipe) -> Path:
+    """The build's record log: `tuning.records`, else `<output dir>/<package stem>.records.jsonl`."""
+    if recipe.tuning.records is not None:
+        return recipe.tuning.records
+    return recipe.output.parent / f"{recipe.output.stem}.records.jsonl"
+
+
+def lookup_kernels(
+    tasks: list[Task], target: Target, records: list[Record], source: str
+) -> list[KernelLookup]:
+    """Per task, the fastest valid record for exactly this target that replays (hit); else why not."""
+    from aotc.search.records import apply_best
+
+    by_task: dict[str, list[Record]] = {}
+    for rec in records:
+        by_task.setdefault(rec.fingerprint, []).append(rec)
+    target_str = str(target)
+    out = []
     for task in tasks:
-        best = apply_best(found, task.dag, target) if found else None
-        if best is None:
-            states.append(default_schedule(task.dag, target))
-            sources.append({"schedule": "default"})
-        else:
-            states.append(best[0])
-            sources.append(
-                {"schedule": "record", "record_cost_s": best[1].mean_cost, "record_time": best[1].timestamp}
+        mine = by_task.get(task.dag.fingerprint, [])
+        found = apply_best(mine, task.dag, target) if mine else None
+        if found is not None:
+            state, rec = found
+            reason = f"{rec.mean_cost * 1e3:.4f} ms, measured on {rec.host.get('cpu_model', '?')}"
+            out.append(KernelLookup("hit", reason, source, state, rec))
+            continue
+        here = [r for r in mine if r.target == target_str]
+        others = sorted({r.target for r in mine if r.ok and r.target != target_str})
+        if others:
+            out.append(
+                KernelLookup("stale", f"records exist for target {others[0]!r}, not {target_str!r}", source)
             )
-    return states, sources
-
-
-def allocate_trials(tasks: list[Task], trials: int) -> list[int]:
-    """Trials per task in proportion to weight x FLOPs (largest remainders get the leftovers)."""
-    shares = [t.weight * max(t.dag.flop_count, 1) for t in tasks]
-    total = sum(shares)
-    exact = [trials * s / total for s in shares]
-    alloc = [int(e) for e in exact]
-    for i in sorted(range(len(tasks)), key=lambda i: exact[i] - alloc[i], reverse=True)[
-        : trials - sum(alloc)
-    ]:
-        alloc[i] += 1
-    return alloc
+        elif here:
+            out.append(
+                KernelLookup("miss", f"{len(here)} record(s) for this target, none valid and replayable")
+            )
+        else:
+            out.append(KernelLookup("miss", "no record for this workload"))
+    return out
 
 
 def tune_tasks(
-    tasks: list[Task], target: Target, trials: int, records: Path, log: Callable[[str], None]
-) -> None:
-    from aotc.search.measure import MeasureOptions
-    from aotc.search.records import load_records
-    from aotc.search.task import SearchTask
+    tasks: list[Task],
+    target: Target,
+    lookups: list[KernelLookup],
+    records: Path,
+    known: list[Record],
+    trials: int | None,
+    deadline: float | None,
+    resume: bool,
+    callbacks: Sequence[Callable] = (),
+    options: TuningOptions | None = None,
+    log: Callable[[str], None] = print,
+) -> TuningRun:
+    """Tune the tasks with the gradient task scheduler until `trials` or the `deadline` (time.monotonic()).
 
-    done: dict[str, int] = {}
-    if records.exists():
-        for rec in load_records(records):
-            if rec.target == str(target):
-                done[rec.fingerprint] = done.get(rec.fingerprint, 0) + 1
-    options = MeasureOptions(repeat=3, min_repeat_ms=20)
-    for task, budget in zip(tasks, allocate_trials(tasks, trials)):
-        need = budget - done.get(task.dag.fingerprint, 0)
-        if need <= 0:
+    Without `resume`, a task with a usable record is done (it gets no trials) and the budget goes to the
+    others; with `resume`, every task goes on and the trials already in `records` count toward the budget.
+    Nothing already in `records` is measured again.
+    """
+    from aotc.search.cost_model import XGBCostModel
+
+    options = options or TuningOptions()
+    measure = options.measure or MeasureOptions(repeat=3, min_repeat_ms=20)
+    defaults = [[default_schedule(t.dag, target)] for t in tasks]
+    rounds = SearchRounds(
+        tasks, target, XGBCostModel(), records, measure, defaults, options.seed, options.population
+    )
+    scheduler = TaskScheduler(
+        tasks,
+        rounds,
+        strategy=options.strategy,
+        per_round=options.per_round,
+        seed=options.seed,
+        callbacks=callbacks,
+        log=log,
+        baseline_trials=1,
+    )
+    before = [0] * len(tasks)
+    for i, (search, found) in enumerate(zip(rounds.searches, lookups)):
+        if found.status == "hit" and not resume:
+            scheduler.restore(i, 0, found.record.mean_cost, dead="cached")
             continue
-        log(f"tuning {task.name} (weight {task.weight}): {need} trials")
-        SearchTask(task.dag, target, task.name).tune(
-            need,
-            records=records,
-            measure_options=options,
-            initial_states=[default_schedule(task.dag, target)],
-            log=log,
-        )
+        before[i] = search.resume(known)
+        if resume and before[i]:
+            scheduler.restore(i, before[i], search.result.best_cost)
+    todo = len(scheduler.live())
+    if not todo:
+        log(f"all {len(tasks)} tasks have tuned records: nothing to tune")
+        summary = TuneSummary(0, 0, 0.0, "every task is done")
+        return TuningRun(scheduler, summary, [0] * len(tasks))
+    limits = [f"{trials} trials" if trials is not None else "", "a deadline" if deadline else ""]
+    log(f"tuning {todo} of {len(tasks)} tasks with {' and '.join(x for x in limits if x)}")
+    summary = scheduler.tune(trials, deadline)
+    return TuningRun(scheduler, summary, [p.trials - b for p, b in zip(scheduler.progress, before)])
 
 
-def build(recipe: Recipe, log: Callable[[str], None] = print) -> BuildResult:
-    """Compile the recipe's model into its package; validates against the reference when asked."""
+def deadline_reserve(n_tasks: int, validate: bool, deadline_seconds: float) -> float:
+    per_task = RESERVE_PER_TASK_SECONDS * n_tasks * (2 if validate else 1)
+    return min(RESERVE_FIXED_SECONDS + per_task, RESERVE_MAX_FRACTION * deadline_seconds)
+
+
+def build(
+    recipe: Recipe,
+    log: Callable[[str], None] = print,
+    *,
+    resume: bool = False,
+    explain_cache: bool = False,
+    callbacks: Sequence[Callable] = (),
+    tuning_options: TuningOptions | None = None,
+) -> BuildResult:
+    """Compile the recipe's model into its package (tuning first when the recipe asks), write the build
+    report next to it, and validate against the reference when asked.
+
+    Tuning stops at `tuning.trials` or `tuning.deadline`, whichever comes first; a deadline leaves time
+    for codegen and packaging. Ctrl-C during tuning stops it and still writes the package (a second one
+    aborts). `callbacks` get (scheduler, round report) after every tuning round.
+    """
     start = time.perf_counter()
+    started = time.monotonic()
     timings: dict[str, float] = {}
     target = parse_target(recipe.target)
     if not target.is_cpu:
         raise BuildError(f"target {target}: only llvm (CPU) targets can be built so far")
+    tuning = recipe.tuning
 
     t0 = time.perf_counter()
     graph = load_model(recipe)
@@ -143,10 +238,42 @@ def build(recipe: Recipe, log: Callable[[str], None] = print) -> BuildResult:
     )
 
     t0 = time.perf_counter()
-    trials = recipe.tuning.trials or 0
-    states, sources = schedule_tasks(tasks, target, trials, recipe.tuning.records, log)
+    records = records_path(recipe)
+    known = _load(records)
+    lookups = lookup_kernels(tasks, target, known, f"records:{records}")
+    if explain_cache:
+        for i, (task, found) in enumerate(zip(tasks, lookups)):
+            log(f"task {i} {task.name} (weight {task.weight}): {found.status}: {found.reason}")
+    wants_tuning = tuning.trials != 0 and (tuning.trials is not None or tuning.deadline_seconds is not None)
+    run: TuningRun | None = None
+    if wants_tuning:
+        deadline = None
+        if tuning.deadline_seconds is not None:
+            reserve = deadline_reserve(len(tasks), recipe.validate, tuning.deadline_seconds)
+            deadline = started + tuning.deadline_seconds - reserve
+        run = tune_tasks(
+            tasks,
+            target,
+            lookups,
+            records,
+            known,
+            tuning.trials,
+            deadline,
+            resume,
+            callbacks,
+            tuning_options,
+            log,
+        )
+        known = _load(records)
+        lookups = lookup_kernels(tasks, target, known, f"records:{records}")
+    timings["tune"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    defaults = [default_schedule(task.dag, target) for task in tasks]
+    states = [found.state if found.state is not None else d for found, d in zip(lookups, defaults)]
+    sources = [_kernel_source(task, found) for task, found in zip(tasks, lookups)]
     funcs = [lower(state, _symbol(i, task)) for i, (task, state) in enumerate(zip(tasks, states))]
-    timings["tune+schedule+lower"] = time.perf_counter() - t0
+    timings["schedule+lower"] = time.perf_counter() - t0
 
     spec = _package_spec(recipe, graph, groups, tasks, funcs, target, sources)
     out = recipe.output
@@ -169,7 +296,128 @@ def build(recipe: Recipe, log: Callable[[str], None] = print) -> BuildResult:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
-    return BuildResult(out, graph, tasks, time.perf_counter() - start, timings, validation)
+    t0 = time.perf_counter()
+    report = _build_report(recipe, target, tasks, lookups, defaults, known, records, run, timings, start)
+    directory = write_report(report_dir(out), report)[0].parent
+    timings["report"] = time.perf_counter() - t0
+    result = BuildResult(out, graph, tasks, time.perf_counter() - start, timings, validation)
+    result.report = directory
+    result.tuning = None if run is None else run.summary
+    return result
+
+
+def _load(path: Path) -> list[Record]:
+    from aotc.search.records import load_records
+
+    return load_records(path) if path.exists() else []
+
+
+def _kernel_source(task: Task, found: KernelLookup) -> dict:
+    """The manifest's account of where a kernel's schedule came from."""
+    info: dict = {"fingerprint": task.dag.fingerprint}
+    if found.record is None:
+        return {"schedule": "default", **info}
+    rec = found.record
+    return {
+        "schedule": "record",
+        **info,
+        "record_cost_s": rec.mean_cost,
+        "record_time": rec.timestamp,
+        "record_source": found.source,
+        "record_host": rec.host,
+    }
+
+
+def _default_cost(task: Task, default: State, records: list[Record], target: Target) -> float | None:
+    """The measured latency of the task's default schedule, if it is among the records."""
+    from aotc.schedule.steps import steps_to_json
+
+    steps = json.loads(json.dumps(steps_to_json(default.steps)))
+    costs = [
+        r.mean_cost
+        for r in records
+        if r.ok and r.fingerprint == task.dag.fingerprint and r.target == str(target) and r.steps == steps
+    ]
+    return min(costs) if costs else None
+
+
+def _build_report(
+    recipe: Recipe,
+    target: Target,
+    tasks: list[Task],
+    lookups: list[KernelLookup],
+    defaults: list[State],
+    records: list[Record],
+    records_file: Path,
+    run: TuningRun | None,
+    timings: dict[str, float],
+    start: float,
+) -> dict:
+    counts: dict[str, int] = {}
+    for r in records:
+        if r.target == str(target):
+            counts[r.fingerprint] = counts.get(r.fingerprint, 0) + 1
+    rows = []
+    for i, (task, found, default) in enumerate(zip(tasks, lookups, defaults)):
+        best = found.record.mean_cost if found.record is not None else None
+        flops = task.dag.flop_count
+        rows.append(
+            {
+                "id": i,
+                "name": task.name,
+                "workload_key": task.workload_key,
+                "fingerprint": task.dag.fingerprint,
+                "weight": task.weight,
+                "flops": flops,
+                "trials": counts.get(task.dag.fingerprint, 0),
+                "new_trials": run.new_trials[i] if run is not None else 0,
+                "best_latency_s": best,
+                "default_latency_s": _default_cost(task, default, records, target),
+                "gflops": flops / best / 1e9 if best else None,
+                "source": found.source if found.record is not None else "default schedule",
+                "lookup": f"{found.status}: {found.reason}",
+                "dead": run.scheduler.progress[i].dead if run is not None else "",
+            }
+        )
+
+    def total(key: str) -> float | None:
+        values = [row[key] for row in rows]
+        return (
+            None if any(v is None for v in values) else sum(v * row["weight"] for v, row in zip(values, rows))
+        )
+
+    tuning: dict = {"enabled": run is not None, "records": str(records_file)}
+    if run is not None:
+        s = run.scheduler
+        tuning |= {
+            "budget_trials": recipe.tuning.trials,
+            "deadline_seconds": recipe.tuning.deadline_seconds,
+            "strategy": s.strategy,
+            "trials": s.total_trials,
+            "new_trials": run.summary.trials,
+            "rounds": run.summary.rounds,
+            "seconds": run.summary.seconds,
+            "stop_reason": run.summary.stop_reason,
+        }
+    curve = (
+        []
+        if run is None
+        else [[n, sec, lat if math.isfinite(lat) else None] for n, sec, lat in run.scheduler.curve]
+    )
+    return {
+        "package": str(recipe.output),
+        "model": str(recipe.model),
+        "target": str(target),
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
+        "seconds": time.perf_counter() - start,
+        "timings": dict(timings),
+        "tuning": tuning,
+        "estimated_latency_s": total("best_latency_s"),
+        "default_latency_s": total("default_latency_s"),
+        "tasks": rows,
+        "curve_columns": ["trials", "seconds", "estimated_latency_s"],
+        "curve": curve,
+    }
 
 
 def spec_inputs(spec) -> dict[str, tuple[tuple[int, ...], str]]:
@@ -252,7 +500,7 @@ def _package_spec(
     provenance = {
         "aotc_version": __version__,
         "recipe": recipe.to_dict(),
-        "records": [str(recipe.tuning.records)] if any(x["schedule"] == "record" for x in sources) else [],
+        "records": sorted({x["record_source"] for x in sources if x["schedule"] == "record"}),
         "host": f"{platform.node()} {platform.machine()} {platform.python_version()}",
     }
     return PackageSpec(

@@ -21,6 +21,22 @@ def _parser() -> argparse.ArgumentParser:
     b = sub.add_parser("build", help="compile the model of a recipe into a package")
     b.add_argument("recipe", type=Path)
     b.add_argument("--print-config", action="store_true", help="print the resolved recipe and exit")
+    b.add_argument("--trials", type=int, metavar="N", help="total tuning trials (overrides tuning.trials)")
+    b.add_argument(
+        "--deadline",
+        metavar="DURATION",
+        help="tuning wall-clock limit, e.g. 90s, 30m, 1h30m (overrides tuning.deadline)",
+    )
+    b.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue tuning from the build's records: their trials count toward the budget, nothing is re-measured",
+    )
+    b.add_argument(
+        "--explain-cache",
+        action="store_true",
+        help="print, per task, whether a tuned record was found and why not",
+    )
 
     r = sub.add_parser("run", help="run a package on inputs from .npy files")
     r.add_argument("package", type=Path)
@@ -86,17 +102,36 @@ def cmd_build(args: argparse.Namespace) -> int:
     from aotc.recipe import format_recipe, load_recipe
     from aotc.validate import format_report_row
 
-    recipe = load_recipe(args.recipe)
+    recipe = with_overrides(load_recipe(args.recipe), args.trials, args.deadline)
     if args.print_config:
         print(format_recipe(recipe))
         return OK
-    result = build(recipe)
+    result = build(recipe, resume=args.resume, explain_cache=args.explain_cache)
     if result.validation is not None:
         print("validation against the reference:")
         for row in result.validation:
             print(format_report_row(row))
-    print(f"wrote {result.package} in {result.seconds:.1f} s")
+    print(f"wrote {result.package} in {result.seconds:.1f} s (report: {result.report})")
     return OK
+
+
+def with_overrides(recipe, trials: int | None, deadline: str | None):
+    """The recipe with `--trials` / `--deadline` in place of its tuning values."""
+    from dataclasses import replace
+
+    from aotc.recipe import parse_duration
+
+    tuning = recipe.tuning
+    if trials is not None:
+        if trials < 0:
+            raise ValueError(f"--trials {trials}: expected an integer >= 0 (0 = no tuning)")
+        tuning = replace(tuning, trials=trials)
+    if deadline is not None:
+        seconds = parse_duration(deadline)
+        if seconds is None or not seconds > 0:
+            raise ValueError(f"--deadline {deadline!r}: expected a positive duration like 90s, 30m, 1h30m")
+        tuning = replace(tuning, deadline_seconds=seconds)
+    return replace(recipe, tuning=tuning)
 
 
 def cmd_run(args: argparse.Namespace) -> int:

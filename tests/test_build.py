@@ -5,8 +5,9 @@ import numpy as np
 import pytest
 
 from aotc import models
-from aotc.build import build
+from aotc.build import TuningOptions, build
 from aotc.recipe import load_recipe
+from aotc.search.measure import MeasureOptions
 from aotc.validate import compare, random_inputs, reference_outputs
 
 RTOL, ATOL = 1e-4, 1e-5
@@ -84,7 +85,8 @@ def test_tuned_build_uses_records_and_a_second_build_tunes_nothing(tmp_path):
     models.save(models.mlp(), path)
     recipe = tmp_path / "mlp.yaml"
     recipe.write_text(f"model: mlp.onnx\noutput: mlp.aotc\nvalidate: true\n{extra}")
-    first = build(load_recipe(recipe), log=logs.append)
+    fast = TuningOptions(measure=MeasureOptions(repeat=1, min_repeat_ms=1, n_build_workers=2), population=32)
+    first = build(load_recipe(recipe), log=logs.append, tuning_options=fast)
     kernels = aotc_runtime.load(str(first.package)).manifest["kernels"]
     assert any(k["schedule"] == "record" for k in kernels)
     assert any(line.startswith("tuning ") for line in logs)
@@ -92,22 +94,9 @@ def test_tuned_build_uses_records_and_a_second_build_tunes_nothing(tmp_path):
     assert records_after_first == 24
 
     logs.clear()
-    second = build(load_recipe(recipe), log=logs.append)
+    second = build(load_recipe(recipe), log=logs.append, tuning_options=fast)
     assert not any(line.startswith("tuning ") for line in logs)
     assert (tmp_path / "mlp.jsonl").read_text().count("\n") == records_after_first
     again = aotc_runtime.load(str(second.package)).manifest["kernels"]
     assert [k["schedule"] for k in again] == [k["schedule"] for k in kernels]
     check_against_onnxruntime(second, path)
-
-
-def test_trials_are_split_by_weight_and_flops():
-    from aotc.build import allocate_trials
-    from aotc.graph.partition import Task
-
-    class _Dag:
-        def __init__(self, flops):
-            self.flop_count = flops
-
-    tasks = [Task(_Dag(1000), "a", 1, "a"), Task(_Dag(1000), "b", 3, "b"), Task(_Dag(10), "c", 1, "c")]
-    alloc = allocate_trials(tasks, 100)
-    assert sum(alloc) == 100 and alloc[1] > alloc[0] > alloc[2]

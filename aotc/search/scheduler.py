@@ -140,7 +140,7 @@ class RoundReport:
 
     round: int
     task: int
-    how: str  # warm-up, gradient, random, round-robin
+    how: str  # baseline, warm-up, gradient, random, round-robin
     trials: int
     total_trials: int
     seconds: float
@@ -157,7 +157,11 @@ class TuneSummary:
 
 
 class TaskScheduler:
-    """Spends a trial budget across tasks, one search round at a time (ANSOR.md §5.3)."""
+    """Spends a trial budget across tasks, one search round at a time (ANSOR.md §5.3).
+
+    `baseline_trials` > 0 starts with a round of that many trials per task (the round function's initial
+    states: the default schedule), so the end-to-end estimate exists before any search has run.
+    """
 
     def __init__(
         self,
@@ -177,6 +181,7 @@ class TaskScheduler:
         callbacks: Sequence[Callable[[TaskScheduler, RoundReport], None]] = (),
         log: Callable[[str], None] | None = None,
         table: bool = True,
+        baseline_trials: int = 0,
     ):
         if strategy not in ("gradient", "round-robin"):
             raise ValueError(f"unknown task scheduler strategy {strategy!r} (gradient or round-robin)")
@@ -196,6 +201,7 @@ class TaskScheduler:
         self.callbacks = list(callbacks)
         self.log = log or (lambda line: print(line, flush=True))
         self.table = table
+        self.baseline_trials = baseline_trials
         self.flops = np.asarray([max(t.dag.flop_count, 0) for t in self.tasks], dtype=np.float64)
         self.progress = [TaskProgress() for _ in self.tasks]
         self.group_of: dict[int, list[int]] = {}
@@ -257,11 +263,14 @@ class TaskScheduler:
             self.per_round = max(1, min(self.per_round, (trials - self.total_trials) // n_live))
         reason = ""
         try:
-            for i in self.live():
-                if self.progress[i].rounds == 0:
+            fresh = [i for i in self.live() if self.progress[i].rounds == 0]
+            if self.baseline_trials:
+                for i in fresh:
+                    reason = reason or self._step(i, "baseline", self.baseline_trials)
+                fresh.reverse()  # the measurers of the last tasks are still open
+            for i in fresh:
+                if not reason and not self.progress[i].dead:
                     reason = self._step(i, "warm-up")
-                    if reason:
-                        break
             while not reason:
                 reason = self._stop_reason()
                 if reason:
@@ -296,9 +305,9 @@ class TaskScheduler:
                 return f"no improvement in {since} trials"
         return ""
 
-    def _step(self, i: int, how: str) -> str:
+    def _step(self, i: int, how: str, trials: int | None = None) -> str:
         """One round of task i; returns a stop reason, or "" to go on."""
-        n = self.per_round
+        n = trials or self.per_round
         if self._budget is not None:
             n = min(n, self._budget - self.total_trials)
             if n <= 0:

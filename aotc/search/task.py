@@ -164,6 +164,10 @@ class TaskSearch:
     def propose(self, n: int) -> list[State]:
         """Up to `n` unmeasured candidates from one search round (the initial states first); the round is
         retried once when it finds nothing new, and an empty list means the space looks exhausted."""
+        fresh = [st for st in self._initial if (state_key(st) or "") not in self.measured]
+        if fresh and n <= len(fresh):
+            self._initial = fresh[n:]
+            return fresh[:n]
         for _ in range(2):
             t0 = time.perf_counter()
             ranked = sorted(self.measured.values(), key=lambda sc: sc[1])

@@ -1,0 +1,129 @@
+"""The build report: `<name>.report/` next to the package with report.json, report.md and curve.png.
+
+`report.json` is the data (per task: name, workload key, fingerprint, weight, FLOPs, trials, best and
+default-schedule latency, where the kernel came from; the tuning curve as [trials, wall seconds,
+estimated end-to-end latency] triples). `report.md` is the same as tables; `curve.png` plots the
+estimated end-to-end latency against trials and against wall time. Every file is written atomically.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+REPORT_FORMAT = "aotc-build-report"
+REPORT_VERSION = 1
+
+
+def report_dir(package: Path) -> Path:
+    """`build/model.aotc` -> `build/model.report`."""
+    return package.parent / f"{package.stem}.report"
+
+
+def write_report(directory: Path, report: dict) -> list[Path]:
+    """Write report.json, report.md and (when there is a tuning curve) curve.png; returns the paths."""
+    directory.mkdir(parents=True, exist_ok=True)
+    report = {"format": REPORT_FORMAT, "version": REPORT_VERSION, **report}
+    text = json.dumps(report, indent=1, allow_nan=False, default=_jsonable) + "\n"
+    written = [
+        _atomic(directory / "report.json", lambda f: f.write(text.encode())),
+        _atomic(directory / "report.md", lambda f: f.write(format_markdown(report).encode())),
+    ]
+    curve = [p for p in report.get("curve", []) if p[2] is not None]
+    if curve:
+        written.append(_atomic(directory / "curve.png", lambda f: plot_curve(curve, f)))
+    return written
+
+
+def format_markdown(report: dict) -> str:
+    tuning = report.get("tuning", {})
+    lines = [
+        f"# Build report: {Path(report['package']).name}",
+        "",
+        f"- model: `{report['model']}`",
+        f"- target: `{report['target']}`",
+        f"- built in {report['seconds']:.1f} s on {report.get('created', '?')}",
+    ]
+    if tuning.get("enabled"):
+        budget = tuning.get("budget_trials")
+        deadline = tuning.get("deadline_seconds")
+        limits = ", ".join(
+            x
+            for x in (
+                f"budget {budget} trials" if budget is not None else "",
+                f"deadline {deadline:g} s" if deadline is not None else "",
+            )
+            if x
+        )
+        lines.append(
+            f"- tuning: {tuning['new_trials']} new trials ({tuning['trials']} in all) in {tuning['rounds']} "
+            f"rounds, {tuning['seconds']:.1f} s ({limits}); stopped: {tuning['stop_reason']}"
+        )
+    else:
+        lines.append("- tuning: off")
+    lines += [
+        f"- estimated end-to-end latency: {_ms(report.get('estimated_latency_s'))} ms "
+        f"(default schedules: {_ms(report.get('default_latency_s'))} ms)",
+        "",
+        "| ID | Task | Weight | MFLOP | Trials | Best (ms) | Default (ms) | GFLOP/s | Kernel from |",
+        "|---:|------|-------:|------:|-------:|----------:|-------------:|--------:|-------------|",
+    ]
+    for t in report["tasks"]:
+        gflops = f"{t['gflops']:.2f}" if t.get("gflops") is not None else "-"
+        lines.append(
+            f"| {t['id']} | {t['name']} | {t['weight']} | {t['flops'] / 1e6:.3f} | {t['trials']} "
+            f"| {_ms(t.get('best_latency_s'))} | {_ms(t.get('default_latency_s'))} | {gflops} | {t['source']} |"
+        )
+    if report.get("curve"):
+        lines += ["", "Tuning curve: `curve.png` (estimated end-to-end latency vs trials and vs wall time)."]
+    return "\n".join(lines) + "\n"
+
+
+def plot_curve(curve: list, file) -> None:
+    """Two subplots: estimated end-to-end latency (ms) vs trials, and vs wall seconds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    trials = [p[0] for p in curve]
+    seconds = [p[1] for p in curve]
+    latency = [p[2] * 1e3 for p in curve]
+    fig = Figure(figsize=(10, 4))
+    for ax, xs, label in zip(fig.subplots(1, 2), (trials, seconds), ("trials", "wall time (s)")):
+        ax.plot(xs, latency, marker=".", drawstyle="steps-post")
+        ax.set_xlabel(label)
+        ax.set_ylabel("estimated end-to-end latency (ms)")
+        ax.grid(True, alpha=0.3)
+    fig.suptitle("tuning curve")
+    fig.tight_layout()
+    fig.savefig(file, format="png", dpi=100)
+
+
+def _atomic(path: Path, write: Callable) -> Path:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def _ms(seconds: float | None) -> str:
+    return f"{seconds * 1e3:.4f}" if seconds is not None and math.isfinite(seconds) else "-"
+
+
+def _jsonable(value):
+    if hasattr(value, "item"):
+        return value.item()
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(f"{type(value).__name__} is not JSON-serializable")

@@ -1,0 +1,124 @@
+"""Whole-model tuning in `aotc build`: deadline, resume, Ctrl-C, the build report, kernel provenance."""
+
+import json
+import time
+
+import aotc_runtime
+import numpy as np
+
+from aotc import models
+from aotc.build import TuningOptions, build
+from aotc.recipe import load_recipe
+from aotc.search.measure import MeasureOptions
+from aotc.search.records import load_records
+from aotc.validate import compare, random_inputs, reference_outputs
+
+FAST = TuningOptions(
+    measure=MeasureOptions(repeat=1, min_repeat_ms=1, n_build_workers=2), population=32, per_round=8
+)
+TASK_FIELDS = {
+    "name",
+    "workload_key",
+    "fingerprint",
+    "weight",
+    "flops",
+    "trials",
+    "best_latency_s",
+    "default_latency_s",
+    "source",
+}
+
+
+def mlp_recipe(tmp_path, tuning: str, validate: bool = True):
+    models.save(models.mlp(), tmp_path / "mlp.onnx")
+    recipe = tmp_path / "mlp.yaml"
+    recipe.write_text(
+        f"model: mlp.onnx\noutput: build/mlp.aotc\nvalidate: {str(validate).lower()}\ntuning:\n{tuning}"
+    )
+    return load_recipe(recipe)
+
+
+def matches_onnxruntime(package, model_path):
+    compiled = aotc_runtime.load(str(package))
+    inputs = random_inputs({t.name: (tuple(t.shape), t.dtype) for t in compiled.inputs}, 3)
+    report = compare(compiled.run(inputs), reference_outputs(model_path, inputs), 1e-4, 1e-5)
+    return all(r["ok"] for r in report)
+
+
+def record_keys(path):
+    return [(r.fingerprint, json.dumps(r.steps)) for r in load_records(path)]
+
+
+def test_deadline_build_is_on_time_then_resume_measures_only_new_candidates(tmp_path):
+    deadline = 20.0
+    recipe = mlp_recipe(tmp_path, f"  deadline: {deadline:g}s\n")
+    start = time.monotonic()
+    result = build(recipe, log=lambda _: None, tuning_options=FAST)
+    wall = time.monotonic() - start
+    assert wall < deadline + 2.0, f"the build took {wall:.1f} s for a {deadline:g} s deadline"
+    assert result.tuning.stop_reason == "deadline" and result.tuning.trials > 0
+    assert result.validation and all(r["ok"] for r in result.validation)
+    assert matches_onnxruntime(result.package, tmp_path / "mlp.onnx")
+
+    records = tmp_path / "build" / "mlp.records.jsonl"  # the build's default record log
+    keys = record_keys(records)
+    assert len(keys) == result.tuning.trials and len(set(keys)) == len(keys)
+
+    report_dir = tmp_path / "build" / "mlp.report"
+    report = json.loads((report_dir / "report.json").read_text())
+    assert len(report["tasks"]) == len(result.tasks)
+    assert all(set(t) >= TASK_FIELDS for t in report["tasks"])
+    assert sum(t["trials"] for t in report["tasks"]) == len(keys)
+    assert report["tuning"]["stop_reason"] == "deadline"
+    assert report["curve"] and all(len(p) == 3 for p in report["curve"])
+    assert report["curve"][-1][0] == len(keys)
+    assert (report_dir / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "| Task |" in (report_dir / "report.md").read_text()
+
+    kernels = aotc_runtime.load(str(result.package)).manifest["kernels"]
+    tuned = [k for k in kernels if k["schedule"] == "record"]
+    assert tuned and all(k["fingerprint"] for k in kernels)
+    assert all({"record_time", "record_cost_s", "record_source", "record_host"} <= set(k) for k in tuned)
+
+    more = 8
+    resumed = mlp_recipe(tmp_path, f"  trials: {len(keys) + more}\n", validate=False)
+    again = build(resumed, log=lambda _: None, resume=True, tuning_options=FAST)
+    after = record_keys(records)
+    assert again.tuning.trials == more and len(after) == len(keys) + more
+    assert len(set(after)) == len(after)  # nothing measured twice
+    assert after[: len(keys)] == keys
+    assert matches_onnxruntime(again.package, tmp_path / "mlp.onnx")
+
+
+def test_ctrl_c_during_tuning_still_writes_a_valid_package(tmp_path):
+    recipe = mlp_recipe(tmp_path, "  trials: 400\n", validate=False)
+    rounds = []
+
+    def interrupt(scheduler, report):
+        rounds.append(report.round)
+        raise KeyboardInterrupt
+
+    result = build(recipe, log=lambda _: None, callbacks=[interrupt], tuning_options=FAST)
+    assert rounds == [1]
+    # the first round measures the first task's default schedule (the baseline of the estimate)
+    assert result.tuning.stop_reason == "interrupted" and result.tuning.trials == 1
+    assert len(load_records(tmp_path / "build" / "mlp.records.jsonl")) == 1
+    assert matches_onnxruntime(result.package, tmp_path / "mlp.onnx")
+    kernels = aotc_runtime.load(str(result.package)).manifest["kernels"]
+    assert [k["schedule"] for k in kernels].count("record") == 1
+    report = json.loads((tmp_path / "build" / "mlp.report" / "report.json").read_text())
+    assert report["tuning"]["stop_reason"] == "interrupted"
+
+
+def test_untuned_build_writes_a_report_without_a_curve(tmp_path):
+    models.save(models.mlp(), tmp_path / "mlp.onnx")
+    (tmp_path / "mlp.yaml").write_text("model: mlp.onnx\noutput: out/mlp.aotc\nvalidate: false\n")
+    result = build(load_recipe(tmp_path / "mlp.yaml"), log=lambda _: None)
+    directory = tmp_path / "out" / "mlp.report"
+    assert result.report == directory and result.tuning is None
+    report = json.loads((directory / "report.json").read_text())
+    assert report["tuning"]["enabled"] is False and report["curve"] == []
+    assert [t["source"] for t in report["tasks"]] == ["default schedule"] * len(result.tasks)
+    assert (directory / "report.md").exists() and not (directory / "curve.png").exists()
+    assert not [p for p in directory.iterdir() if p.name.endswith(".tmp")]
+    assert np.isfinite(report["seconds"])
