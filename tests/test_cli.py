@@ -39,6 +39,18 @@ def test_print_config(mlp_recipe, capsys):
     assert "model:" in capsys.readouterr().out
 
 
+def test_build_flags_override_the_recipe_and_explain_the_cache(tmp_path, mlp_recipe, capsys):
+    assert main(["build", str(mlp_recipe), "--print-config", "--trials", "5", "--deadline", "30m"]) == 0
+    out = capsys.readouterr().out
+    assert "trials: 5" in out and "deadline: 1800.0" in out
+    assert main(["build", str(mlp_recipe), "--trials", "0", "--explain-cache"]) == 0
+    out = capsys.readouterr().out
+    assert out.count(": miss: ") == 4 and "report: " in out
+    assert (tmp_path / "out" / "mlp.report" / "report.json").exists()
+    assert main(["build", str(mlp_recipe), "--deadline", "soon"]) == 2
+    assert "--deadline 'soon'" in capsys.readouterr().err
+
+
 def test_recipe_typo_exits_2(tmp_path, mlp_recipe, capsys):
     mlp_recipe.write_text("model: mlp.onnx\ntunning: {trials: 1}\n")
     assert main(["build", str(mlp_recipe)]) == 2
