@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import aotc_runtime
 import numpy as np
 import pytest
@@ -179,3 +181,16 @@ def test_cli_build_refuses_bad_tflite_files(tmp_path, capsys):
         err = capsys.readouterr().err
         assert expected in err and f"{name}.tflite" in err, err
         assert not list(tmp_path.glob(f"{name}.aotc*")) and not list(tmp_path.glob(f".{name}*"))
+
+
+def test_committed_recipe_models_load_and_match_litert():
+    """The example models under recipes/models (written by recipes/make_tflite_models.py) stay importable."""
+    models = Path(__file__).resolve().parent.parent / "recipes" / "models"
+    assert (models / "mobilenet_block.tflite").read_bytes() == mobilenet_blocks(blocks=3).build()
+    for name in ("mobilenet_block", "mobilenet_block_int8"):
+        path = models / f"{name}.tflite"
+        assert path.stat().st_size < 300_000
+        graph = load_tflite(str(path))
+        inputs = random_inputs({v.name: (v.type.shape, v.type.dtype) for v in graph.inputs}, seed=4)
+        data = path.read_bytes()
+        assert_close(run_graph(graph, inputs), run_litert(data, inputs, xnnpack=name.endswith("block")), name)

@@ -121,6 +121,7 @@ class ModelBuilder:
         dtype: str = "float32",
         quant: Quant | None = None,
         custom_code: str = "",
+        out_name: str = "",
     ) -> int | list[int]:
         """Append an operator; makes `num_outputs` output tensors (shape filled in by build) unless given."""
         code = OPCODES[name]
@@ -132,6 +133,8 @@ class ModelBuilder:
             known = [self.tensors[t].shape for t in inputs if t >= 0 and self.tensors[t].shape is not None]
             for t in outputs:
                 self.tensors[t].rank_hint = max(len(known[0]) if known else 1, 1)
+            if out_name:
+                self.tensors[outputs[0]].name = out_name
         self.ops.append(_Op(self.opcodes.index(key), list(inputs), list(outputs), options))
         return outputs[0] if len(outputs) == 1 else list(outputs)
 
@@ -548,7 +551,7 @@ def mobilenet_blocks(
     y = _conv(mb, rng, y, channels, 64)
     y = mb.op("MEAN", [y, mb.const(np.array([1, 2], np.int32))], ("ReducerOptions", {"KeepDims": False}))
     y = _dense(mb, rng, y, 64, classes)
-    mb.output(mb.op("SOFTMAX", [y], ("SoftmaxOptions", {"Beta": 1.0})))
+    mb.output(mb.op("SOFTMAX", [y], ("SoftmaxOptions", {"Beta": 1.0}), out_name="probabilities"))
     mb.build()
     return mb
 
