@@ -19,6 +19,7 @@ from aotc import __version__
 from aotc.graph.ir import Graph, Value
 from aotc.graph.partition import FusedGroup, Task, extract_tasks, group_dag, partition
 from aotc.graph.passes import optimize
+from aotc.hub import Lookup, RecordSources, open_sources
 from aotc.ir.stmt import PrimFunc
 from aotc.memory import Lifetime, plan_memory
 from aotc.recipe import Recipe
@@ -74,17 +75,6 @@ RESERVE_MAX_FRACTION = 0.4
 
 
 @dataclass
-class KernelLookup:
-    """Where a task's kernel schedule comes from: a record (hit), or nothing usable (miss / stale)."""
-
-    status: str
-    reason: str
-    source: str = ""
-    state: State | None = None
-    record: Record | None = None
-
-
-@dataclass
 class TuningOptions:
     """Knobs of whole-model tuning that a recipe does not set (tests and benchmarks change them)."""
 
@@ -109,44 +99,16 @@ def records_path(recipe: Recipe) -> Path:
     return recipe.output.parent / f"{recipe.output.stem}.records.jsonl"
 
 
-def lookup_kernels(
-    tasks: list[Task], target: Target, records: list[Record], source: str
-) -> list[KernelLookup]:
-    """Per task, the fastest valid record for exactly this target that replays (hit); else why not."""
-    from aotc.search.records import apply_best
-
-    by_task: dict[str, list[Record]] = {}
-    for rec in records:
-        by_task.setdefault(rec.fingerprint, []).append(rec)
-    target_str = str(target)
-    out = []
-    for task in tasks:
-        mine = by_task.get(task.dag.fingerprint, [])
-        found = apply_best(mine, task.dag, target) if mine else None
-        if found is not None:
-            state, rec = found
-            reason = f"{rec.mean_cost * 1e3:.4f} ms, measured on {rec.host.get('cpu_model', '?')}"
-            out.append(KernelLookup("hit", reason, source, state, rec))
-            continue
-        here = [r for r in mine if r.target == target_str]
-        others = sorted({r.target for r in mine if r.ok and r.target != target_str})
-        if others:
-            out.append(
-                KernelLookup("stale", f"records exist for target {others[0]!r}, not {target_str!r}", source)
-            )
-        elif here:
-            out.append(
-                KernelLookup("miss", f"{len(here)} record(s) for this target, none valid and replayable")
-            )
-        else:
-            out.append(KernelLookup("miss", "no record for this workload"))
-    return out
+def lookup_kernels(sources: RecordSources, tasks: list[Task], target: Target) -> list[Lookup]:
+    """Per task, the fastest usable record along the record chain (hit), or why there is none."""
+    return [sources.lookup(task.dag, target) for task in tasks]
 
 
 def tune_tasks(
     tasks: list[Task],
     target: Target,
-    lookups: list[KernelLookup],
+    lookups: list[Lookup],
+    sources: RecordSources,
     records: Path,
     known: list[Record],
     trials: int | None,
@@ -160,16 +122,18 @@ def tune_tasks(
 
     Without `resume`, a task with a usable record is done (it gets no trials) and the budget goes to the
     others; with `resume`, every task goes on and the trials already in `records` count toward the budget.
-    Nothing already in `records` is measured again.
+    Nothing already in `records` is measured again. The shared cost model starts from the stored
+    records of these tasks (every source of the chain).
     """
+    from aotc.hub import warm_start
     from aotc.search.cost_model import XGBCostModel
 
     options = options or TuningOptions()
     measure = options.measure or MeasureOptions(repeat=3, min_repeat_ms=20)
     defaults = [[default_schedule(t.dag, target)] for t in tasks]
-    rounds = SearchRounds(
-        tasks, target, XGBCostModel(), records, measure, defaults, options.seed, options.population
-    )
+    model = XGBCostModel()
+    warm_start(model, sources, target, {t.workload_key: t.dag for t in tasks})
+    rounds = SearchRounds(tasks, target, model, records, measure, defaults, options.seed, options.population)
     scheduler = TaskScheduler(
         tasks,
         rounds,
@@ -185,7 +149,7 @@ def tune_tasks(
         if found.status == "hit" and not resume:
             scheduler.restore(i, 0, found.record.mean_cost, dead="cached")
             continue
-        before[i] = search.resume(known)
+        before[i] = search.resume(known, train=False)
         if resume and before[i]:
             scheduler.restore(i, before[i], search.result.best_cost)
     todo = len(scheduler.live())
@@ -240,10 +204,11 @@ def build(
     t0 = time.perf_counter()
     records = records_path(recipe)
     known = _load(records)
-    lookups = lookup_kernels(tasks, target, known, f"records:{records}")
+    sources = open_sources(records, tuning.tophub)
+    lookups = lookup_kernels(sources, tasks, target)
     if explain_cache:
         for i, (task, found) in enumerate(zip(tasks, lookups)):
-            log(f"task {i} {task.name} (weight {task.weight}): {found.status}: {found.reason}")
+            log(f"task {i} {task.name} (weight {task.weight}): {found}")
     wants_tuning = tuning.trials != 0 and (tuning.trials is not None or tuning.deadline_seconds is not None)
     run: TuningRun | None = None
     if wants_tuning:
@@ -255,6 +220,7 @@ def build(
             tasks,
             target,
             lookups,
+            sources,
             records,
             known,
             tuning.trials,
@@ -264,8 +230,11 @@ def build(
             tuning_options,
             log,
         )
+        before = len(known)
         known = _load(records)
-        lookups = lookup_kernels(tasks, target, known, f"records:{records}")
+        sources.save(r for r in known[before:] if r.ok)
+        sources = open_sources(records, tuning.tophub)
+        lookups = lookup_kernels(sources, tasks, target)
     timings["tune"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -312,7 +281,7 @@ def _load(path: Path) -> list[Record]:
     return load_records(path) if path.exists() else []
 
 
-def _kernel_source(task: Task, found: KernelLookup) -> dict:
+def _kernel_source(task: Task, found: Lookup) -> dict:
     """The manifest's account of where a kernel's schedule came from."""
     info: dict = {"fingerprint": task.dag.fingerprint}
     if found.record is None:
@@ -345,7 +314,7 @@ def _build_report(
     recipe: Recipe,
     target: Target,
     tasks: list[Task],
-    lookups: list[KernelLookup],
+    lookups: list[Lookup],
     defaults: list[State],
     records: list[Record],
     records_file: Path,
@@ -375,7 +344,7 @@ def _build_report(
                 "default_latency_s": _default_cost(task, default, records, target),
                 "gflops": flops / best / 1e9 if best else None,
                 "source": found.source if found.record is not None else "default schedule",
-                "lookup": f"{found.status}: {found.reason}",
+                "lookup": str(found),
                 "dead": run.scheduler.progress[i].dead if run is not None else "",
             }
         )

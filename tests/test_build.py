@@ -13,6 +13,13 @@ from aotc.validate import compare, random_inputs, reference_outputs
 RTOL, ATOL = 1e-4, 1e-5
 
 
+@pytest.fixture(autouse=True)
+def no_record_stores(tmp_path, monkeypatch):
+    """Builds here see only their recipe's records and write tuned records to a private user store."""
+    monkeypatch.setenv("AOTC_HOME", str(tmp_path / "aotc-home"))
+    monkeypatch.setenv("AOTC_TOPHUB", "none")
+
+
 def build_model(tmp_path, name, model, validate=False, extra=""):
     path = tmp_path / f"{name}.onnx"
     models.save(model, path)

@@ -2,9 +2,11 @@
 
 import json
 import time
+import zipfile
 
 import aotc_runtime
 import numpy as np
+import pytest
 
 from aotc import models
 from aotc.build import TuningOptions, build
@@ -27,6 +29,20 @@ TASK_FIELDS = {
     "default_latency_s",
     "source",
 }
+
+
+@pytest.fixture(autouse=True)
+def own_store(tmp_path, monkeypatch):
+    """Each test has its own user store, and neither shipped nor shared stores."""
+    monkeypatch.setenv("AOTC_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("AOTC_TOPHUB", raising=False)
+    monkeypatch.setattr("aotc.hub.lookup.shipped_store_dir", lambda: None)
+
+
+def kernel_library(package):
+    with zipfile.ZipFile(package) as z:
+        names = [n for n in z.namelist() if n.endswith(".so")]
+        return [z.read(n) for n in names]
 
 
 def mlp_recipe(tmp_path, tuning: str, validate: bool = True):
@@ -88,6 +104,14 @@ def test_deadline_build_is_on_time_then_resume_measures_only_new_candidates(tmp_
     assert len(set(after)) == len(after)  # nothing measured twice
     assert after[: len(keys)] == keys
     assert matches_onnxruntime(again.package, tmp_path / "mlp.onnx")
+
+    # every record went to the user store too: a build with a fresh record file tunes nothing
+    elsewhere = mlp_recipe(tmp_path, "  trials: 50\n  records: fresh.jsonl\n", validate=False)
+    cached = build(elsewhere, log=lambda _: None, tuning_options=FAST)
+    assert cached.tuning.trials == 0 and not (tmp_path / "fresh.jsonl").exists()
+    assert kernel_library(cached.package) == kernel_library(again.package)
+    sources = [k.get("record_source", "") for k in aotc_runtime.load(str(cached.package)).manifest["kernels"]]
+    assert all(src.startswith("user:") for src in sources)
 
 
 def test_ctrl_c_during_tuning_still_writes_a_valid_package(tmp_path):

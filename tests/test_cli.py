@@ -9,6 +9,13 @@ from aotc import models
 from aotc.cli import main
 
 
+@pytest.fixture(autouse=True)
+def no_record_stores(tmp_path, monkeypatch):
+    """Builds here see only their recipe's records and write tuned records to a private user store."""
+    monkeypatch.setenv("AOTC_HOME", str(tmp_path / "aotc-home"))
+    monkeypatch.setenv("AOTC_TOPHUB", "none")
+
+
 @pytest.fixture
 def mlp_recipe(tmp_path):
     models.save(models.mlp(), tmp_path / "mlp.onnx")

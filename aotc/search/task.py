@@ -134,9 +134,9 @@ class TaskSearch:
             return 0
         return self.resume(load_records(path))
 
-    def resume(self, records: Iterable[Record]) -> int:
-        """Seed the measured set, the best state and the cost model from earlier records of this task:
-        nothing they hold is measured again. Returns how many records were taken."""
+    def resume(self, records: Iterable[Record], train: bool = True) -> int:
+        """Seed the measured set, the best state and (if `train`) the cost model from earlier records of
+        this task: nothing they hold is measured again. Returns how many records were taken."""
         dag, target = self.task.dag, str(self.task.target)
         states, results = [], []
         for rec in records:
@@ -148,8 +148,9 @@ class TaskSearch:
                 continue
             states.append(state)
             results.append(MeasureResult(list(rec.costs), rec.error, rec.error_msg))
-        if states:
+        if states and train:
             self.model.update(dag, states, results)
+        if states:
             trials = self.result.trials
             self._absorb(states, results)
             self.result.trials = trials
