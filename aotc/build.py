@@ -132,7 +132,6 @@ def tune_tasks(
     measure = options.measure or MeasureOptions(repeat=3, min_repeat_ms=20)
     defaults = [[default_schedule(t.dag, target)] for t in tasks]
     model = XGBCostModel()
-    warm_start(model, sources, target, {t.workload_key: t.dag for t in tasks})
     rounds = SearchRounds(tasks, target, model, records, measure, defaults, options.seed, options.population)
     scheduler = TaskScheduler(
         tasks,
@@ -144,23 +143,25 @@ def tune_tasks(
         log=log,
         baseline_trials=1,
     )
-    before = [0] * len(tasks)
+    restored = [0] * len(tasks)
     for i, (search, found) in enumerate(zip(rounds.searches, lookups)):
         if found.status == "hit" and not resume:
             scheduler.restore(i, 0, found.record.mean_cost, dead="cached")
             continue
-        before[i] = search.resume(known, train=False)
-        if resume and before[i]:
-            scheduler.restore(i, before[i], search.result.best_cost)
+        done = search.resume(known, train=False)
+        if resume and done:
+            scheduler.restore(i, done, search.result.best_cost)
+            restored[i] = done
     todo = len(scheduler.live())
     if not todo:
         log(f"all {len(tasks)} tasks have tuned records: nothing to tune")
         summary = TuneSummary(0, 0, 0.0, "every task is done")
         return TuningRun(scheduler, summary, [0] * len(tasks))
+    warm_start(model, sources, target, {t.workload_key: t.dag for t in tasks})
     limits = [f"{trials} trials" if trials is not None else "", "a deadline" if deadline else ""]
     log(f"tuning {todo} of {len(tasks)} tasks with {' and '.join(x for x in limits if x)}")
     summary = scheduler.tune(trials, deadline)
-    return TuningRun(scheduler, summary, [p.trials - b for p, b in zip(scheduler.progress, before)])
+    return TuningRun(scheduler, summary, [p.trials - r for p, r in zip(scheduler.progress, restored)])
 
 
 def deadline_reserve(n_tasks: int, validate: bool, deadline_seconds: float) -> float:

@@ -85,6 +85,7 @@ def test_deadline_build_is_on_time_then_resume_measures_only_new_candidates(tmp_
     assert len(report["tasks"]) == len(result.tasks)
     assert all(set(t) >= TASK_FIELDS for t in report["tasks"])
     assert sum(t["trials"] for t in report["tasks"]) == len(keys)
+    assert sum(t["new_trials"] for t in report["tasks"]) == len(keys)
     assert report["tuning"]["stop_reason"] == "deadline"
     assert report["curve"] and all(len(p) == 3 for p in report["curve"])
     assert report["curve"][-1][0] == len(keys)
