@@ -140,6 +140,9 @@ def _ls(args) -> int:
 
 def _verify(args) -> int:
     path = Path(args.path) if args.path else user_store_dir()
+    if not path.exists() and not args.path:
+        print(f"the user store {path} does not exist yet: nothing to verify")
+        return 0
     if not path.exists():
         print(f"aotc hub verify: {path} does not exist", file=sys.stderr)
         return 1
