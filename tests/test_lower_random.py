@@ -6,9 +6,11 @@ import pytest
 from aotc import te
 from aotc.codegen.module import build_module, load_library
 from aotc.ir.printer import func_str
+from aotc.schedule.layout import apply_layouts, rewrite_layout
 from aotc.schedule.lower import lower
 from aotc.target import host_target
 from aotc.te.reference import evaluate
+from aotc.te.tensor import LAYOUT_FREE
 from aotc.topi import nn
 
 from .random_schedules import random_state
@@ -24,26 +26,26 @@ def _matmul():
 
 def _dense_bias_relu():
     x = te.placeholder((7, 24), name="x")
-    w = te.placeholder((18, 24), name="w")
+    w = te.placeholder((18, 24), name="w", tag=LAYOUT_FREE)
     b = te.placeholder((18,), name="b")
     return te.ComputeDAG([nn.relu(nn.bias_add(nn.dense(x, w), b))])
 
 
 def _conv2d():
     x = te.placeholder((1, 4, 9, 10), name="x")
-    w = te.placeholder((6, 2, 3, 3), name="w")
+    w = te.placeholder((6, 2, 3, 3), name="w", tag=LAYOUT_FREE)
     return te.ComputeDAG([nn.conv2d_nchw(x, w, stride=(2, 1), padding=(1, 1, 0, 1), groups=2)])
 
 
 def _conv2d_plain():
     x = te.placeholder((1, 3, 8, 8), name="x")
-    w = te.placeholder((5, 3, 3, 3), name="w")
+    w = te.placeholder((5, 3, 3, 3), name="w", tag=LAYOUT_FREE)
     return te.ComputeDAG([nn.conv2d_nchw(x, w, padding=1)])
 
 
 def _depthwise():
     x = te.placeholder((1, 6, 10, 7), name="x")
-    w = te.placeholder((6, 1, 3, 3), name="w")
+    w = te.placeholder((6, 1, 3, 3), name="w", tag=LAYOUT_FREE)
     return te.ComputeDAG([nn.depthwise_conv2d_nchw(x, w, stride=1, padding=1)])
 
 
@@ -88,11 +90,13 @@ SEEDS_PER_WORKLOAD = 12
 
 
 def run_state(state, dag, tmp_path, inputs):
+    """Run the state's kernel, its layout-free weights re-laid out to follow its tiles."""
+    state, layouts = rewrite_layout(state)
     func = lower(state, "kernel")
     path = build_module([func], host_target(), str(tmp_path / "k.so"))
     kernel = load_library(path).kernel("kernel")
     outs = [np.zeros(o.shape, o.dtype) for o in dag.outputs]
-    kernel(*[inputs[p.name] for p in dag.placeholders], *outs)
+    kernel(*apply_layouts([inputs[p.name] for p in dag.placeholders], layouts), *outs)
     return outs, func
 
 
@@ -134,16 +138,32 @@ def _features(state):
     non_dividing = any(
         isinstance(s, SplitStep) and s.extent and s.extent % int(np.prod(s.lengths)) for s in state.steps
     )
-    return tags | ({"non-dividing"} if non_dividing else set())
+    rewritten = {"layout"} if rewrite_layout(state)[1] else set()
+    return tags | ({"non-dividing"} if non_dividing else set()) | rewritten
 
 
 def test_the_seeded_schedules_cover_every_feature():
-    """The random schedules above must exercise compute_at, cache_write, rfactor, non-dividing splits."""
+    """The random schedules above must exercise compute_at, cache_write, rfactor, non-dividing splits
+    and weight layout rewrites."""
     covered = set()
     for workload in WORKLOADS:
         for seed in range(SEEDS_PER_WORKLOAD):
             covered |= _features(random_state(WORKLOADS[workload](), 1000 * seed + len(workload)))
-    assert {"CA", "CHW", "CHR", "RF", "SA", "SP", "RE", "FU", "AN", "PR", "CI", "non-dividing"} <= covered
+    assert {
+        "CA",
+        "CHW",
+        "CHR",
+        "RF",
+        "SA",
+        "SP",
+        "RE",
+        "FU",
+        "AN",
+        "PR",
+        "CI",
+        "non-dividing",
+        "layout",
+    } <= covered
     for workload in WORKLOADS:
         per = set()
         for seed in range(SEEDS_PER_WORKLOAD):

@@ -18,7 +18,7 @@ import numpy as np
 from aotc.graph.ir import Graph, Node, Value
 from aotc.ir.expr import const
 from aotc.te.dag import ComputeDAG
-from aotc.te.tensor import Operation, compute, placeholder
+from aotc.te.tensor import LAYOUT_FREE, Operation, compute, placeholder
 from aotc.topi.registry import OpPattern, get_op
 
 MAX_GROUP_NODES = 256
@@ -234,7 +234,9 @@ def group_dag(group: FusedGroup) -> tuple[ComputeDAG, list[Value], list[Value]]:
         if v.is_constant and v.type.num_elements == 1:
             env[v] = _scalar_tensor(v, i)
             continue
-        env[v] = placeholder(v.type.shape, v.type.dtype, name=f"p{i}")
+        env[v] = placeholder(
+            v.type.shape, v.type.dtype, name=f"p{i}", tag=LAYOUT_FREE if v.is_constant else ""
+        )
         args.append(v)
     for node in group.nodes:
         outs = get_op(node.op).compute([env[v] for v in node.inputs], node.attrs)

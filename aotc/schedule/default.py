@@ -18,7 +18,7 @@ from aotc.schedule.steps import effective_consumers
 from aotc.schedule.tiling import follow_tiling, multi_level_tile
 from aotc.target import Target
 from aotc.te.dag import ComputeDAG, reads_of
-from aotc.te.tensor import ComputeOp
+from aotc.te.tensor import LAYOUT_FREE, ComputeOp, IterVar
 
 VECTOR_REGISTERS = 16
 AUTO_UNROLL = 64
@@ -31,7 +31,8 @@ def default_schedule(dag: ComputeDAG, target: Target) -> State:
             s = s.compute_inline(op.name)
     done: set[str] = set()
     for op in reversed(dag.compute_ops):
-        if dag.analysis[op].needs_multi_level_tiling and op.name not in done:
+        inlined = s.stages[s.stage_id(op.name)].compute_at == ComputeAtKind.INLINED
+        if dag.analysis[op].needs_multi_level_tiling and op.name not in done and not inlined:
             s, names = _tile_anchor(s, dag, op, target)
             done |= names
     for name in [st.name for st in s.stages]:
@@ -73,12 +74,28 @@ def _reduce_tile(extent: int) -> int:
     return max(c for c in range(1, 17) if extent % c == 0)
 
 
-def _tile_lengths(op: ComputeOp, target: Target) -> tuple[dict[str, list[int]], int]:
-    """Inner lengths per iterator name, and the vector tile of the last spatial axis."""
+def _vector_axis(op: ComputeOp) -> IterVar | None:
+    """The axis to vectorize: one that indexes a layout-free weight and no other input (the weight is
+    re-laid out to read it contiguously, the others are broadcast), else the last non-trivial axis."""
+    spatial = [a for a in op.axes if a.extent > 1]
+    reads = reads_of(op)
+    for a in spatial:
+        weight = [r for r in reads if r.tensor.tag == LAYOUT_FREE and a.var in r.indices]
+        others = [
+            r for r in reads if r.tensor.tag != LAYOUT_FREE and any(a.var in free_vars(i) for i in r.indices)
+        ]
+        if weight and not others:
+            return a
+    return spatial[-1] if spatial else None
+
+
+def _tile_lengths(
+    op: ComputeOp, target: Target, vec_axis: IterVar | None
+) -> tuple[dict[str, list[int]], int]:
+    """Inner lengths per iterator name, and the vector tile of `vec_axis`."""
     lanes = _lanes(op.dtype, target)
     spatial = list(op.axes)
     lengths = {a.name: [1, 1, 1] for a in spatial}
-    vec_axis = next((a for a in reversed(spatial) if a.extent > 1), None)
     vec = 1
     regs = 1
     if vec_axis is not None:
@@ -113,9 +130,14 @@ def _tile_anchor(s: State, dag: ComputeDAG, op: ComputeOp, target: Target) -> tu
     else:
         s = s.cache_write(sid)
         anchor, out = s.stages[sid].name, op.name
-    lengths, vec = _tile_lengths(op, target)
+    vec_axis = _vector_axis(op)
+    lengths, vec = _tile_lengths(op, target, vec_axis)
     a_id = s.stage_id(anchor)
     s, spatial = multi_level_tile(s, a_id, "SSRSRS", lengths)
+    if vec_axis is not None and vec_axis is not op.axes[-1]:
+        n, k = len(s.stages[a_id].iters), list(op.axes).index(vec_axis)
+        inner = n - len(op.axes) + k
+        s = s.reorder(a_id, [p for p in range(n) if p != inner] + [inner])
     o_id = s.stage_id(out)
     s, at = follow_tiling(s, o_id, spatial, 2)
     s = s.compute_at(a_id, o_id, at)

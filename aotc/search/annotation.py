@@ -112,6 +112,34 @@ def fill_tile_sizes(ctx: SearchContext, state: State, rng: random.Random) -> Sta
         return None
 
 
+def order_innermost_tile(ctx: SearchContext, state: State, rng: random.Random) -> State | None:
+    """Move a random spatial axis innermost in the last tile level of each tiled reduction stage.
+
+    Ansor keeps the axis order in every tile level, so only the last axis is ever vectorized: an NCHW
+    conv vectorizes along the image width. With its weights re-laid out (`schedule.layout`), the output
+    channel can be the vector axis instead, broadcasting the input and reading the weights contiguously.
+    """
+    for sid, st in enumerate(state.stages):
+        if st.compute_at != ComputeAtKind.ITER or not is_tiled(state, sid):
+            continue  # only a local buffer is laid out in loop order; a root stage's stays row-major
+        if not has_reduce_iter(state, sid) or rng.random() >= ctx.params.innermost_reorder_prob:
+            continue
+        attached = _attached_at(state, sid)
+        start = len(st.iters)
+        while start > 0:
+            it = st.iters[start - 1]
+            if it.kind != IterKind.SPATIAL or it.annotation != Annotation.NONE or it.uid in attached:
+                break
+            start -= 1
+        choices = [p for p in range(start, len(st.iters) - 1) if (st.iters[p].extent or 1) > 1]
+        if not choices:
+            continue
+        pick = choices[rng.randrange(len(choices))]
+        order = [p for p in range(len(st.iters)) if p != pick] + [pick]
+        state = state.reorder(sid, order)
+    return state
+
+
 # ---- ChangeComputeLocation --------------------------------------------------------------------------
 
 
@@ -313,6 +341,7 @@ def annotate_vectorize(ctx: SearchContext, state: State, rng: random.Random) -> 
 
 CPU_INIT_RULES = (
     fill_tile_sizes,
+    order_innermost_tile,
     change_compute_location,
     annotate_parallel,
     annotate_unroll,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import itertools
+import json
 import math
 import mmap
 import multiprocessing as mp
@@ -231,6 +232,7 @@ class _Built:
     msg: str = ""
     path: str | None = None
     seconds: float = 0.0
+    layouts: list = field(default_factory=list)
 
 
 def _builder_main(conn, dag: ComputeDAG, target: Target, workdir: str, env: dict[str, str]) -> None:
@@ -248,16 +250,22 @@ def _builder_main(conn, dag: ComputeDAG, target: Target, workdir: str, env: dict
 
 
 def _build_one(dag: ComputeDAG, target: Target, path: str, task: tuple[str, object]) -> _Built:
-    """Lower and compile one candidate: ("steps", step records) or ("func", PrimFunc)."""
+    """Lower and compile one candidate: ("steps", step records), ("func", PrimFunc) or the naive ("reference", [])."""
     from aotc.codegen.module import build_module
+    from aotc.schedule.layout import rewrite_layout
     from aotc.schedule.lower import lower
     from aotc.schedule.steps import replay, steps_from_json
 
     start = time.perf_counter()
     kind, payload = task
+    layouts: list = []
     try:
         if kind == "steps":
-            func = lower(replay(dag, steps_from_json(payload)), KERNEL_NAME)
+            state, rewritten = rewrite_layout(replay(dag, steps_from_json(payload)))
+            layouts = [layout.to_json() for layout in rewritten]
+            func = lower(state, KERNEL_NAME)
+        elif kind == "reference":
+            func = lower(replay(dag, []), KERNEL_NAME)
         else:
             func = replace(payload, name=KERNEL_NAME)
     except Exception as err:
@@ -266,7 +274,7 @@ def _build_one(dag: ComputeDAG, target: Target, path: str, task: tuple[str, obje
         build_module([func], target, path)
     except Exception as err:
         return _Built(ErrorCode.COMPILE_HOST, _error_text(err), seconds=time.perf_counter() - start)
-    return _Built(ErrorCode.NO_ERROR, path=path, seconds=time.perf_counter() - start)
+    return _Built(ErrorCode.NO_ERROR, path=path, seconds=time.perf_counter() - start, layouts=layouts)
 
 
 # ----------------------------------------------------------------------------- runner side
@@ -438,12 +446,13 @@ class _Bench:
         named = _load_reference(workdir, ref_path, n_inputs, opts.seed)
         arrays = list(named.values())
         self.opts, self.threads = opts, threads
-        self.inputs = [_page_array(a, readonly=True) for a in arrays[:n_inputs]]
+        self.originals = arrays[:n_inputs]
+        self.inputs = [_page_array(a, readonly=True) for a in self.originals]
+        self.relaid: dict[str, list[np.ndarray]] = {}
         self.refs = arrays[n_inputs:]
         self.output_names = list(named)[n_inputs:]
         self.outputs = [_page_array(r, readonly=False) for r in self.refs]
         self.poison = [_poison(r) for r in self.refs]
-        self.signature = [(a.dtype, a.size) for a in arrays]
         self.flush_buf = np.zeros(min(2 * _llc_bytes(), 512 << 20), np.uint8) if opts.flush_cache else None
 
     def flush(self) -> None:
@@ -452,20 +461,39 @@ class _Bench:
         if self.inputs:
             self.inputs[0].sum()
 
-    def run(self, request: tuple[str, float | None]) -> tuple[ErrorCode, str, list[float]]:
+    def inputs_for(self, layouts: list) -> list[np.ndarray]:
+        """The inputs with the weights a candidate re-lays out in its layouts (a few kept, guarded too)."""
+        if not layouts:
+            return self.inputs
+        key = json.dumps(layouts, sort_keys=True)
+        if key not in self.relaid:
+            from aotc.schedule.layout import WeightLayout
+
+            inputs = list(self.inputs)
+            for obj in layouts:
+                layout = WeightLayout.from_json(obj)
+                inputs[layout.arg] = _page_array(layout.apply(self.originals[layout.arg]), readonly=True)
+            if len(self.relaid) >= 8:
+                self.relaid.pop(next(iter(self.relaid)))
+            self.relaid[key] = inputs
+        return self.relaid[key]
+
+    def run(self, request: tuple[str, float | None, list]) -> tuple[ErrorCode, str, list[float]]:
         from aotc.codegen.module import KernelError, load_library
 
-        path, cutoff = request
+        path, cutoff, layouts = request
 
         lib = None
         try:
+            inputs = self.inputs_for(layouts)
             lib = load_library(path)
             kernel = lib.kernel(KERNEL_NAME)
             sig = [(p.dtype, p.num_elements) for p in kernel.params]
-            if sig != self.signature:
-                raise TypeError(f"kernel parameters {sig} differ from the task's {self.signature}")
+            expected = [(a.dtype, a.size) for a in (*inputs, *self.outputs)]
+            if sig != expected:
+                raise TypeError(f"kernel parameters {sig} differ from the task's {expected}")
             lib.set_num_threads(self.threads)
-            fn = kernel.prepare(*self.inputs, *self.outputs)
+            fn = kernel.prepare(*inputs, *self.outputs)
         except Exception as err:
             _unload(lib)
             return ErrorCode.COMPILE_DEVICE, _error_text(err), []
@@ -542,7 +570,7 @@ class Measurer:
             args = (self.dag, self.target, self.workdir, env)
             self._workers.append(_Worker(self._ctx, f"aotc-builder-{i}", _builder_main, args))
         self._builders = list(self._workers)
-        (ref,) = self._build([("steps", [])])
+        (ref,) = self._build([("reference", [])])
         if ref.error:
             raise MeasureError(
                 f"the naive schedule of {self.dag} does not build ({ref.error.name}): {ref.msg}"
@@ -615,7 +643,7 @@ class Measurer:
             return MeasureResult([], built.error, built.msg, build_seconds=build_share)
         start = time.perf_counter()
         try:
-            error, msg, costs = self._run(built.path, cutoff)
+            error, msg, costs = self._run(built.path, cutoff, built.layouts)
         finally:
             with contextlib.suppress(OSError):
                 os.unlink(built.path)
@@ -697,14 +725,14 @@ class Measurer:
             if kind == "failed":
                 raise MeasureError(f"the runner process failed to start:\n{payload}")
 
-    def _run(self, path: str, cutoff: float | None) -> tuple[ErrorCode, str, list[float]]:
+    def _run(self, path: str, cutoff: float | None, layouts: list) -> tuple[ErrorCode, str, list[float]]:
         r = self._runner
         if not r.proc.is_alive():
             r.restart()
         self._await_runner()
         timeout = self.options.timeout
         try:
-            r.submit(0, (path, cutoff), timeout)
+            r.submit(0, (path, cutoff, layouts), timeout)
             if not r.conn.poll(timeout):
                 r.restart()
                 return ErrorCode.RUN_TIMEOUT, f"the kernel did not finish within {timeout:g} s", []

@@ -28,6 +28,7 @@ class SearchParams:
     fusion_levels: tuple[int, ...] = (1, 2)
     max_innermost_split_factor: int = 64
     non_divisor_prob: float = 0.2
+    innermost_reorder_prob: float = 0.5
     unroll_steps: tuple[int, ...] = (0, 16, 64, 512)
     parallel_per_core: int = 16
 

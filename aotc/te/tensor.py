@@ -99,13 +99,19 @@ class ComputeOp(Operation):
         return self.axes + self.reduce_axes
 
 
-def placeholder(shape: Sequence[int], dtype: str = "float32", name: str = "placeholder") -> PlaceholderOp:
+LAYOUT_FREE = "layout_free"
+"""Placeholder tag: a constant input (a weight) that the compiled kernel may take in any layout it chooses."""
+
+
+def placeholder(
+    shape: Sequence[int], dtype: str = "float32", name: str = "placeholder", tag: str = ""
+) -> PlaceholderOp:
     shape = tuple(int(s) for s in shape)
     if any(s < 1 for s in shape):
         raise TEError(f"placeholder {name}: every extent must be >= 1, got {list(shape)}")
     if dtype not in DTYPES:
         raise TEError(f"placeholder {name}: unknown dtype {dtype!r}")
-    return PlaceholderOp(name, shape, dtype)
+    return PlaceholderOp(name, shape, dtype, tag)
 
 
 def reduce_axis(extent: int, name: str = "k") -> IterVar:

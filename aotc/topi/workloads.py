@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from aotc import te
 from aotc.te.dag import ComputeDAG
+from aotc.te.tensor import LAYOUT_FREE
 from aotc.topi import nn
 
 
@@ -26,26 +27,26 @@ def _matmul(m: int, n: int, k: int) -> ComputeDAG:
 
 def _dense(m: int, n: int, k: int) -> ComputeDAG:
     x = te.placeholder((m, k), name="X")
-    w = te.placeholder((n, k), name="W")
+    w = te.placeholder((n, k), name="W", tag=LAYOUT_FREE)
     return te.ComputeDAG([nn.dense(x, w)])
 
 
 def _conv2d(n: int, c: int, h: int, w: int, f: int, k: int, stride: int, pad: int) -> ComputeDAG:
     x = te.placeholder((n, c, h, w), name="data")
-    wt = te.placeholder((f, c, k, k), name="weight")
+    wt = te.placeholder((f, c, k, k), name="weight", tag=LAYOUT_FREE)
     return te.ComputeDAG([nn.conv2d_nchw(x, wt, stride=stride, padding=pad)])
 
 
 def _conv2d_relu(n: int, c: int, h: int, w: int, f: int, k: int, stride: int, pad: int) -> ComputeDAG:
     x = te.placeholder((n, c, h, w), name="data")
-    wt = te.placeholder((f, c, k, k), name="weight")
-    b = te.placeholder((f,), name="bias")
+    wt = te.placeholder((f, c, k, k), name="weight", tag=LAYOUT_FREE)
+    b = te.placeholder((f,), name="bias", tag=LAYOUT_FREE)
     return te.ComputeDAG([nn.relu(nn.bias_add(nn.conv2d_nchw(x, wt, stride=stride, padding=pad), b))])
 
 
 def _depthwise(n: int, c: int, h: int, w: int, k: int, stride: int, pad: int) -> ComputeDAG:
     x = te.placeholder((n, c, h, w), name="data")
-    wt = te.placeholder((c, 1, k, k), name="weight")
+    wt = te.placeholder((c, 1, k, k), name="weight", tag=LAYOUT_FREE)
     return te.ComputeDAG([nn.depthwise_conv2d_nchw(x, wt, stride=stride, padding=pad)])
 
 
