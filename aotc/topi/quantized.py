@@ -121,15 +121,21 @@ class FixedPointMultiplier:
         self.mult = PerChannel([m << max(shift, 0) for m, shift in pairs], "int64", f"{name}_mult", channels)
         self.post = PerChannel([1 << (self.shift - r) for r in rights], "int64", f"{name}_post", channels)
 
-    def apply(self, x: Expr, channel: Expr | None = None) -> Expr:
-        """int32 result of the int32 (or narrower) value `x`."""
+    def apply(self, x: Expr, channel: Expr | None = None, half_up: bool = False) -> Expr:
+        """int32 result of the int32 (or narrower) value `x`.
+
+        The final shift rounds half away from zero (TFLite's reference kernels), or half up where
+        LiteRT's builtin kernel runs on ruy (`half_up`: conv and fully connected on x86).
+        """
         y = (cast("int64", x) * self.mult.at(channel) + (1 << 30)) // (1 << 31)
         if self.shift == 0:
             return cast("int32", y)
         if not self.post.uniform or self.post.value != 1:
             y = y * self.post.at(channel)
         half = const(1 << (self.shift - 1), "int64")
-        rounded = (y + half - select(y < 0, const(1, "int64"), const(0, "int64"))) // (1 << self.shift)
+        if not half_up:
+            half = half - select(y < 0, const(1, "int64"), const(0, "int64"))
+        rounded = (y + half) // (1 << self.shift)
         return cast("int32", rounded)
 
 
@@ -172,6 +178,7 @@ def _output_stage(
     channel_axis: int | None,
     name: str,
     bias: Operation | None = None,
+    half_up: bool = False,
 ) -> Operation:
     """requantize an int32 accumulator: (acc + bias[c]) * scale[c] + output_zero_point, clamped to the
     activation's range, cast to out_dtype."""
@@ -186,7 +193,7 @@ def _output_stage(
         v = acc[i]
         if bias is not None:
             v = v + bias[c]
-        return clamp_cast(mult.apply(v, c) + out_zp, lo, hi, out_dtype)
+        return clamp_cast(mult.apply(v, c, half_up) + out_zp, lo, hi, out_dtype)
 
     return te.compute(acc.shape, body, name, tag="requantize")
 
@@ -255,7 +262,7 @@ def qnn_conv(inputs: Sequence[Operation], attrs: dict, depthwise: bool) -> Opera
         )
     scales = _conv_scales(attrs, out_channels, per_tensor_in_float=data.dtype == "uint8")
     bias = inputs[2] if len(inputs) > 2 else None
-    return _output_stage(acc, attrs, scales, 3, name, bias)
+    return _output_stage(acc, attrs, scales, 3, name, bias, half_up=not depthwise)
 
 
 @register("qnn.conv2d_nhwc", OpPattern.OUT_ELEMWISE_FUSABLE)
@@ -294,7 +301,7 @@ def _qnn_dense(inputs, attrs):
     acc = te.compute((*lead, n), body, "qnn_dense_acc", tag="dense")
     scales = _conv_scales(attrs, n, per_tensor_in_float=True)
     bias = inputs[2] if len(inputs) > 2 else None
-    return [_output_stage(acc, attrs, scales, acc.ndim - 1, "qnn_dense", bias)]
+    return [_output_stage(acc, attrs, scales, acc.ndim - 1, "qnn_dense", bias, half_up=True)]
 
 
 def _requantize(x: Operation, attrs: dict, name: str) -> Operation:
