@@ -25,6 +25,7 @@ from aotc.memory import Lifetime, plan_memory
 from aotc.recipe import Recipe
 from aotc.report import report_dir, write_report
 from aotc.schedule.default import default_schedule
+from aotc.schedule.layout import WeightLayout, rewrite_layout
 from aotc.schedule.lower import lower
 from aotc.schedule.state import State
 from aotc.search.measure import MeasureOptions
@@ -242,10 +243,15 @@ def build(
     defaults = [default_schedule(task.dag, target) for task in tasks]
     states = [found.state if found.state is not None else d for found, d in zip(lookups, defaults)]
     sources = [_kernel_source(task, found) for task, found in zip(tasks, lookups)]
-    funcs = [lower(state, _symbol(i, task)) for i, (task, state) in enumerate(zip(tasks, states))]
+    rewritten = [rewrite_layout(state) for state in states]
+    funcs = [lower(state, _symbol(i, task)) for i, (task, (state, _)) in enumerate(zip(tasks, rewritten))]
+    layouts = [{layout.arg: layout for layout in task_layouts} for _, task_layouts in rewritten]
+    for source, task_layouts in zip(sources, layouts):
+        if task_layouts:
+            source["weight_layouts"] = [layout.to_json() for layout in task_layouts.values()]
     timings["schedule+lower"] = time.perf_counter() - t0
 
-    spec = _package_spec(recipe, graph, groups, tasks, funcs, target, sources)
+    spec = _package_spec(recipe, graph, groups, tasks, funcs, target, sources, layouts)
     out = recipe.output
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
@@ -407,27 +413,35 @@ def _package_spec(
     funcs: list[PrimFunc],
     target: Target,
     sources: list[dict],
+    layouts: list[dict[int, WeightLayout]],
 ):
+    """The package of the kernels; each constant is stored once per layout its kernels read it in."""
     from aotc.package import BufferRef, IOSpec, KernelCall, PackageSpec, layout_weights
 
     task_of = {id(g): i for i, t in enumerate(tasks) for g in t.groups}
     inputs = {v: i for i, v in enumerate(graph.inputs)}
     outputs = {v: i for i, v in enumerate(graph.outputs)}
 
-    bindings: list[tuple[FusedGroup, list[Value]]] = []
-    weights: dict[Value, None] = {}
+    bindings: list[tuple[FusedGroup, list[Value], dict[int, WeightLayout]]] = []
+    weights: dict[tuple[Value, WeightLayout | None], str] = {}
     for g in groups:
         _, args, outs = group_dag(g)
-        for v in args:
+        relaid = layouts[task_of[id(g)]]
+        for a, v in enumerate(args):
             if v.is_constant:
-                weights.setdefault(v)
-        bindings.append((g, [*args, *outs]))
-    weight_list = [(v.name, np.ascontiguousarray(v.data)) for v in weights]
+                key = (v, relaid.get(a))
+                weights.setdefault(key, v.name if key[1] is None else f"{v.name}#packed{len(weights)}")
+        bindings.append((g, [*args, *outs], relaid))
+    weight_list = [
+        (name, np.ascontiguousarray(v.data if layout is None else layout.apply(v.data)))
+        for (v, layout), name in weights.items()
+    ]
     weight_offsets = layout_weights(weight_list)
+    weight_bytes = {name: data.nbytes for name, data in weight_list}
 
     first: dict[Value, int] = {}
     last: dict[Value, int] = {}
-    for step, (_, values) in enumerate(bindings):
+    for step, (_, values, _) in enumerate(bindings):
         for v in values:
             if v.is_constant or v in inputs or v in outputs:
                 continue
@@ -437,16 +451,20 @@ def _package_spec(
     offsets, workspace = plan_memory(lifetimes)
     key_of = {v: v.name + f"#{id(v)}" for v in first}
 
-    def ref(v: Value) -> BufferRef:
+    def ref(v: Value, layout: WeightLayout | None = None) -> BufferRef:
         if v.is_constant:
-            return BufferRef("weight", offset=weight_offsets[v.name], nbytes=v.type.nbytes)
+            name = weights[(v, layout)]
+            return BufferRef("weight", offset=weight_offsets[name], nbytes=weight_bytes[name])
         if v in inputs:
             return BufferRef("input", index=inputs[v], nbytes=v.type.nbytes)
         if v in outputs:
             return BufferRef("output", index=outputs[v], nbytes=v.type.nbytes)
         return BufferRef("workspace", offset=offsets[key_of[v]], nbytes=v.type.nbytes)
 
-    calls = [KernelCall(funcs[task_of[id(g)]].name, tuple(ref(v) for v in values)) for g, values in bindings]
+    calls = [
+        KernelCall(funcs[task_of[id(g)]].name, tuple(ref(v, relaid.get(a)) for a, v in enumerate(values)))
+        for g, values, relaid in bindings
+    ]
     memory_plan = [
         {
             "value": v.name,

@@ -55,12 +55,18 @@ def _parser() -> argparse.ArgumentParser:
     i = sub.add_parser("inspect", help="describe a package: inputs, outputs, kernels, sizes, provenance")
     i.add_argument("package", type=Path)
 
-    v = sub.add_parser("validate", help="compare a package with onnxruntime on seeded random inputs")
+    v = sub.add_parser(
+        "validate", help="compare a package with onnxruntime (or LiteRT for .tflite) on seeded random inputs"
+    )
     v.add_argument("package", type=Path)
     v.add_argument("--model", type=Path, required=True)
     v.add_argument("--seed", type=int, default=0)
     v.add_argument("--rtol", type=float, default=None)
     v.add_argument("--atol", type=float, default=None)
+
+    from aotc.hub.cli import add_hub_parser
+
+    add_hub_parser(sub)
     return ap
 
 
@@ -73,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
             "inspect": cmd_inspect,
             "validate": cmd_validate,
             "tune-op": cmd_tune_op,
+            "hub": cmd_hub,
         }
         return commands[args.command](args)
     except KeyboardInterrupt:
@@ -205,3 +212,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def cmd_hub(args: argparse.Namespace) -> int:
+    from aotc.hub.cli import cmd_hub as run_hub
+
+    return run_hub(args)

@@ -114,3 +114,12 @@ def test_flipped_byte_and_wrong_shape_are_refused(tmp_path, mlp_recipe, capsys):
     bad.write_bytes(bytes(data))
     assert main(["inspect", str(bad)]) == 1
     assert "flipped.aotc" in capsys.readouterr().err
+
+
+def test_hub_subcommand_is_wired(tmp_path, capsys):
+    assert main(["hub", "ls"]) == 0
+    bad = tmp_path / "bad.tophub"
+    bad.write_bytes(b"not a bundle")
+    assert main(["hub", "verify", str(bad)]) == 1
+    captured = capsys.readouterr()
+    assert "bad.tophub" in captured.out and "corrupt" in captured.err
