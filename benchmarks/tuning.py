@@ -20,6 +20,8 @@ from onnx import helper, numpy_helper
 from timing import median_seconds
 
 from aotc.codegen.module import build_module, load_library
+from aotc.schedule.default import default_schedule
+from aotc.schedule.layout import apply_layouts, rewrite_layout
 from aotc.schedule.lower import lower
 from aotc.search.measure import MeasureOptions
 from aotc.search.task import SearchTask, TuneResult
@@ -33,15 +35,21 @@ OPTIONS = MeasureOptions(repeat=3, min_repeat_ms=20, timeout=20.0)
 def _tune(name: str, shape: list[int], trials: int) -> tuple[SearchTask, TuneResult, float]:
     task = SearchTask(make_workload(name, shape), host_target(), name)
     start = time.perf_counter()
-    result = task.tune(trials, measure_options=OPTIONS, log=lambda line: print("   ", line, flush=True))
+    result = task.tune(
+        trials,
+        measure_options=OPTIONS,
+        initial_states=[default_schedule(task.dag, task.target)],  # as `aotc build` tunes
+        log=lambda line: print("   ", line, flush=True),
+    )
     return task, result, time.perf_counter() - start
 
 
 def _compiled(task: SearchTask, result: TuneResult, workdir: str):
-    func = lower(result.best_state, "best")
-    lib = load_library(build_module([func], task.target, f"{workdir}/{task.name}.so"))
+    """The best state's kernel, and the weight layouts it reads (applied to the arguments as a build does)."""
+    state, layouts = rewrite_layout(result.best_state)
+    lib = load_library(build_module([lower(state, "best")], task.target, f"{workdir}/{task.name}.so"))
     lib.set_num_threads(THREADS)
-    return lib.kernel("best")
+    return lib.kernel("best"), layouts
 
 
 def _set_numpy_threads(n: int) -> None:
@@ -92,7 +100,8 @@ def _split(result: TuneResult, wall: float) -> str:
 
 def bench_gemm(trials: int, n: int, workdir: str) -> list[str]:
     task, result, wall = _tune("matmul", [n, n, n], trials)
-    kernel = _compiled(task, result, workdir)
+    kernel, layouts = _compiled(task, result, workdir)
+    assert not layouts, "the GEMM's operands are both inputs: nothing is re-laid out"
     rng = np.random.default_rng(0)
     a, b = rng.standard_normal((n, n), dtype=np.float32), rng.standard_normal((n, n), dtype=np.float32)
     c = np.zeros((n, n), np.float32)
@@ -111,12 +120,12 @@ def bench_gemm(trials: int, n: int, workdir: str) -> list[str]:
 
 def bench_conv(name: str, label: str, shape: list[int], trials: int, workdir: str) -> list[str]:
     task, result, wall = _tune(name, shape, trials)
-    kernel = _compiled(task, result, workdir)
+    kernel, layouts = _compiled(task, result, workdir)
     rng = np.random.default_rng(0)
     x = rng.standard_normal(task.dag.placeholders[0].shape, dtype=np.float32)
     w = rng.standard_normal(task.dag.placeholders[1].shape, dtype=np.float32)
     y = np.zeros(task.dag.outputs[0].shape, np.float32)
-    call = kernel.prepare(x, w, y)
+    call = kernel.prepare(*apply_layouts([x, w], layouts), y)
     call()
     if name == "conv2d":
         stride, pad, group = shape[6], shape[7], 1
@@ -141,6 +150,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gemm-trials", type=int, default=1000)
     ap.add_argument("--conv-trials", type=int, default=400)
     ap.add_argument("--quick", action="store_true", help="small shapes and budgets (a smoke run)")
+    ap.add_argument(
+        "--only", default="gemm,conv,depthwise", help="comma-separated subset of gemm,conv,depthwise"
+    )
     args = ap.parse_args(argv)
     n = 128 if args.quick else 1024
     gemm_trials = 32 if args.quick else args.gemm_trials
@@ -149,9 +161,13 @@ def main(argv: list[str] | None = None) -> int:
     dw = [1, 16, 14, 14, 3, 1, 1] if args.quick else [1, 144, 56, 56, 3, 1, 1]
     out: list[str] = []
     with tempfile.TemporaryDirectory() as workdir:
-        out += bench_gemm(gemm_trials, n, workdir)
-        out += bench_conv("conv2d", f"conv 3x3 {conv[:5]}", conv, conv_trials, workdir)
-        out += bench_conv("depthwise", f"depthwise 3x3 {dw[:5]}", dw, conv_trials, workdir)
+        only = args.only.split(",")
+        if "gemm" in only:
+            out += bench_gemm(gemm_trials, n, workdir)
+        if "conv" in only:
+            out += bench_conv("conv2d", f"conv 3x3 {conv[:5]}", conv, conv_trials, workdir)
+        if "depthwise" in only:
+            out += bench_conv("depthwise", f"depthwise 3x3 {dw[:5]}", dw, conv_trials, workdir)
     print(f"\ntarget {host_target().mcpu}, {THREADS} threads, ratios = peer time / aotc time")
     print("\n".join(out))
     return 0
