@@ -1,8 +1,13 @@
-"""End-to-end latency of aotc packages (untuned: default schedules) next to onnxruntime, same run.
+"""End-to-end latency of aotc packages (untuned: default schedules) next to the model's own runtime, same run.
 
-    python benchmarks/e2e.py [--models mlp,small_cnn,...] [--quick]
+    python benchmarks/e2e.py [--models mlp,small_cnn,...] [--tflite] [--quick] [--trials N]
 
-Ratios are onnxruntime latency / aotc latency at the same thread count (> 1: aotc is faster).
+ONNX models (mlp, small_cnn, resnet18, mobilenet_v2, transformer) run next to onnxruntime; the TFLite
+models (`tfl_*`: the tests' MobileNetV2-style block stack, small CNN and transformer block in float32,
+and the block stack and small CNN quantized to int8) next to the LiteRT interpreter with its default
+XNNPACK delegate. `--tflite` selects just the TFLite models. Each runtime runs at 1 and 2 threads; the
+timed call includes setting the inputs and fetching the outputs on both sides. Ratios are peer latency /
+aotc latency at the same thread count (> 1: aotc is faster). Packages are built with `validate: true`.
 """
 
 from __future__ import annotations
@@ -10,8 +15,10 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 from timing import median_seconds
 
 from aotc import models
@@ -19,12 +26,36 @@ from aotc.build import build
 from aotc.recipe import load_recipe
 from aotc.validate import random_inputs
 
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _tflite(make: Callable) -> Callable[[], bytes]:
+    """A maker of .tflite bytes from the tests' TFLite model builders (tests/tflite_builder.py)."""
+
+    def bytes_of() -> bytes:
+        if str(REPO) not in sys.path:
+            sys.path.insert(0, str(REPO))
+        from tests import tflite_builder
+
+        return make(tflite_builder).build()
+
+    return bytes_of
+
+
+TFLITE = {
+    "tfl_mobilenet": _tflite(lambda tb: tb.mobilenet_blocks()),
+    "tfl_small_cnn": _tflite(lambda tb: tb.small_cnn()),
+    "tfl_transformer": _tflite(lambda tb: tb.transformer_block()),
+    "tfl_mobilenet_int8": _tflite(lambda tb: tb.int8_model(tb.mobilenet_blocks())),
+    "tfl_small_cnn_int8": _tflite(lambda tb: tb.int8_model(tb.small_cnn())),
+}
 MODELS = {
     "mlp": lambda: models.mlp(),
     "small_cnn": lambda: models.small_cnn(),
     "resnet18": lambda: models.resnet18(),
     "mobilenet_v2": lambda: models.mobilenet_v2(),
     "transformer": lambda: models.transformer_encoder(),
+    **TFLITE,
 }
 QUICK = {
     "mlp": lambda: models.mlp(),
@@ -32,15 +63,51 @@ QUICK = {
     "resnet18": lambda: models.resnet18(width=16, size=64),
     "mobilenet_v2": lambda: models.mobilenet_v2(width_mult=0.35, size=96),
     "transformer": lambda: models.transformer_encoder(),
+    **TFLITE,
 }
+
+
+def write_model(name: str, make: Callable, workdir: Path) -> Path:
+    """The model made by `make` (an ONNX ModelProto or .tflite bytes) as a file in `workdir`."""
+    model = make()
+    if isinstance(model, bytes):
+        path = workdir / f"{name}.tflite"
+        path.write_bytes(model)
+        return path
+    return models.save(model, workdir / f"{name}.onnx")
+
+
+def peer_runner(model_path: Path, inputs: dict[str, np.ndarray], threads: int) -> tuple[str, Callable]:
+    """The model's own runtime at `threads` threads: (its name, a call that runs the model on `inputs`)."""
+    if model_path.suffix == ".tflite":
+        from ai_edge_litert.interpreter import Interpreter
+
+        interp = Interpreter(model_content=model_path.read_bytes(), num_threads=threads)
+        interp.allocate_tensors()
+        feed = [(d["index"], np.asarray(inputs[d["name"]], d["dtype"])) for d in interp.get_input_details()]
+        outs = [d["index"] for d in interp.get_output_details()]
+
+        def run_litert() -> list[np.ndarray]:
+            for index, value in feed:
+                interp.set_tensor(index, value)
+            interp.invoke()
+            return [interp.get_tensor(i) for i in outs]
+
+        return "litert", run_litert
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    sess = ort.InferenceSession(str(model_path), opts, providers=["CPUExecutionProvider"])
+    feed = dict(inputs)
+    return "ort", lambda: sess.run(None, feed)
 
 
 def bench_model(name: str, make, workdir: Path, threads: list[int], trials: int = 0) -> list[str]:
     import aotc_runtime
-    import onnxruntime as ort
 
-    model_path = workdir / f"{name}.onnx"
-    models.save(make(), str(model_path))
+    model_path = write_model(name, make, workdir)
     recipe_path = workdir / f"{name}.yaml"
     tuning = f"tuning: {{trials: {trials}, records: {workdir / (name + '.jsonl')}}}\n" if trials else ""
     recipe_path.write_text(
@@ -53,14 +120,10 @@ def bench_model(name: str, make, workdir: Path, threads: list[int], trials: int 
     for t in threads:
         compiled.num_threads = t
         ours = median_seconds(lambda: compiled.run(inputs))
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = t
-        opts.inter_op_num_threads = 1
-        sess = ort.InferenceSession(str(model_path), opts, providers=["CPUExecutionProvider"])
-        feed = dict(inputs)
-        peer = median_seconds(lambda s=sess, f=feed: s.run(None, f))
+        peer_name, run_peer = peer_runner(model_path, inputs, t)
+        peer = median_seconds(run_peer)
         rows.append(
-            f"{name:<14} {t:>2}  {ours * 1e3:9.3f}  {peer * 1e3:9.3f}  {peer / ours:6.2f}x  "
+            f"{name:<18} {t:>2}  {ours * 1e3:9.3f}  {peer_name:<6} {peer * 1e3:9.3f}  {peer / ours:6.2f}x  "
             f"{result.seconds:7.1f} s  {len(result.tasks):>3}"
         )
     return rows
@@ -68,25 +131,33 @@ def bench_model(name: str, make, workdir: Path, threads: list[int], trials: int 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", default=",".join(MODELS), help="comma-separated subset")
-    ap.add_argument("--quick", action="store_true", help="thin variants of the large models")
+    ap.add_argument("--models", default="", help="comma-separated subset (default: every model)")
+    ap.add_argument("--tflite", action="store_true", help="only the TFLite models (tfl_*)")
+    ap.add_argument("--quick", action="store_true", help="thin variants of the large ONNX models")
     ap.add_argument(
         "--trials", type=int, default=0, help="tune each model with this many trials (default: untuned)"
     )
     args = ap.parse_args(argv)
     table = QUICK if args.quick else MODELS
-    names = [n for n in args.models.split(",") if n]
+    names = [n for n in args.models.split(",") if n] or list(TFLITE if args.tflite else table)
+    if args.tflite:
+        names = [n for n in names if n in TFLITE]
     unknown = [n for n in names if n not in table]
     if unknown:
         ap.error(f"unknown models: {', '.join(unknown)}; known: {', '.join(table)}")
     threads = [1, 2]
-    print(f"{'model':<14} {'th':>2}  {'aotc ms':>9}  {'ort ms':>9}  {'ratio':>7}  {'build':>9}  tasks")
+    print(
+        f"{'model':<18} {'th':>2}  {'aotc ms':>9}  {'peer':<6} {'peer ms':>9}  {'ratio':>7}  {'build':>9}  tasks"
+    )
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:
             for row in bench_model(name, table[name], Path(tmp), threads, args.trials):
                 print(row, flush=True)
     how = f"tuned with {args.trials} trials per model" if args.trials else "untuned default schedules"
-    print(f"ratio = onnxruntime latency / aotc latency ({how}); build includes tuning and validation")
+    print(
+        f"ratio = peer latency / aotc latency ({how}); peer: onnxruntime (ort) or LiteRT with XNNPACK "
+        "(litert); build includes tuning and validation"
+    )
     return 0
 
 

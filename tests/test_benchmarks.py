@@ -1,5 +1,6 @@
 """The benchmark scripts must keep running (smoke runs on small shapes; timings are not checked)."""
 
+import json
 import pathlib
 import sys
 
@@ -25,6 +26,27 @@ def test_kernel_benchmark_quick_run(capsys):
 def test_e2e_benchmark_quick_run(capsys):
     assert _import("e2e").main(["--quick", "--models", "mlp"]) == 0
     assert "mlp" in capsys.readouterr().out
+
+
+def test_e2e_benchmark_tflite_models_run_next_to_litert(capsys):
+    assert _import("e2e").main(["--models", "tfl_small_cnn,tfl_small_cnn_int8"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()]
+    assert [(r[0], r[1], r[3]) for r in rows if r[0].startswith("tfl_")] == [
+        ("tfl_small_cnn", "1", "litert"),
+        ("tfl_small_cnn", "2", "litert"),
+        ("tfl_small_cnn_int8", "1", "litert"),
+        ("tfl_small_cnn_int8", "2", "litert"),
+    ]
+
+
+def test_models_benchmark_quick_run_tunes_then_builds_from_the_store(tmp_path, capsys):
+    assert _import("models").main(["--quick", "--models", "mlp", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "build from the store: 0 trials" in out and "same kernels as the tuned build: yes" in out
+    report_path = tmp_path / "mlp" / "tuned" / "mlp.report" / "report.json"
+    assert str(report_path) in out
+    report = json.loads(report_path.read_text())
+    assert 0 < report["tuning"]["new_trials"] <= 2 * len(report["tasks"])
 
 
 @pytest.mark.slow

@@ -1,0 +1,234 @@
+"""Whole-model tuning, measured (issue 5): tune a ResNet-18, a MobileNetV2 and a transformer encoder with
+`aotc build`, then build each again from the tophub store.
+
+    python benchmarks/models.py [--models resnet18,mobilenet_v2,transformer] [--trials-per-task 200]
+                                [--deadline 30m] [--out DIR] [--quick] [-v]
+
+Per model, in a fresh private store (`$AOTC_HOME` under the output folder; no shipped or shared stores):
+an untuned build (default schedules), a tuned build with a budget of trials-per-task x tasks trials or
+the deadline, whichever comes first, and a second build with a fresh records file that should find every
+kernel in the store (0 trials, the same kernels). The three packages and onnxruntime run at 2 threads in
+the same run; ratios are the other latency / the tuned latency (> 1: tuned is faster). The tuned
+build's report (report.json, report.md, curve.png) stays under the output folder. `--quick` runs thin
+models with 2 trials per task (a smoke run); `mlp` is there for the tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import zipfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+from timing import median_seconds
+
+from aotc import models
+from aotc.build import BuildResult, TuningOptions, build
+from aotc.recipe import load_recipe, parse_duration
+from aotc.search.measure import MeasureOptions
+from aotc.validate import random_inputs
+
+THREADS = 2
+MODELS: dict[str, Callable[[], onnx.ModelProto]] = {
+    "resnet18": lambda: models.resnet18(),
+    "mobilenet_v2": lambda: models.mobilenet_v2(),
+    "transformer": lambda: models.transformer_encoder(),
+    "mlp": lambda: models.mlp(),
+}
+QUICK: dict[str, Callable[[], onnx.ModelProto]] = {
+    "resnet18": lambda: models.resnet18(width=8, size=32, classes=10),
+    "mobilenet_v2": lambda: models.mobilenet_v2(width_mult=0.35, size=32, classes=10),
+    "transformer": lambda: models.transformer_encoder(seq=8, d_model=32, ff=64, layers=1),
+    "mlp": lambda: models.mlp(),
+}
+DEFAULT_MODELS = "resnet18,mobilenet_v2,transformer"
+QUICK_TUNING = TuningOptions(
+    measure=MeasureOptions(repeat=1, min_repeat_ms=1, n_build_workers=2), population=32, per_round=8
+)
+
+
+@dataclass
+class ModelRun:
+    name: str
+    tasks: int
+    budget: int
+    trials: int
+    tune_seconds: float
+    stop_reason: str
+    report: Path
+    tuned_ms: float
+    untuned_ms: float
+    ort_ms: float
+    store_trials: int
+    store_seconds: float
+    same_kernels: bool
+
+
+@contextmanager
+def private_store(home: Path) -> Iterator[None]:
+    """Builds inside see only the store under `home`: `AOTC_HOME` set, `AOTC_TOPHUB` unset and the
+    project's shipped `tophub/` left out (so the first build tunes from scratch)."""
+    import aotc.hub.lookup as lookup
+
+    saved = {k: os.environ.get(k) for k in ("AOTC_HOME", "AOTC_TOPHUB")}
+    shipped = lookup.shipped_store_dir
+    os.environ["AOTC_HOME"] = str(home)
+    os.environ.pop("AOTC_TOPHUB", None)
+    lookup.shipped_store_dir = lambda: None
+    try:
+        yield
+    finally:
+        lookup.shipped_store_dir = shipped
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def write_recipe(folder: Path, model: Path, tuning: str) -> Path:
+    """A recipe building `model` into `folder/<model stem>.aotc` (validated against onnxruntime)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "recipe.yaml"
+    output = folder / f"{model.stem}.aotc"
+    path.write_text(f"model: {model}\noutput: {output}\nvalidate: true\ntuning: {tuning}\n")
+    return path
+
+
+def kernel_libraries(package: Path) -> list[bytes]:
+    with zipfile.ZipFile(package) as z:
+        return [z.read(n) for n in sorted(z.namelist()) if n.endswith(".so")]
+
+
+def latency_ms(package: Path, inputs: dict) -> float:
+    import aotc_runtime
+
+    compiled = aotc_runtime.load(str(package))
+    compiled.num_threads = THREADS
+    return median_seconds(lambda: compiled.run(inputs)) * 1e3
+
+
+def ort_latency_ms(model: Path, inputs: dict) -> float:
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = THREADS
+    opts.inter_op_num_threads = 1
+    sess = ort.InferenceSession(str(model), opts, providers=["CPUExecutionProvider"])
+    return median_seconds(lambda: sess.run(None, inputs)) * 1e3
+
+
+def run_model(
+    name: str,
+    make: Callable[[], onnx.ModelProto],
+    workdir: Path,
+    trials_per_task: int,
+    deadline: str,
+    options: TuningOptions | None,
+    log: Callable[[str], None],
+) -> ModelRun:
+    workdir.mkdir(parents=True)
+    model = models.save(make(), workdir / f"{name}.onnx")
+    with private_store(workdir / "home"):
+        untuned = build(load_recipe(write_recipe(workdir / "untuned", model, "{tophub: none}")), log=log)
+        budget = trials_per_task * len(untuned.tasks)
+
+        def tuned_build(folder: Path) -> BuildResult:
+            tuning = f"{{trials: {budget}, deadline: {deadline}, records: {folder / 'records.jsonl'}}}"
+            return build(load_recipe(write_recipe(folder, model, tuning)), log=log, tuning_options=options)
+
+        tuned = tuned_build(workdir / "tuned")
+        again = tuned_build(workdir / "from_store")
+    assert tuned.tuning is not None and tuned.report is not None
+    import aotc_runtime
+
+    specs = aotc_runtime.load(str(tuned.package)).inputs
+    inputs = random_inputs({t.name: (tuple(t.shape), t.dtype) for t in specs}, seed=0)
+    return ModelRun(
+        name=name,
+        tasks=len(tuned.tasks),
+        budget=budget,
+        trials=tuned.tuning.trials,
+        tune_seconds=tuned.timings["tune"],
+        stop_reason=tuned.tuning.stop_reason,
+        report=tuned.report / "report.json",
+        tuned_ms=latency_ms(tuned.package, inputs),
+        untuned_ms=latency_ms(untuned.package, inputs),
+        ort_ms=ort_latency_ms(model, inputs),
+        store_trials=0 if again.tuning is None else again.tuning.trials,
+        store_seconds=again.seconds,
+        same_kernels=kernel_libraries(again.package) == kernel_libraries(tuned.package),
+    )
+
+
+def format_run(r: ModelRun, deadline: str) -> list[str]:
+    return [
+        f"{r.name}: {r.tasks} tasks, budget {r.budget} trials or {deadline}",
+        f"  tuned build: {r.trials} trials, tuning {r.tune_seconds:.1f} s (stopped: {r.stop_reason})",
+        f"  report: {r.report}",
+        f"  latency at {THREADS} threads: tuned {r.tuned_ms:.3f} ms, untuned {r.untuned_ms:.3f} ms, "
+        f"onnxruntime {r.ort_ms:.3f} ms",
+        f"  ratios: untuned/tuned {r.untuned_ms / r.tuned_ms:.2f}x, onnxruntime/tuned "
+        f"{r.ort_ms / r.tuned_ms:.2f}x, onnxruntime/untuned {r.ort_ms / r.untuned_ms:.2f}x",
+        f"  build from the store: {r.store_trials} trials, {r.store_seconds:.1f} s, "
+        f"same kernels as the tuned build: {'yes' if r.same_kernels else 'NO'}",
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default=DEFAULT_MODELS, help=f"comma-separated, of {', '.join(MODELS)}")
+    ap.add_argument(
+        "--trials-per-task", type=int, default=None, help="budget per task (default 200; 2 quick)"
+    )
+    ap.add_argument("--deadline", default="30m", help="tuning deadline per model build (e.g. 30m, 90s, 600)")
+    ap.add_argument("--out", default="", help="folder for the builds and reports (default: a new temp dir)")
+    ap.add_argument("--quick", action="store_true", help="thin models, 2 trials per task (a smoke run)")
+    ap.add_argument("-v", "--verbose", action="store_true", help="show the builds' logs")
+    args = ap.parse_args(argv)
+    names = [n for n in args.models.split(",") if n]
+    unknown = [n for n in names if n not in MODELS]
+    if unknown:
+        ap.error(f"unknown models: {', '.join(unknown)}; known: {', '.join(MODELS)}")
+    seconds = parse_duration(args.deadline)
+    if seconds is None or seconds <= 0:
+        ap.error(f"--deadline: cannot parse '{args.deadline}' (use e.g. 30m, 90s, 1h, or seconds)")
+    trials_per_task = args.trials_per_task if args.trials_per_task is not None else (2 if args.quick else 200)
+    if trials_per_task < 1:
+        ap.error("--trials-per-task must be >= 1")
+    out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="aotc-models-"))
+    taken = [n for n in names if (out / n).exists()]
+    if taken:
+        ap.error(f"{out} already holds runs of {', '.join(taken)}: give a new --out folder")
+    table = QUICK if args.quick else MODELS
+    options = QUICK_TUNING if args.quick else None
+    log = (lambda line: print("    " + line, flush=True)) if args.verbose else (lambda _: None)
+    print(f"builds and reports under {out}", flush=True)
+    runs = []
+    for name in names:
+        run = run_model(name, table[name], out / name, trials_per_task, args.deadline, options, log)
+        print("\n".join(format_run(run, args.deadline)), flush=True)
+        runs.append(run)
+    print(
+        f"\n{'model':<14} {'tasks':>5} {'trials':>6} {'tune s':>8} {'tuned ms':>9} {'untuned':>8} {'ort':>7}"
+    )
+    for r in runs:
+        print(
+            f"{r.name:<14} {r.tasks:>5} {r.trials:>6} {r.tune_seconds:8.1f} {r.tuned_ms:9.3f} "
+            f"{r.untuned_ms / r.tuned_ms:7.2f}x {r.ort_ms / r.tuned_ms:6.2f}x"
+        )
+    print(
+        "untuned and ort columns: their latency / the tuned latency at 2 threads (> 1: tuned is faster; "
+        "the target on the CNNs is ort >= 1.00x)"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
