@@ -6,8 +6,9 @@ ONNX models (mlp, small_cnn, resnet18, mobilenet_v2, transformer) run next to on
 models (`tfl_*`: the tests' MobileNetV2-style block stack, small CNN and transformer block in float32,
 and the block stack and small CNN quantized to int8) next to the LiteRT interpreter with its default
 XNNPACK delegate. `--tflite` selects just the TFLite models. Each runtime runs at 1 and 2 threads; the
-timed call includes setting the inputs and fetching the outputs on both sides. Ratios are peer latency /
-aotc latency at the same thread count (> 1: aotc is faster). Packages are built with `validate: true`.
+timed call includes setting the inputs and fetching the outputs on both sides; aotc and the peer take
+turns, each latency the best of 3 medians (1 with `--quick`). Ratios are peer latency / aotc latency at
+the same thread count (> 1: aotc is faster). Packages are built with `validate: true`.
 """
 
 from __future__ import annotations
@@ -104,7 +105,9 @@ def peer_runner(model_path: Path, inputs: dict[str, np.ndarray], threads: int) -
     return "ort", lambda: sess.run(None, feed)
 
 
-def bench_model(name: str, make, workdir: Path, threads: list[int], trials: int = 0) -> list[str]:
+def bench_model(
+    name: str, make, workdir: Path, threads: list[int], trials: int = 0, rounds: int = 3
+) -> list[str]:
     import aotc_runtime
 
     model_path = write_model(name, make, workdir)
@@ -118,10 +121,12 @@ def bench_model(name: str, make, workdir: Path, threads: list[int], trials: int 
     inputs = random_inputs({t.name: (tuple(t.shape), t.dtype) for t in compiled.inputs}, seed=0)
     rows = []
     for t in threads:
-        compiled.num_threads = t
-        ours = median_seconds(lambda: compiled.run(inputs))
         peer_name, run_peer = peer_runner(model_path, inputs, t)
-        peer = median_seconds(run_peer)
+        ours = peer = float("inf")
+        for _ in range(rounds):
+            compiled.num_threads = t
+            ours = min(ours, median_seconds(lambda: compiled.run(inputs)))
+            peer = min(peer, median_seconds(run_peer))
         rows.append(
             f"{name:<18} {t:>2}  {ours * 1e3:9.3f}  {peer_name:<6} {peer * 1e3:9.3f}  {peer / ours:6.2f}x  "
             f"{result.seconds:7.1f} s  {len(result.tasks):>3}"
@@ -133,7 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="", help="comma-separated subset (default: every model)")
     ap.add_argument("--tflite", action="store_true", help="only the TFLite models (tfl_*)")
-    ap.add_argument("--quick", action="store_true", help="thin variants of the large ONNX models")
+    ap.add_argument(
+        "--quick", action="store_true", help="thin variants of the large ONNX models, one timing round"
+    )
     ap.add_argument(
         "--trials", type=int, default=0, help="tune each model with this many trials (default: untuned)"
     )
@@ -151,7 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:
-            for row in bench_model(name, table[name], Path(tmp), threads, args.trials):
+            rounds = 1 if args.quick else 3
+            for row in bench_model(name, table[name], Path(tmp), threads, args.trials, rounds):
                 print(row, flush=True)
     how = f"tuned with {args.trials} trials per model" if args.trials else "untuned default schedules"
     print(

@@ -29,7 +29,7 @@ def test_e2e_benchmark_quick_run(capsys):
 
 
 def test_e2e_benchmark_tflite_models_run_next_to_litert(capsys):
-    assert _import("e2e").main(["--models", "tfl_small_cnn,tfl_small_cnn_int8"]) == 0
+    assert _import("e2e").main(["--quick", "--models", "tfl_small_cnn,tfl_small_cnn_int8"]) == 0
     rows = [line.split() for line in capsys.readouterr().out.splitlines()]
     assert [(r[0], r[1], r[3]) for r in rows if r[0].startswith("tfl_")] == [
         ("tfl_small_cnn", "1", "litert"),
