@@ -731,7 +731,7 @@ def test_constant_slice_and_concat_with_an_empty_constant_fold():
 
 
 def test_all_constant_node_over_the_fold_limit_stays_a_node(monkeypatch):
-    import aotc.frontend.onnx as frontend
+    import aotc.frontend.folding as frontend
 
     monkeypatch.setattr(frontend, "FOLD_LIMIT", 10)
     nodes = [helper.make_node("MatMul", ["a", "b"], ["ab"]), helper.make_node("Add", ["x", "ab"], ["y"])]

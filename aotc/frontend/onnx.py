@@ -24,10 +24,10 @@ from aotc.frontend.errors import (
     UnsupportedOperatorError,
     UnsupportedOpsetError,
 )
-from aotc.graph.interpret import evaluate_node, infer_types, node_compute
+from aotc.frontend.folding import foldable, live_nodes
+from aotc.graph.interpret import evaluate_node, infer_types
 from aotc.graph.ir import Graph, Node, TensorType, Value
 from aotc.ir.expr import DTYPES, unique_name
-from aotc.te.dag import ComputeDAG
 from aotc.topi.elemwise import broadcast_shape
 
 __all__ = [
@@ -71,7 +71,7 @@ def load_onnx(path_or_bytes: str | os.PathLike | bytes, input_shapes: InputShape
     for i, proto in enumerate(model.graph.node):
         conv.convert(proto, i)
     outputs = [conv.values[o.name] for o in model.graph.output]
-    graph = Graph(inputs, outputs, _live_nodes(conv.nodes, outputs), model.graph.name or _stem(source))
+    graph = Graph(inputs, outputs, live_nodes(conv.nodes, outputs), model.graph.name or _stem(source))
     graph.verify()
     return graph
 
@@ -126,30 +126,6 @@ def _check_operators(graph: onnx.GraphProto, source: str) -> None:
             missing.setdefault(key, []).append(_node_name(proto, i))
     if missing:
         raise UnsupportedOperatorError(source, missing)
-
-
-FOLD_LIMIT = 1 << 25
-"""Index-grid points above which an all-constant node is left in the graph rather than evaluated here
-(the reference interpreter materializes the grid, reduce axes included)."""
-
-
-def _foldable(node: Node) -> bool:
-    if not all(v.is_constant for v in node.inputs):
-        return False
-    _, outs = node_compute(node)
-    points = sum(math.prod(a.extent for a in op.all_axes) for op in ComputeDAG(outs).compute_ops)
-    return points <= FOLD_LIMIT
-
-
-def _live_nodes(nodes: list[Node], outputs: list[Value]) -> list[Node]:
-    """The nodes that some graph output depends on, in their order."""
-    live = {v for v in outputs}
-    keep = []
-    for node in reversed(nodes):
-        if any(v in live for v in node.outputs):
-            keep.append(node)
-            live.update(node.inputs)
-    return keep[::-1]
 
 
 @dataclass
@@ -262,7 +238,7 @@ class _Converter:
         node = Node(op, list(inputs), [], dict(attrs or {}))
         try:
             (ttype,) = infer_types(node)
-            data = evaluate_node(node, [v.data for v in inputs]) if _foldable(node) else None
+            data = evaluate_node(node, [v.data for v in inputs]) if foldable(node) else None
         except (ValueError, TypeError, KeyError, IndexError) as e:
             raise self.fail(f"cannot build graph op {op} on {[str(v.type) for v in inputs]}: {e}") from e
         name = out or unique_name(f"{n.name}/{op}", self.value_names)

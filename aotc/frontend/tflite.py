@@ -25,10 +25,10 @@ from aotc.frontend.errors import (
     ModelLoadError,
     UnsupportedOperatorError,
 )
-from aotc.graph.interpret import evaluate_node, infer_types, node_compute
+from aotc.frontend.folding import foldable, live_nodes
+from aotc.graph.interpret import evaluate_node, infer_types
 from aotc.graph.ir import Graph, Node, TensorType, Value
 from aotc.ir.expr import DTYPES, unique_name
-from aotc.te.dag import ComputeDAG
 
 __all__ = [
     "QuantParams",
@@ -141,7 +141,7 @@ def load_tflite(path_or_bytes: str | os.PathLike | bytes, input_shapes: InputSha
     for op in model.operators:
         conv.convert(op, CONVERTERS[op.code])
     outputs = [conv.value(t) for t in model.outputs]
-    graph = Graph(inputs, outputs, _live_nodes(conv.nodes, outputs), model.name)
+    graph = Graph(inputs, outputs, live_nodes(conv.nodes, outputs), model.name)
     graph.verify()
     return graph
 
@@ -302,27 +302,6 @@ def _op_label(model: TfModel, op: TfOperator) -> str:
 
 # --- building the graph ----------------------------------------------------------------------------------
 
-FOLD_LIMIT = 1 << 25
-"""Index-grid points above which an all-constant node is left in the graph rather than evaluated here."""
-
-
-def _foldable(node: Node) -> bool:
-    if not all(v.is_constant for v in node.inputs):
-        return False
-    _, outs = node_compute(node)
-    points = sum(math.prod(a.extent for a in op.all_axes) for op in ComputeDAG(outs).compute_ops)
-    return points <= FOLD_LIMIT
-
-
-def _live_nodes(nodes: list[Node], outputs: list[Value]) -> list[Node]:
-    live = set(outputs)
-    keep = []
-    for node in reversed(nodes):
-        if any(v in live for v in node.outputs):
-            keep.append(node)
-            live.update(node.inputs)
-    return keep[::-1]
-
 
 class Converter:
     """The state of one conversion: the Value of each TFLite tensor so far and the nodes emitted."""
@@ -464,7 +443,7 @@ class Converter:
         node = Node(op, list(inputs), [], dict(attrs or {}))
         try:
             (ttype,) = infer_types(node)
-            data = evaluate_node(node, [v.data for v in inputs]) if _foldable(node) else None
+            data = evaluate_node(node, [v.data for v in inputs]) if foldable(node) else None
         except (ValueError, TypeError, KeyError, IndexError) as e:
             raise self.fail(f"cannot build graph op {op} on {[str(v.type) for v in inputs]}: {e}") from e
         base = self.tensor(out).name if out is not None else f"{self._op_name()}/{op}"
