@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 
 from aotc import te
 from aotc.ir.expr import Expr, const, dtype_min, eq, exp, log, logical_and, maximum, minimum, rsqrt, select
-from aotc.te.tensor import Operation
+from aotc.te.tensor import IterVar, Operation
 from aotc.topi.elemwise import broadcast_index, broadcast_read, broadcast_shape, divide
 
 
@@ -323,6 +323,20 @@ def log_softmax(x: Operation, axis: int = -1, name: str = "log_softmax") -> Oper
     )
 
 
+def reduced_index(ndim: int, raxes: dict[int, IterVar], keepdims: bool, out_index: Sequence) -> tuple:
+    """The input index a reduction's output point `out_index` reads: reduce variables on `raxes`."""
+    it = iter(out_index)
+    idx = []
+    for d in range(ndim):
+        if d in raxes:
+            idx.append(raxes[d].var)
+            if keepdims:
+                next(it)
+        else:
+            idx.append(next(it))
+    return tuple(idx)
+
+
 def reduce(
     x: Operation, kind: str, axes: Sequence[int], keepdims: bool = False, name: str = "reduce"
 ) -> Operation:
@@ -340,16 +354,7 @@ def reduce(
         raise te.TEError(f"reduce: unknown kind {kind!r}")
 
     def body(*i):
-        it = iter(i)
-        idx = []
-        for d in range(nd):
-            if d in raxes:
-                idx.append(raxes[d].var)
-                if keepdims:
-                    next(it)
-            else:
-                idx.append(next(it))
-        return combiner(x[tuple(idx)], [raxes[a] for a in axes])
+        return combiner(x[reduced_index(nd, raxes, keepdims, i)], [raxes[a] for a in axes])
 
     red = te.compute(out_shape, body, name if kind != "mean" else f"{name}_sum", tag=f"reduce_{kind}")
     if kind != "mean":

@@ -25,6 +25,7 @@ from aotc.ir.expr import Expr, cast, const, dtype_max, dtype_min, exp, floor, ma
 from aotc.te.tensor import Operation
 from aotc.topi.elemwise import broadcast_read, broadcast_shape
 from aotc.topi.nhwc import conv2d_nhwc, depthwise_conv2d_nhwc, pool2d_nhwc, window_attrs
+from aotc.topi.nn import reduced_index
 from aotc.topi.registry import OpPattern, register
 
 QUANT_DTYPES = ("int8", "uint8")
@@ -479,16 +480,7 @@ def _qnn_mean(inputs, attrs):
     )
 
     def source(i):
-        it = iter(i)
-        idx = []
-        for d in range(x.ndim):
-            if d in raxes:
-                idx.append(raxes[d].var)
-                if keepdims:
-                    next(it)
-            else:
-                idx.append(next(it))
-        return tuple(idx)
+        return reduced_index(x.ndim, raxes, keepdims, i)
 
     total = te.compute(
         out_shape,
