@@ -40,18 +40,6 @@ def pad_hw(data: Operation, pads: tuple[int, int, int, int], value: float | int,
     return nn.pad(data, (0, pt, pl, 0), (0, pb, pr, 0), value=value, name=name)
 
 
-def weight_hwio(weight: Operation, name: str, flip: bool = False) -> Operation:
-    """OHWI weight copied to [KH, KW, I, O] (spatially flipped if `flip`)."""
-    o, kh, kw, i = weight.shape
-
-    def body(ky, kx, ci, co):
-        if flip:
-            return weight[co, kh - 1 - ky, kw - 1 - kx, ci]
-        return weight[co, ky, kx, ci]
-
-    return te.compute((kh, kw, i, o), body, name, tag="weight_layout")
-
-
 def conv2d_nhwc(
     data: Operation,
     weight: Operation,
@@ -76,14 +64,13 @@ def conv2d_nhwc(
     acc_dtype = acc_dtype or data.dtype
     term = term or (lambda a, b: a.astype(acc_dtype) * b.astype(acc_dtype))
     padded = pad_hw(data, pads, pad_value, f"{name}_pad")
-    w_t = weight_hwio(weight, f"{name}_weight_hwio")
     rc, ry, rx = te.reduce_axis(icg, "rc"), te.reduce_axis(kh, "ry"), te.reduce_axis(kw, "rx")
     ocg = oc // groups
 
     def body(nn_, yy, xx, ff):
         cin = rc.var if groups == 1 else (ff // ocg) * icg + rc.var
         a = padded[nn_, yy * sh + ry.var * dh, xx * sw + rx.var * dw, cin]
-        return te.sum(term(a, w_t[ry.var, rx.var, rc.var, ff]), [ry, rx, rc])
+        return te.sum(term(a, weight[ff, ry.var, rx.var, rc.var]), [ry, rx, rc])
 
     return te.compute((n, oh, ow, oc), body, name, tag="conv2d_nhwc" if groups == 1 else "group_conv2d_nhwc")
 
@@ -157,12 +144,13 @@ def conv2d_transpose_nhwc(
         return select(logical_and(*cy, *cx), data[nn_, y, x, cc], const(0, data.dtype))
 
     padded = te.compute((n, oh + kh - 1, ow + kw - 1, c), dilate_pad, f"{name}_dilate_pad", tag="dilate_pad")
-    w_t = weight_hwio(weight, f"{name}_weight_hwio", flip=True)
     rc, ry, rx = te.reduce_axis(c, "rc"), te.reduce_axis(kh, "ry"), te.reduce_axis(kw, "rx")
 
     def body(nn_, yy, xx, ff):
         return te.sum(
-            padded[nn_, yy + ry.var, xx + rx.var, rc.var] * w_t[ry.var, rx.var, rc.var, ff], [ry, rx, rc]
+            padded[nn_, yy + ry.var, xx + rx.var, rc.var]
+            * weight[ff, kh - 1 - ry.var, kw - 1 - rx.var, rc.var],
+            [ry, rx, rc],
         )
 
     return te.compute((n, oh, ow, oc), body, name, tag="conv2d_transpose_nhwc")
