@@ -615,6 +615,23 @@ def test_int8_conv_kernel_is_vectorized():
     )
 
 
+def test_per_channel_tables_are_computed_once_not_inlined():
+    """The per-channel multiplier tables are constant stages: the default schedule stores them in [C]
+    buffers (serially: 32 values do not pay for waking the thread pool) and the requantize loop loads
+    them, instead of re-evaluating a select tree for every output element."""
+    from aotc.ir.printer import func_str
+
+    dag = _conv_dag("int8", (1, 8, 8, 32), 32)
+    tables = [op for op in dag.compute_ops if op.tag == "const_table"]
+    assert tables and not any(dag.analysis[op].is_strictly_inlineable for op in tables)
+    text = func_str(lower(default_schedule(dag, host_target()), "qconv"))
+    requant = text[text.index("qnn_conv2d_nhwc.local[") :]
+    assert "select((" not in requant.split("\n")[0], requant[:800]
+    for op in tables:
+        loop = text[: text.index(f"{op.name}[")].rsplit("for ", 2)[-2:]
+        assert not any("parallel" in line.split("\n")[0] for line in loop), text
+
+
 @pytest.mark.slow
 def test_print_int8_vs_float_conv_speed(tmp_path):
     """1x56x56x64 3x3 conv, 64 output channels, default schedule: int8 (per-channel requantized) vs float."""

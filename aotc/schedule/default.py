@@ -4,7 +4,7 @@ Strictly inlineable stages are inlined. Stages that need multi-level tiling (con
 SSRSRS tiles with a register block of about 16 vector accumulators, fused into their single
 element-wise consumer or else through a cache_write stage; their outer loops run in parallel and
 their inner loops are vectorized and unrolled. Every other stage runs its outer loops in parallel
-and vectorizes its innermost axis.
+(if it is big enough to pay for waking the threads) and vectorizes its innermost axis.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from aotc.te.tensor import LAYOUT_FREE, ComputeOp, IterVar
 
 VECTOR_REGISTERS = 16
 AUTO_UNROLL = 64
+MIN_PARALLEL_POINTS = 4096  # below this a stage costs less than waking the thread pool
 
 
 def default_schedule(dag: ComputeDAG, target: Target) -> State:
@@ -180,7 +181,8 @@ def _parallel_vectorize(s: State, name: str, target: Target) -> State:
     if outer > 1:
         s = s.fuse(sid, list(range(outer)))
         outer = 1
-    if outer >= 1 and (s.stages[sid].iters[0].extent or 1) > 1:
+    points = int(np.prod([it.extent or 1 for it in st.iters[:n_sp]]))
+    if outer >= 1 and (s.stages[sid].iters[0].extent or 1) > 1 and points >= MIN_PARALLEL_POINTS:
         s = s.parallel(sid, 0)
     if vec_ok:
         s = s.vectorize(sid, len(s.stages[sid].iters) - 1)

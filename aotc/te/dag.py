@@ -107,8 +107,10 @@ class ComputeDAG:
         has_branch = any(isinstance(n, Select) for n in walk(op.body))
         expensive = any(isinstance(n, Call) and n.name in EXPENSIVE_CALLS for n in walk(op.body))
         in_order = all(_is_in_order(r, axis_vars) for r in reads)
-        inlineable = not op.reduce_axes and (
-            not reads or (simple and in_order and not has_branch and not expensive)
+        # A compute with no reads but branches is a constant table: computed once into a buffer, never
+        # re-evaluated per element of its consumer.
+        inlineable = (
+            not op.reduce_axes and not has_branch and (not reads or (simple and in_order and not expensive))
         )
         return OpAnalysis(
             is_simple_access=simple,

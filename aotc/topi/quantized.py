@@ -8,6 +8,8 @@ QuantizeMultiplier makes, and RoundingDivideByPOT(y, r) is y / 2^r rounded half 
 Per-channel multipliers and shifts are small constant tables: a [C] stage whose body is a balanced
 select tree over the channel index (log2(C) compares). A table cannot be a graph constant because the
 operator contract gives a compute only its node's inputs; the tree keeps the compute self-contained.
+The DAG analysis never inlines a table (a compute with branches and no reads): each kernel call fills
+the [C] buffer once and the requantize loop loads from it.
 Channels with different shifts share one rounding shift S = max(shift): RoundingDivideByPOT(y, r)
 equals RoundingDivideByPOT(y * 2^(S-r), S), so only the multiplier and a power-of-two factor vary
 per channel and every shift stays a constant (an arithmetic shift, no vector division).
