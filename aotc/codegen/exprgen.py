@@ -42,6 +42,9 @@ from aotc.ir.expr import (
 from aotc.ir.printer import expr_str
 
 MAX_DEINTERLEAVE = 4
+# A local buffer lives in registers once LLVM promotes it, so a strided read of it (a transposing
+# copy-out of accumulators) is a wide load and a shuffle of up to this many bytes, never a gather.
+MAX_LOCAL_SPAN_BYTES = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -602,7 +605,7 @@ class ExprGen:
                     f"call {vt} @{name}(ptr align {align} {p}, {mask.typed}, {vt} zeroinitializer){info.md}"
                 )
             return self._to_reg(raw, dtype, off.lanes)
-        if isinstance(off, Ramp) and 2 <= off.stride <= MAX_DEINTERLEAVE:
+        if isinstance(off, Ramp) and self._deinterleaves(buf, off):
             return self._to_reg(self._strided_load(info, dtype, off, mask), dtype, off.lanes)
         if isinstance(off, Ramp) or off.lanes:
             off = self.mat(off)
@@ -620,6 +623,13 @@ class ExprGen:
             return self._guarded_scalar_load(info, dtype, off, mask)
         p = self._gep(info, elem, off)
         return self._to_reg(self.fb.op(f"load {elem}, ptr {p}, align {align}{info.md}"), dtype, 0)
+
+    @staticmethod
+    def _deinterleaves(buf: Buffer, off: Ramp) -> bool:
+        if off.stride < 2:
+            return False
+        span = ((off.lanes - 1) * off.stride + 1) * elem_bytes(buf.dtype)
+        return off.stride <= MAX_DEINTERLEAVE or (buf.scope == "local" and span <= MAX_LOCAL_SPAN_BYTES)
 
     def _strided_load(self, info: BufInfo, dtype: str, off: Ramp, mask: Val | None) -> str:
         """Lanes at a constant stride: one contiguous load of exactly the span they cover, deinterleaved.
