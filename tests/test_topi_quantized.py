@@ -415,6 +415,33 @@ def test_integer_quantized_ops_match_tflite_reference_exactly(tmp_path):
         np.testing.assert_array_equal(got, expected, err_msg=f"{name} (compiled)")
 
 
+def test_input_zero_point_folded_into_the_bias_gives_identical_results():
+    """The graph pass moves -zx * sum(w) into the int32 bias of int8 convs, depthwise convs and dense
+    layers with constant weights (created when there is none); every result stays bit-exact."""
+    from aotc.graph.interpret import evaluate_node
+    from aotc.graph.ir import Graph, Value
+    from aotc.graph.passes import fold_input_zero_point
+
+    folded_ops = set()
+    for name, op, inputs, attrs, expected in integer_cases(np.random.default_rng(0)):
+        if op not in ("qnn.conv2d_nhwc", "qnn.depthwise_conv2d_nhwc", "qnn.dense"):
+            continue
+        x = Value("x", TensorType(inputs[0].shape, str(inputs[0].dtype)))
+        consts = [Value(f"c{i}", TensorType(a.shape, str(a.dtype)), data=a) for i, a in enumerate(inputs[1:])]
+        out = Value("y", TensorType(expected.shape, str(expected.dtype)))
+        node = Node(op, [x, *consts], [out], dict(attrs), name=name)
+        fold_input_zero_point(Graph([x], [out], [node]))
+        if inputs[0].dtype == np.int8 and attrs["input_zero_point"] != 0:
+            assert node.attrs.get("input_zero_point_in_bias") and len(node.inputs) == 3, name
+            folded_ops.add((op, len(inputs) == 2))
+        else:
+            assert "input_zero_point_in_bias" not in node.attrs, name
+        (got,) = evaluate_node(node, [inputs[0], *(v.data for v in node.inputs[1:])])
+        np.testing.assert_array_equal(got, expected, err_msg=name)
+    assert {op for op, _ in folded_ops} == {"qnn.conv2d_nhwc", "qnn.depthwise_conv2d_nhwc", "qnn.dense"}
+    assert ("qnn.dense", True) in folded_ops, "a layer without a bias gets one"
+
+
 # ----------------------------------------------------------------------------- float-based kernels
 
 

@@ -1,4 +1,5 @@
-"""Graph-level rewrites before partitioning: identities, dead code, batch-norm folding."""
+"""Graph-level rewrites before partitioning: identities, dead code, batch-norm folding, quantized
+zero points folded into biases."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ IDENTITY_OPS = frozenset({"identity"})
 def optimize(graph: Graph) -> Graph:
     graph = remove_identities(graph)
     graph = fold_batch_norm(graph)
+    graph = fold_input_zero_point(graph)
     graph = dense_to_matmul(graph)
     graph = eliminate_dead_code(graph)
     return materialize_outputs(graph)
@@ -44,6 +46,49 @@ def dense_to_matmul(graph: Graph) -> Graph:
             out.producer = add
             nodes.append(add)
     graph.nodes = nodes
+    return graph
+
+
+# The output-channel axis of each quantized weight layout (its other axes are summed).
+_WEIGHT_CHANNEL_AXIS = {
+    "qnn.conv2d_nhwc": 0,  # OHWI
+    "qnn.depthwise_conv2d_nhwc": 3,  # 1HW(C*M)
+    "qnn.dense": 0,  # [N, K]
+}
+
+
+def fold_input_zero_point(graph: Graph) -> Graph:
+    """sum((x - zx) * w) = sum(x * w) - zx * sum(w): with a constant weight whose zero point is 0 (int8
+    TFLite), the second term joins the int32 bias at build time, so the kernel's multiply-accumulate
+    skips one subtraction per product. Padding still reads zx, which the folded term cancels exactly."""
+    for node in graph.nodes:
+        axis = _WEIGHT_CHANNEL_AXIS.get(node.op)
+        if axis is None or node.attrs.get("input_zero_point_in_bias") or len(node.inputs) < 2:
+            continue
+        weight = node.inputs[1]
+        zx = int(node.attrs.get("input_zero_point", 0))
+        w_zps = node.attrs.get("weight_zero_points", (0,))
+        w_zps = w_zps if isinstance(w_zps, (tuple, list)) else (w_zps,)
+        if zx == 0 or not weight.is_constant or any(int(z) for z in w_zps):
+            continue
+        channels = weight.type.shape[axis]
+        bias = node.inputs[2] if len(node.inputs) > 2 else None
+        if bias is not None and (not bias.is_constant or bias.type.num_elements != channels):
+            continue
+        b0 = (
+            bias.data.astype(np.int64).reshape(channels) if bias is not None else np.zeros(channels, np.int64)
+        )
+        folded = b0 - zx * weight.data.astype(np.int64).sum(
+            axis=tuple(a for a in range(weight.data.ndim) if a != axis)
+        )
+        if folded.min() < np.iinfo(np.int32).min or folded.max() > np.iinfo(np.int32).max:
+            continue
+        name = f"{node.name or node.outputs[0].name}_bias_zp"
+        node.inputs = [
+            *node.inputs[:2],
+            Value(name, TensorType((channels,), "int32"), data=folded.astype(np.int32)),
+        ]
+        node.attrs = {**node.attrs, "input_zero_point_in_bias": True}
     return graph
 
 

@@ -217,11 +217,22 @@ def _as_tuple(v) -> tuple:
     return tuple(v) if isinstance(v, (tuple, list)) else (v,)
 
 
+def _centered(v: Expr, zero_point: int) -> Expr:
+    v = cast("int32", v)
+    return v - zero_point if zero_point else v
+
+
 def _quantized_term(in_zp: int, w_zp: int) -> Callable[[Expr, Expr], Expr]:
     def term(a: Expr, b: Expr) -> Expr:
-        return (cast("int32", a) - in_zp) * (cast("int32", b) - w_zp)
+        return _centered(a, in_zp) * _centered(b, w_zp)
 
     return term
+
+
+def _mac_input_zero_point(attrs: dict) -> int:
+    """The input zero point the multiply-accumulate subtracts: none when the graph folded
+    -input_zero_point * sum(weight) into the bias (`input_zero_point_in_bias`)."""
+    return 0 if attrs.get("input_zero_point_in_bias") else int(attrs["input_zero_point"])
 
 
 def _weight_zero_point(attrs: dict, what: str) -> int:
@@ -238,7 +249,7 @@ def qnn_conv(inputs: Sequence[Operation], attrs: dict, depthwise: bool) -> Opera
     _check_quantized(weight, what)
     in_zp = int(attrs["input_zero_point"])
     out_channels = weight.shape[3] if depthwise else weight.shape[0]
-    term = _quantized_term(in_zp, _weight_zero_point(attrs, what))
+    term = _quantized_term(_mac_input_zero_point(attrs), _weight_zero_point(attrs, what))
     name = what.replace(".", "_")
     if depthwise:
         acc = depthwise_conv2d_nhwc(
@@ -272,7 +283,8 @@ def qnn_conv(inputs: Sequence[Operation], attrs: dict, depthwise: bool) -> Opera
 def _qnn_conv2d(inputs, attrs):
     """x NHWC, w OHWI (int8/uint8), optional int32 bias [O]; attrs: strides, pads, dilations,
     input_scale, input_zero_point, weight_scales, weight_zero_points, output_scale, output_zero_point,
-    activation, out_dtype."""
+    activation, out_dtype; input_zero_point_in_bias (the bias already holds -input_zero_point * sum(w),
+    so the multiply-accumulate skips the subtraction; padding still reads input_zero_point)."""
     return [qnn_conv(inputs, attrs, depthwise=False)]
 
 
@@ -291,15 +303,12 @@ def _qnn_dense(inputs, attrs):
     n, k = weight.shape
     if data.shape[-1] != k:
         raise te.TEError(f"qnn.dense: input {list(data.shape)} does not fit weight {list(weight.shape)}")
-    in_zp = int(attrs["input_zero_point"])
-    w_zp = _weight_zero_point(attrs, "qnn.dense")
+    term = _quantized_term(_mac_input_zero_point(attrs), _weight_zero_point(attrs, "qnn.dense"))
     rk = te.reduce_axis(k, "k")
     lead = data.shape[:-1]
 
     def body(*i):
-        a = cast("int32", data[(*i[:-1], rk.var)]) - in_zp
-        b = cast("int32", weight[i[-1], rk.var]) - w_zp
-        return te.sum(a * b, rk)
+        return te.sum(term(data[(*i[:-1], rk.var)], weight[i[-1], rk.var]), rk)
 
     acc = te.compute((*lead, n), body, "qnn_dense_acc", tag="dense")
     scales = _conv_scales(attrs, n, per_tensor_in_float=True)
