@@ -27,18 +27,14 @@ from aotc.build import build
 from aotc.recipe import load_recipe
 from aotc.validate import random_inputs
 
-REPO = Path(__file__).resolve().parent.parent
-
 
 def _tflite(make: Callable) -> Callable[[], bytes]:
-    """A maker of .tflite bytes from the tests' TFLite model builders (tests/tflite_builder.py)."""
+    """A maker of .tflite bytes from aotc's TFLite model builders (aotc/tflite_models.py)."""
 
     def bytes_of() -> bytes:
-        if str(REPO) not in sys.path:
-            sys.path.insert(0, str(REPO))
-        from tests import tflite_builder
+        from aotc import tflite_models
 
-        return make(tflite_builder).build()
+        return make(tflite_models).build()
 
     return bytes_of
 

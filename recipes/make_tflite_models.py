@@ -1,8 +1,8 @@
 """Write the example TFLite models of these recipes (fixed seeds; the int8 one is calibrated with LiteRT on
 seeded inputs). Both files are committed, so the recipes build without running this script.
 
-The models are described with the flatbuffer builder of the test suite (tests/tflite_builder.py), which
-needs the `tflite` and `ai-edge-litert` packages (both dependencies of aotc).
+The models are described with aotc's TFLite model builder (aotc/tflite_models.py); calibrating the int8
+one needs `ai-edge-litert` (the test extra).
 """
 
 from __future__ import annotations
@@ -11,10 +11,9 @@ import argparse
 import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
+from aotc.tflite_models import int8_model, mobilenet_blocks
 
-from tests.tflite_builder import int8_model, mobilenet_blocks  # noqa: E402
+HERE = Path(__file__).resolve().parent
 
 MODELS = {
     "mobilenet_block": lambda: mobilenet_blocks(blocks=3),

@@ -1,4 +1,6 @@
-"""Write .tflite flatbuffers from a small Python description, with the `tflite` package's builders.
+"""Deterministic example TFLite models (tests, benchmarks and the recipes' models), written from a small
+Python description with the `tflite` package's flatbuffer builders. LiteRT (`ai-edge-litert`, a test
+extra) is imported only to calibrate int8 models and to run models as the oracle.
 
     mb = ModelBuilder()
     x = mb.input((1, 8, 8, 3))
