@@ -76,17 +76,13 @@ class ModelRun:
 def private_store(home: Path) -> Iterator[None]:
     """Builds inside see only the store under `home`: `AOTC_HOME` set, `AOTC_TOPHUB` unset and the
     project's shipped `tophub/` left out (so the first build tunes from scratch)."""
-    import aotc.hub.lookup as lookup
-
-    saved = {k: os.environ.get(k) for k in ("AOTC_HOME", "AOTC_TOPHUB")}
-    shipped = lookup.shipped_store_dir
+    saved = {k: os.environ.get(k) for k in ("AOTC_HOME", "AOTC_TOPHUB", "AOTC_SHIPPED_TOPHUB")}
     os.environ["AOTC_HOME"] = str(home)
     os.environ.pop("AOTC_TOPHUB", None)
-    lookup.shipped_store_dir = lambda: None
+    os.environ["AOTC_SHIPPED_TOPHUB"] = "none"
     try:
         yield
     finally:
-        lookup.shipped_store_dir = shipped
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)

@@ -36,7 +36,7 @@ def own_store(tmp_path, monkeypatch):
     """Each test has its own user store, and neither shipped nor shared stores."""
     monkeypatch.setenv("AOTC_HOME", str(tmp_path / "home"))
     monkeypatch.delenv("AOTC_TOPHUB", raising=False)
-    monkeypatch.setattr("aotc.hub.lookup.shipped_store_dir", lambda: None)
+    monkeypatch.setenv("AOTC_SHIPPED_TOPHUB", "none")
 
 
 def kernel_library(package):

@@ -533,3 +533,17 @@ def test_warm_start_measurement(tmp_path, home):
         print(
             f"median {label:10s} {start:8s} ({len(runs)} run(s)): " + ", ".join(f"{g:.1f}" for g in medians)
         )
+
+
+def test_shipped_store_can_be_left_out_or_replaced(tmp_path, monkeypatch):
+    from aotc.hub.store import shipped_store_dir
+
+    monkeypatch.delenv("AOTC_SHIPPED_TOPHUB", raising=False)
+    monkeypatch.delenv("AOTC_TOPHUB", raising=False)
+    assert shipped_store_dir() == Path(__file__).resolve().parents[1] / "tophub"
+    assert [s.kind for s in open_sources(None, None).sources] == ["user", "tophub"]
+    monkeypatch.setenv("AOTC_SHIPPED_TOPHUB", "none")
+    assert shipped_store_dir() is None
+    assert [s.kind for s in open_sources(None, None).sources] == ["user"]
+    monkeypatch.setenv("AOTC_SHIPPED_TOPHUB", str(tmp_path))
+    assert shipped_store_dir() == tmp_path

@@ -53,7 +53,13 @@ def download_cache_dir() -> Path:
 
 
 def shipped_store_dir() -> Path | None:
-    """The project's `tophub/` folder (repository root), or None where it is absent (an installed wheel)."""
+    """The project's `tophub/` folder (repository root), or None where it is absent (an installed wheel).
+
+    `AOTC_SHIPPED_TOPHUB` overrides it: `none` leaves it out (a build that must tune from scratch), a
+    directory stands in for it."""
+    override = os.environ.get("AOTC_SHIPPED_TOPHUB")
+    if override:
+        return None if override.lower() == "none" else Path(override)
     import aotc
 
     path = Path(aotc.__file__).resolve().parent.parent / "tophub"
