@@ -247,9 +247,14 @@ def _needs_multi_level_tiling(op: ComputeOp, reads: list[TensorRead]) -> bool:
         vs = by_tensor.setdefault(r.tensor, set())
         for idx in r.indices:
             vs |= free_vars(idx)
+    axis_vars = {a.var for a in op.axes if a.extent > 1}
     n_missing = 0
     for vs in by_tensor.values():
-        if any(a.extent > 1 and a.var not in vs for a in op.axes):
+        if not any(a.extent > 1 and a.var not in vs for a in op.axes):
+            continue
+        # An element-wise stage that broadcasts vectors (a bias, per-channel scales) along the other axes
+        # reuses nothing worth tiling for: only operands indexed by two or more of its axes count.
+        if op.reduce_axes or len(vs & axis_vars) >= 2:
             n_missing += 1
         if n_missing >= 2 or (n_missing >= 1 and op.reduce_axes):
             return True
