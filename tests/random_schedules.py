@@ -93,6 +93,11 @@ def _random_location(s: State, sid: int, rng: random.Random) -> State:
                     limit = p
                     break
             if limit and not _attach_chain_has(s, cid, {Annotation.VECTORIZE}):
+                outer = target.attach if target.compute_at == ComputeAtKind.ITER else None
+                if outer is not None and rng.random() < 0.5:
+                    # an outer loop of the stage the consumer is computed at: the consumer runs inside it
+                    tid, uid = outer
+                    return s.compute_at(sid, tid, rng.randrange(s.stages[tid].position(uid) + 1))
                 return s.compute_at(sid, cid, rng.randrange(limit))
     return s
 

@@ -8,6 +8,9 @@ from aotc.codegen.module import build_module, load_library
 from aotc.ir.printer import func_str
 from aotc.schedule.layout import apply_layouts, rewrite_layout
 from aotc.schedule.lower import lower
+from aotc.schedule.state import State
+from aotc.schedule.steps import effective_consumers
+from aotc.schedule.tiling import follow_tiling, multi_level_tile
 from aotc.target import host_target
 from aotc.te.reference import evaluate
 from aotc.te.tensor import LAYOUT_FREE
@@ -139,12 +142,18 @@ def _features(state):
         isinstance(s, SplitStep) and s.extent and s.extent % int(np.prod(s.lengths)) for s in state.steps
     )
     rewritten = {"layout"} if rewrite_layout(state)[1] else set()
-    return tags | ({"non-dividing"} if non_dividing else set()) | rewritten
+    outer = any(
+        st.attach is not None and st.attach[0] not in effective_consumers(state, i)
+        for i, st in enumerate(state.stages)
+    )
+    return (
+        tags | ({"non-dividing"} if non_dividing else set()) | rewritten | ({"outer-CA"} if outer else set())
+    )
 
 
 def test_the_seeded_schedules_cover_every_feature():
-    """The random schedules above must exercise compute_at, cache_write, rfactor, non-dividing splits
-    and weight layout rewrites."""
+    """The random schedules above must exercise compute_at (also at a loop enclosing the consumer's own
+    location), cache_write, rfactor, non-dividing splits and weight layout rewrites."""
     covered = set()
     for workload in WORKLOADS:
         for seed in range(SEEDS_PER_WORKLOAD):
@@ -163,9 +172,39 @@ def test_the_seeded_schedules_cover_every_feature():
         "CI",
         "non-dividing",
         "layout",
+        "outer-CA",
     } <= covered
     for workload in WORKLOADS:
         per = set()
         for seed in range(SEEDS_PER_WORKLOAD):
             per |= _features(random_state(WORKLOADS[workload](), 1000 * seed + len(workload)))
         assert {"CA", "CHW", "RF", "SP", "non-dividing"} <= per, workload
+
+
+def test_padded_input_computed_per_outer_tile_matches_numpy(tmp_path):
+    """A conv's pad stage computed at the outer (parallel) tile loop of the stage that holds the conv's
+    cache_write: each tile pads only the rows it reads, into a tile-local buffer."""
+    x = te.placeholder((1, 8, 10, 12), name="x")
+    w = te.placeholder((16, 8, 3, 3), name="w", tag=LAYOUT_FREE)
+    dag = te.ComputeDAG([nn.conv2d_nchw(x, w, padding=1, name="conv")])
+    s = State.initial(dag).cache_write("conv")
+    local, out, pad = (s.stage_id(n) for n in ("conv.local", "conv", "conv_pad"))
+    lengths = {
+        "nn": [1, 1, 1],
+        "ff": [2, 1, 8],
+        "yy": [1, 1, 3],
+        "xx": [3, 1, 4],
+        "rc": [4],
+        "ry": [3],
+        "rx": [3],
+    }
+    s, spatial = multi_level_tile(s, local, "SSRSRS", lengths)
+    s, at = follow_tiling(s, out, spatial, 2)
+    s = s.compute_at(local, out, at)
+    s = s.compute_at(pad, out, 3)
+    assert s.stages[pad].attach[0] == out and out not in effective_consumers(s, pad)
+    s = s.fuse(out, [0, 1, 2, 3]).parallel(out, 0)
+    inputs = random_inputs(dag, 0)
+    (got,), func = run_state(s, dag, tmp_path, inputs)
+    assert "conv_pad: float32[1, 8, 5, 14] local" in func_str(func)
+    np.testing.assert_allclose(got, evaluate(dag, inputs)[0], rtol=1e-5, atol=1e-5)

@@ -366,8 +366,15 @@ class ComputeAtStep(Step):
         it = _iter(target, self.target_iter_id, self)
         if st.op in state.outputs:
             raise ScheduleError(f"{self.describe()}: output stage {st.name} must stay at root")
-        if self.target_stage_id not in effective_consumers(state, self.stage_id):
-            raise ScheduleError(f"{self.describe()}: {target.name} is not a consumer of {st.name}")
+        consumers = effective_consumers(state, self.stage_id)
+        if self.target_stage_id not in consumers and not (
+            consumers
+            and all(_runs_inside(state, c, self.target_stage_id, self.target_iter_id) for c in consumers)
+        ):
+            raise ScheduleError(
+                f"{self.describe()}: {target.name} is not a consumer of {st.name}, nor do its consumers "
+                f"run inside that loop"
+            )
         if target.compute_at == ComputeAtKind.INLINED:
             raise ScheduleError(f"{self.describe()}: target {target.name} is inlined")
         iters = tuple(replace(i, extent=None) for i in st.iters)
@@ -376,6 +383,19 @@ class ComputeAtStep(Step):
 
     def to_record(self) -> list:
         return [self.tag, self.stage_id, self.target_stage_id, self.target_iter_id]
+
+
+def _runs_inside(state: State, stage_id: int, target_id: int, target_pos: int) -> bool:
+    """Stage `stage_id` is computed inside loop `target_pos` of `target_id`, directly or through the
+    stages it is computed at (a conv's padded input computed per outer tile of the stage that holds the
+    conv's cache_write)."""
+    st = state.stages[stage_id]
+    while st.compute_at == ComputeAtKind.ITER and st.attach is not None:
+        tid, uid = st.attach
+        if tid == target_id:
+            return state.stages[tid].position(uid) >= target_pos
+        st = state.stages[tid]
+    return False
 
 
 def _check_nothing_attached(state: State, stage_id: int, step: Step) -> None:
