@@ -208,3 +208,29 @@ def test_padded_input_computed_per_outer_tile_matches_numpy(tmp_path):
     (got,), func = run_state(s, dag, tmp_path, inputs)
     assert "conv_pad: float32[1, 8, 5, 14] local" in func_str(func)
     np.testing.assert_allclose(got, evaluate(dag, inputs)[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("depthwise", [False, True])
+def test_default_schedule_pads_per_parallel_tile(depthwise, tmp_path):
+    """The untuned schedule of a padded conv computes the padded input inside each parallel tile (a block
+    of rows, or of channels for a depthwise conv) rather than in a separate pass, and stays exact."""
+    import dataclasses
+
+    from aotc.schedule.default import default_schedule
+
+    target = dataclasses.replace(host_target(), num_cores=2)
+    assert target.hw.num_cores == 2
+    x = te.placeholder((1, 16, 12, 10), name="x")
+    if depthwise:
+        w = te.placeholder((16, 1, 3, 3), name="w", tag=LAYOUT_FREE)
+        dag = te.ComputeDAG([nn.depthwise_conv2d_nchw(x, w, stride=1, padding=1)])
+    else:
+        w = te.placeholder((8, 16, 3, 3), name="w", tag=LAYOUT_FREE)
+        dag = te.ComputeDAG([nn.conv2d_nchw(x, w, padding=1)])
+    state = default_schedule(dag, target)
+    pad = next(st for st in state.stages if st.name.endswith("_pad"))
+    assert pad.attach is not None, "the padded input is computed per tile"
+    inputs = random_inputs(dag, 0)
+    (got,), func = run_state(state, dag, tmp_path, inputs)
+    assert " local" in func_str(func).split("_pad:")[1].splitlines()[0]
+    np.testing.assert_allclose(got, evaluate(dag, inputs)[0], rtol=1e-5, atol=1e-5)
