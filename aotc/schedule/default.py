@@ -24,6 +24,9 @@ from aotc.te.tensor import LAYOUT_FREE, ComputeOp, IterVar
 VECTOR_REGISTERS = 16
 AUTO_UNROLL = 64
 MIN_PARALLEL_POINTS = 4096  # below this a stage costs less than waking the thread pool
+# The most a parallel tile's own padded input may take: it stays on the thread's stack and in its L2
+# (a larger one is a heap allocation, page-faulted afresh on every call).
+MAX_TILE_SCRATCH_BYTES = 256 * 1024
 
 
 def default_schedule(dag: ComputeDAG, target: Target) -> State:
@@ -120,7 +123,10 @@ def _tile_lengths(
     return lengths, vec
 
 
-def _tile_anchor(s: State, dag: ComputeDAG, op: ComputeOp, target: Target) -> tuple[State, set[str]]:
+def _tile_anchor(
+    s: State, dag: ComputeDAG, op: ComputeOp, target: Target, pad_per_tile: bool = True
+) -> tuple[State, set[str]]:
+    start = s
     sid = s.stage_id(op.name)
     consumers = effective_consumers(s, sid)
     fused = (
@@ -137,7 +143,7 @@ def _tile_anchor(s: State, dag: ComputeDAG, op: ComputeOp, target: Target) -> tu
         anchor, out = s.stages[sid].name, op.name
     vec_axis = _vector_axis(op)
     lengths, vec = _tile_lengths(op, target, vec_axis)
-    window = _window_producer(s, dag, op)
+    window = _window_producer(s, dag, op) if pad_per_tile else None
     if window is not None and not _tile_by_window_rows(op, window, lengths, vec_axis, target.hw.num_cores):
         window = None
     a_id = s.stage_id(anchor)
@@ -162,6 +168,10 @@ def _tile_anchor(s: State, dag: ComputeDAG, op: ComputeOp, target: Target) -> tu
     s = s.pragma(a_id, 0, f"auto_unroll_max_step${AUTO_UNROLL}")
     if window is None:
         return s, {anchor, out}
+    bounded = infer_bound(s).stages[s.stage_id(window.name)]
+    tile_bytes = np.dtype(window.dtype).itemsize * int(np.prod([it.extent or 1 for it in bounded.iters]))
+    if tile_bytes > MAX_TILE_SCRATCH_BYTES:
+        return _tile_anchor(start, dag, op, target, pad_per_tile=False)
     return _vectorize_innermost(s, window.name, target), {anchor, out, window.name}
 
 
