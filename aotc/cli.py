@@ -210,11 +210,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return OK
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
-
 def cmd_hub(args: argparse.Namespace) -> int:
     from aotc.hub.cli import cmd_hub as run_hub
 
     return run_hub(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -123,3 +123,16 @@ def test_hub_subcommand_is_wired(tmp_path, capsys):
     assert main(["hub", "verify", str(bad)]) == 1
     captured = capsys.readouterr()
     assert "bad.tophub" in captured.out and "corrupt" in captured.err
+
+
+def test_python_m_aotc_cli_reaches_every_command(tmp_path):
+    """`python -m aotc.cli` dispatches like the `aotc` script (the hub command included)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "AOTC_HOME": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-m", "aotc.cli", "hub", "ls"], capture_output=True, text=True, env=env
+    )
+    assert done.returncode == 0, done.stderr
