@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import math
 
-from aotc.graph.interpret import node_compute
-from aotc.graph.ir import Node, Value
+import numpy as np
+
+from aotc.graph.interpret import evaluate_node, infer_types, node_compute
+from aotc.graph.ir import Node, TensorType, Value
 from aotc.te.dag import ComputeDAG
 
 FOLD_LIMIT = 1 << 25
@@ -20,6 +22,22 @@ def foldable(node: Node) -> bool:
     _, outs = node_compute(node)
     points = sum(math.prod(a.extent for a in op.all_axes) for op in ComputeDAG(outs).compute_ops)
     return points <= FOLD_LIMIT
+
+
+def typed_node(
+    op: str, inputs: list[Value], attrs: dict | None
+) -> tuple[Node, TensorType, np.ndarray | None]:
+    """A node of graph op `op`, its output type, and its value where it folds to a constant.
+
+    Raises ValueError naming the op and its input types when the op rejects them.
+    """
+    node = Node(op, list(inputs), [], dict(attrs or {}))
+    try:
+        (ttype,) = infer_types(node)
+        data = evaluate_node(node, [v.data for v in inputs]) if foldable(node) else None
+    except (ValueError, TypeError, KeyError, IndexError) as e:
+        raise ValueError(f"cannot build graph op {op} on {[str(v.type) for v in inputs]}: {e}") from e
+    return node, ttype, None if data is None else data[0]
 
 
 def live_nodes(nodes: list[Node], outputs: list[Value]) -> list[Node]:

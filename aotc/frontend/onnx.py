@@ -24,8 +24,7 @@ from aotc.frontend.errors import (
     UnsupportedOperatorError,
     UnsupportedOpsetError,
 )
-from aotc.frontend.folding import foldable, live_nodes
-from aotc.graph.interpret import evaluate_node, infer_types
+from aotc.frontend.folding import live_nodes, typed_node
 from aotc.graph.ir import Graph, Node, TensorType, Value
 from aotc.ir.expr import DTYPES, unique_name
 from aotc.topi.elemwise import broadcast_shape
@@ -235,15 +234,13 @@ class _Converter:
         `out` is the ONNX name of the value; None makes a fresh name for an intermediate.
         """
         n = self.node
-        node = Node(op, list(inputs), [], dict(attrs or {}))
         try:
-            (ttype,) = infer_types(node)
-            data = evaluate_node(node, [v.data for v in inputs]) if foldable(node) else None
-        except (ValueError, TypeError, KeyError, IndexError) as e:
-            raise self.fail(f"cannot build graph op {op} on {[str(v.type) for v in inputs]}: {e}") from e
+            node, ttype, data = typed_node(op, list(inputs), attrs)
+        except ValueError as e:
+            raise self.fail(str(e)) from e
         name = out or unique_name(f"{n.name}/{op}", self.value_names)
         if data is not None:
-            return self._constant_value(name, data[0])
+            return self._constant_value(name, data)
         node.name = unique_name(n.name if out else f"{n.name}/{op}", self.node_names)
         v = Value(name, ttype, producer=node)
         node.outputs.append(v)

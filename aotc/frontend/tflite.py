@@ -25,8 +25,7 @@ from aotc.frontend.errors import (
     ModelLoadError,
     UnsupportedOperatorError,
 )
-from aotc.frontend.folding import foldable, live_nodes
-from aotc.graph.interpret import evaluate_node, infer_types
+from aotc.frontend.folding import live_nodes, typed_node
 from aotc.graph.ir import Graph, Node, TensorType, Value
 from aotc.ir.expr import DTYPES, unique_name
 
@@ -440,16 +439,14 @@ class Converter:
 
         `out` is the TFLite tensor the node computes; None names a fresh intermediate.
         """
-        node = Node(op, list(inputs), [], dict(attrs or {}))
         try:
-            (ttype,) = infer_types(node)
-            data = evaluate_node(node, [v.data for v in inputs]) if foldable(node) else None
-        except (ValueError, TypeError, KeyError, IndexError) as e:
-            raise self.fail(f"cannot build graph op {op} on {[str(v.type) for v in inputs]}: {e}") from e
+            node, ttype, data = typed_node(op, list(inputs), attrs)
+        except ValueError as e:
+            raise self.fail(str(e)) from e
         base = self.tensor(out).name if out is not None else f"{self._op_name()}/{op}"
         name = unique_name(base, self.value_names)
         if data is not None:
-            return Value(name, TensorType(tuple(data[0].shape), str(data[0].dtype)), data=data[0])
+            return Value(name, TensorType(tuple(data.shape), str(data.dtype)), data=data)
         node.name = unique_name(f"{self._op_name()}" if out is not None else base, self.node_names)
         v = Value(name, ttype, producer=node)
         node.outputs.append(v)

@@ -192,12 +192,7 @@ def _conv2d(cv: Converter, op: TfOperator) -> list[Value]:
         raise cv.fail(f"input has {c} channels, the filter {w.type} expects {i}")
     dilations = (op.opt("DilationHFactor", 1), op.opt("DilationWFactor", 1))
     attrs = _window(cv, op, (h, wd), (kh, kw), dilations) | {"dilations": dilations}
-    inputs = [x, w, *_bias(cv, op, 2, quantized)]
-    if not quantized:
-        _float_weights(cv, op, 1)
-        return [_with_activation(cv, op, "conv2d_nhwc", inputs, attrs)]
-    attrs |= _io_quant(cv, op) | _weight_quant(cv, op, 1, 0) | {"activation": _activation_name(cv, op)}
-    return [cv.emit("qnn.conv2d_nhwc", inputs, attrs, _out(op))]
+    return [_conv_node(cv, op, "conv2d_nhwc", [x, w, *_bias(cv, op, 2, quantized)], attrs, quantized, 0)]
 
 
 @_converts("DEPTHWISE_CONV_2D", quantized=True)
@@ -214,11 +209,27 @@ def _depthwise(cv: Converter, op: TfOperator) -> list[Value]:
     }
     quantized = _quantized_input(cv, op)
     inputs = [x, w, *_bias(cv, op, 2, quantized)]
+    return [_conv_node(cv, op, "depthwise_conv2d_nhwc", inputs, attrs, quantized, 3)]
+
+
+def _conv_node(
+    cv: Converter,
+    op: TfOperator,
+    name: str,
+    inputs: list[Value],
+    attrs: dict,
+    quantized: bool,
+    channel_axis: int,
+) -> Value:
+    """`name` with the fused activation, or its qnn. form with the quantization parameters (per-channel
+    weight scales along the filter's `channel_axis`)."""
     if not quantized:
         _float_weights(cv, op, 1)
-        return [_with_activation(cv, op, "depthwise_conv2d_nhwc", inputs, attrs)]
-    attrs |= _io_quant(cv, op) | _weight_quant(cv, op, 1, 3) | {"activation": _activation_name(cv, op)}
-    return [cv.emit("qnn.depthwise_conv2d_nhwc", inputs, attrs, _out(op))]
+        return _with_activation(cv, op, name, inputs, attrs)
+    attrs |= (
+        _io_quant(cv, op) | _weight_quant(cv, op, 1, channel_axis) | {"activation": _activation_name(cv, op)}
+    )
+    return cv.emit(f"qnn.{name}", inputs, attrs, _out(op))
 
 
 @_converts("TRANSPOSE_CONV")

@@ -168,11 +168,10 @@ def _tile_anchor(
     s = s.pragma(a_id, 0, f"auto_unroll_max_step${AUTO_UNROLL}")
     if window is None:
         return s, {anchor, out}
-    bounded = infer_bound(s).stages[s.stage_id(window.name)]
-    tile_bytes = np.dtype(window.dtype).itemsize * int(np.prod([it.extent or 1 for it in bounded.iters]))
-    if tile_bytes > MAX_TILE_SCRATCH_BYTES:
+    extents = [it.extent or 1 for it in infer_bound(s).stages[s.stage_id(window.name)].iters]
+    if np.dtype(window.dtype).itemsize * int(np.prod(extents)) > MAX_TILE_SCRATCH_BYTES:
         return _tile_anchor(start, dag, op, target, pad_per_tile=False)
-    return _vectorize_innermost(s, window.name, target), {anchor, out, window.name}
+    return _vectorize_innermost(s, window.name, extents[-1], target), {anchor, out, window.name}
 
 
 def _window_producer(s: State, dag: ComputeDAG, op: ComputeOp) -> ComputeOp | None:
@@ -224,11 +223,11 @@ def _tile_by_window_rows(
     return True
 
 
-def _vectorize_innermost(s: State, name: str, target: Target) -> State:
-    """Vectorize a stage's innermost loop (split to a vector tile when it is longer than four registers)."""
+def _vectorize_innermost(s: State, name: str, extent: int, target: Target) -> State:
+    """Vectorize a stage's innermost loop of `extent` (split to a vector tile when it is longer than four
+    registers)."""
     sid = s.stage_id(name)
     last = len(s.stages[sid].iters) - 1
-    extent = infer_bound(s).stages[sid].iters[last].extent or 1
     if extent <= 1:
         return s
     vec = _vector_tile(extent, _lanes(s.stages[sid].op.dtype, target))
