@@ -52,6 +52,15 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--target", default="llvm -mcpu=native")
     t.add_argument("--seed", type=int, default=0)
 
+    pr = sub.add_parser(
+        "profile",
+        help="time every kernel call of a package where it runs in the model (seeded random inputs)",
+    )
+    pr.add_argument("package", type=Path)
+    pr.add_argument("--threads", type=int)
+    pr.add_argument("--repeat", type=int, default=20, help="profiled runs of the whole plan (default 20)")
+    pr.add_argument("--seed", type=int, default=0)
+
     i = sub.add_parser("inspect", help="describe a package: inputs, outputs, kernels, sizes, provenance")
     i.add_argument("package", type=Path)
 
@@ -77,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
             "build": cmd_build,
             "run": cmd_run,
             "inspect": cmd_inspect,
+            "profile": cmd_profile,
             "validate": cmd_validate,
             "tune-op": cmd_tune_op,
             "hub": cmd_hub,
@@ -187,6 +197,22 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     from aotc.package import describe_package
 
     print(describe_package(str(args.package)))
+    return OK
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    import aotc_runtime
+
+    from aotc.report import format_profile
+
+    if args.repeat < 1:
+        raise ValueError(f"--repeat must be >= 1, got {args.repeat}")
+    model = aotc_runtime.load(str(args.package))
+    if args.threads:
+        model.num_threads = args.threads
+    calls = model.profile(repeat=args.repeat, seed=args.seed)
+    whole = model.benchmark(seed=args.seed)["median_ms"]
+    print(format_profile(calls, whole, model.num_threads))
     return OK
 
 

@@ -127,3 +127,24 @@ def _jsonable(value):
     if isinstance(value, Path):
         return str(value)
     raise TypeError(f"{type(value).__name__} is not JSON-serializable")
+
+
+def format_profile(calls: list, whole_ms: float, threads: int) -> str:
+    """`aotc profile`'s table: each kernel call of the plan in order, its median time, share and GFLOP/s,
+    then the sum of the calls against the whole run's median."""
+    total = sum(c.median_ms for c in calls) or math.inf
+    width = max((len(c.kernel) for c in calls), default=6)
+    lines = [
+        f"{'#':>3}  {'kernel':<{width}}  {'median ms':>9}  {'min ms':>8}  {'share':>6}  {'GFLOP/s':>8}",
+    ]
+    for c in calls:
+        rate = f"{c.gflops:8.1f}" if c.flops else f"{'-':>8}"
+        lines.append(
+            f"{c.index:>3}  {c.kernel:<{width}}  {c.median_ms:9.3f}  {c.min_ms:8.3f}  "
+            f"{c.median_ms / total:6.1%}  {rate}"
+        )
+    lines.append(
+        f"{len(calls)} kernel calls at {threads} threads: {sum(c.median_ms for c in calls):.3f} ms in sum; "
+        f"the whole run (one call of the entry function) {whole_ms:.3f} ms"
+    )
+    return "\n".join(lines)

@@ -1,5 +1,6 @@
 """The aotc command: exit codes and clear errors for bad input; nothing half-written."""
 
+import aotc_runtime
 import numpy as np
 import onnx
 import pytest
@@ -39,6 +40,13 @@ def test_build_inspect_run_validate(tmp_path, mlp_recipe, capsys):
     out = np.load(tmp_path / "o" / "output.npy")
     assert out.shape == (1, 10) and abs(float(out.sum()) - 1.0) < 1e-5
     assert main(["validate", str(pkg), "--model", str(tmp_path / "mlp.onnx")]) == 0
+    capsys.readouterr()
+    assert main(["profile", str(pkg), "--repeat", "2", "--threads", "1"]) == 0
+    table = capsys.readouterr().out
+    plan = aotc_runtime.read_manifest(str(pkg))["execution_plan"]
+    assert all(call["kernel"] in table for call in plan)
+    assert f"{len(plan)} kernel calls at 1 threads" in table
+    assert main(["profile", str(pkg), "--repeat", "0"]) == 2
 
 
 def test_print_config(mlp_recipe, capsys):

@@ -194,6 +194,24 @@ def test_benchmark(tiny_model):
     assert auto["number"] >= 1 and auto["mean_ms"] > 0
 
 
+def test_profile_times_each_call_and_computes_what_run_computes(tiny_model):
+    x = x_input(3)
+    y = np.full(SHAPE, np.nan, np.float32)
+    calls = tiny_model.profile({"x": x}, outputs={"y": y}, repeat=4, warmup=1)
+    np.testing.assert_allclose(y, tiny_reference(x), rtol=1e-6)
+    assert [(c.index, c.kernel, c.task) for c in calls] == [(0, "k_add", "add"), (1, "k_relu", "relu")]
+    assert all(0 < c.min_ms <= c.median_ms for c in calls)
+    seeded = np.full(SHAPE, np.nan, np.float32)
+    tiny_model.profile(outputs={"y": seeded}, repeat=1, warmup=0, seed=5)
+    np.testing.assert_allclose(seeded, tiny_reference(tiny_model.random_inputs(5)[0]), rtol=1e-6)
+
+
+def test_profile_reports_a_failing_kernel(tmp_path):
+    model = aotc_runtime.load(single_kernel_package(tmp_path, failing_kernel(n=8), 8, "fails"))
+    with pytest.raises(RuntimeError, match="failed with status 1"):
+        model.profile(repeat=1, warmup=0)
+
+
 # ----------------------------------------------------------------------------- library cache
 
 

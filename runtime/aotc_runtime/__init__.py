@@ -5,7 +5,7 @@ model = aotc_runtime.load("resnet18.aotc")
 outputs = model.run({"input": x})
 """
 
-from aotc_runtime.model import CompiledModel, TensorInfo, load
+from aotc_runtime.model import CompiledModel, KernelTime, TensorInfo, load
 from aotc_runtime.package import FORMAT_VERSION, PackageError, read_manifest, verify_package
 
 __version__ = "0.1.0"
@@ -13,6 +13,7 @@ __version__ = "0.1.0"
 __all__ = [
     "FORMAT_VERSION",
     "CompiledModel",
+    "KernelTime",
     "PackageError",
     "TensorInfo",
     "load",

@@ -14,7 +14,7 @@ import numpy as np
 from aotc_runtime.cache import install_library
 from aotc_runtime.package import LIBRARY, PackageError, aligned_empty, read_package
 
-__all__ = ["CompiledModel", "TensorInfo", "load"]
+__all__ = ["CompiledModel", "KernelTime", "TensorInfo", "load"]
 
 _VoidPtrArray = ctypes.POINTER(ctypes.c_void_p)
 
@@ -32,6 +32,23 @@ class TensorInfo:
     @staticmethod
     def from_json(d: dict) -> TensorInfo:
         return TensorInfo(d["name"], tuple(d["shape"]), np.dtype(d["dtype"]))
+
+
+@dataclass(frozen=True)
+class KernelTime:
+    """One call of the execution plan, timed in place: its median and least milliseconds over the
+    profiled runs, and its floating-point operations (0 where the manifest does not say)."""
+
+    index: int
+    kernel: str
+    task: str
+    median_ms: float
+    min_ms: float
+    flops: int
+
+    @property
+    def gflops(self) -> float:
+        return self.flops / self.median_ms / 1e6 if self.median_ms > 0 else 0.0
 
 
 def load(path: str, num_threads: int | None = None) -> CompiledModel:
@@ -228,6 +245,79 @@ class CompiledModel:
                 break
             number *= 2
         return number
+
+    def profile(
+        self,
+        inputs: Mapping[str, np.ndarray] | Sequence[np.ndarray] | None = None,
+        outputs: Mapping[str, np.ndarray] | None = None,
+        repeat: int = 20,
+        warmup: int = 3,
+        seed: int = 0,
+    ) -> list[KernelTime]:
+        """Time every kernel call of the execution plan where it runs: the whole plan is run `repeat`
+        times, kernel by kernel through the library's exported kernels, so each call sees the caches
+        its predecessors left, as in `run`. Inputs are seeded random ones when None; preallocated
+        `outputs` (by name) are filled as `run` fills them."""
+        feeds, in_ptrs = self._bind_inputs(inputs if inputs is not None else self.random_inputs(seed))
+        out_ptrs = self._bind_outputs(outputs, feeds, in_ptrs)[1]
+        calls = self._plan_calls(in_ptrs, out_ptrs)
+        times = [[] for _ in calls]
+        clock = time.perf_counter
+        with self._lock:
+            for i in range(warmup + max(repeat, 1)):
+                for (fn, argv), spent in zip(calls, times):
+                    start = clock()
+                    status = fn(argv)
+                    end = clock()
+                    if status:
+                        raise RuntimeError(f"model {self.name!r} ({self.path}) failed with status {status}")
+                    if i >= warmup:
+                        spent.append((end - start) * 1e3)
+        kernels = {k["symbol"]: k for k in self._manifest["kernels"]}
+        result = []
+        for i, (call, spent) in enumerate(zip(self._manifest["execution_plan"], times)):
+            info = kernels.get(call["kernel"], {})
+            result.append(
+                KernelTime(
+                    i,
+                    call["kernel"],
+                    info.get("task", ""),
+                    statistics.median(spent),
+                    min(spent),
+                    int(info.get("flops", 0)),
+                )
+            )
+        return result
+
+    def _plan_calls(
+        self, in_ptrs: list[int], out_ptrs: list[int]
+    ) -> list[tuple[ctypes._CFuncPtr, ctypes.Array]]:
+        """Each call of the execution plan as (kernel function, its argument array)."""
+        bases = {
+            "input": in_ptrs,
+            "output": out_ptrs,
+            "weight": [self._weights_ptr.value or 0],
+            "workspace": [self._workspace_ptr.value or 0],
+        }
+        calls = []
+        for call in self._manifest["execution_plan"]:
+            try:
+                fn = self._lib[call["kernel"]]
+            except AttributeError:
+                raise PackageError(
+                    f"{self.path}: its kernel library has no kernel {call['kernel']!r}"
+                ) from None
+            fn.restype = ctypes.c_int32
+            fn.argtypes = [ctypes.c_void_p]
+            args = call["args"]
+            ptrs = [
+                bases[a["kind"]][a.get("index", 0) if a["kind"] in ("input", "output") else 0] for a in args
+            ]
+            argv = (ctypes.c_void_p * max(len(args), 1))(
+                *(p + a.get("offset", 0) for p, a in zip(ptrs, args))
+            )
+            calls.append((fn, argv))
+        return calls
 
     def random_inputs(self, seed: int = 0) -> list[np.ndarray]:
         """Seeded inputs: standard normal floats, 0/1 integers and booleans."""
