@@ -512,6 +512,44 @@ def test_global_allocate_and_let(tmp_path):
     np.testing.assert_array_equal(b, a[::-1] + 1)
 
 
+def test_heap_buffers_are_cached_across_calls_and_threads(tmp_path):
+    """A heap buffer goes back to its allocation site's one-entry cache: repeated and concurrent calls
+    (two threads, one of which must allocate its own block) still compute from their own data."""
+    import threading
+
+    n = 70000  # 560 KB: above the stack limit
+    A, B = Buffer("A", "float64", (n,)), Buffer("B", "float64", (n,))
+    big = Buffer("big", "float64", (n,), scope="global")
+    i = Var("i")
+    body = Allocate(
+        big,
+        seq(
+            loop(i, n, S, BufferStore(big, Load(A, (i,)) * 2.0, (i,))),
+            loop(i, n, S, BufferStore(B, Load(big, (n - 1 - i,)) + 1.0, (i,))),
+        ),
+    )
+    f = PrimFunc("cached", (A, B), body)
+    ir = build_llvm_ir([f], HOST)
+    assert ir.count("atomicrmw xchg") == 2 and "internal global ptr null" in ir
+    kernel = build(tmp_path, f).kernel("cached")
+    errors = []
+
+    def worker(seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        for _ in range(40):
+            a, b = rng.random(n), np.zeros(n)
+            kernel(a, b)
+            if not np.array_equal(b, a[::-1] * 2 + 1):
+                errors.append(seed)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+
+
 def test_parallel_closure_captures_outer_values(tmp_path):
     """An outer serial loop var and float/bool let vars flow into the outlined parallel body."""
     rows, n = 3, 20

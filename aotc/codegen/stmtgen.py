@@ -416,23 +416,38 @@ class StmtGen(ExprGen):
             self.bufs[buf] = old
 
     def _heap_allocate(self, buf: Buffer, body: Stmt) -> None:
+        """A heap buffer that outlives the call in a one-entry cache of its allocation site: a call takes
+        the cached block (or allocates one) and puts it back when done, freeing whatever another thread
+        put back meanwhile. Steady-state calls neither allocate nor page-fault (glibc would otherwise
+        hand a large block back to the kernel on free and fault it in afresh on every call)."""
         fb, mod = self.fb, self.mod
         size = -(-buf.num_elements * elem_bytes(buf.dtype) // 64) * 64
         if size >= 1 << 63:
             raise CodegenError(f"buffer {buf.name!r} of {size} bytes is too large to allocate")
         alloc = mod.declare("aligned_alloc", "declare noalias ptr @aligned_alloc(i64, i64) nounwind")
         free = mod.declare("free", "declare void @free(ptr) nounwind")
-        p = fb.op(f"call ptr {alloc}(i64 64, i64 {size})")
-        ok_l, fail_l = fb.label("alloc_ok"), fb.label("alloc_fail")
-        fb.cond_br(fb.op(f"icmp ne ptr {p}, null"), ok_l, fail_l)
+        slot = "@" + mod.unique_name(f"{self.func_name}.{buf.name}.cached")
+        mod.globals.append(f"{slot} = internal global ptr null, align 8")
+        pre = fb.cur_label
+        cached = fb.op(f"atomicrmw xchg ptr {slot}, ptr null acq_rel, align 8")
+        new_l, ok_l, fail_l = fb.label("alloc_new"), fb.label("alloc_ok"), fb.label("alloc_fail")
+        fb.cond_br(fb.op(f"icmp ne ptr {cached}, null"), ok_l, new_l)
+        fb.start_block(new_l)
+        fresh = fb.op(f"call ptr {alloc}(i64 64, i64 {size})")
+        got_l = fb.label("alloc_got")
+        fb.cond_br(fb.op(f"icmp ne ptr {fresh}, null"), got_l, fail_l)
         fb.start_block(fail_l)
         self.fail()
+        fb.start_block(got_l)
+        fb.br(ok_l)
         fb.start_block(ok_l)
+        p = fb.op(f"phi ptr [ {cached}, %{pre} ], [ {fresh}, %{got_l} ]")
         self.bind_buffer(buf, p)
         self.heap.append(p)
         self.stmt(body)
         self.heap.pop()
-        fb.emit(f"call void {free}(ptr {p})")
+        other = fb.op(f"atomicrmw xchg ptr {slot}, ptr {p} acq_rel, align 8")
+        fb.emit(f"call void {free}(ptr {other})")
 
 
 _STMT = {
