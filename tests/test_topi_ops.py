@@ -57,6 +57,10 @@ SAMPLES: dict[str, list[tuple[list[TensorType], dict]]] = {
         ([t(1, 4, 6, 6), t(6, 2, 3, 3)], {**WINDOW, "groups": 2}),
         ([t(1, 4, 6, 6), t(4, 1, 3, 3), t(4)], {"pads": (1, 1, 1, 1), "groups": 4}),
     ],
+    "conv2d_winograd": [
+        ([t(1, 3, 9, 7), t(4, 4, 3, 5), t(5)], {"tile": 2, "pads": (1, 1, 1, 1)}),
+        ([t(2, 2, 6, 6), t(4, 4, 2, 3)], {"tile": 2, "pads": (0, 1, 1, 0)}),
+    ],
     "conv2d_transpose": [
         ([t(1, 4, 4, 5), t(4, 3, 3, 3), t(6)], {**WINDOW, "groups": 2, "output_padding": (1, 0)})
     ],

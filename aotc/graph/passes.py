@@ -1,22 +1,67 @@
 """Graph-level rewrites before partitioning: identities, dead code, batch-norm folding, quantized
-zero points folded into biases."""
+zero points folded into biases, Winograd convolutions with their weights transformed at build time."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from aotc.graph.ir import Graph, Node, TensorType, Value
+from aotc.topi import winograd
 
 IDENTITY_OPS = frozenset({"identity"})
+
+
+# A Winograd conv streams (m + 2)^2 / 9 times the weight bytes of the direct conv (4x for F(4, 3)), once
+# per call: past this many transformed bytes (ResNet's 512-channel stage: 37.7 MB) the weight traffic
+# costs more than the multiplications saved.
+WINOGRAD_MAX_WEIGHT_BYTES = 16 << 20
+WINOGRAD_MIN_CHANNELS = 16
 
 
 def optimize(graph: Graph) -> Graph:
     graph = remove_identities(graph)
     graph = fold_batch_norm(graph)
     graph = fold_input_zero_point(graph)
+    graph = winograd_convolutions(graph)
     graph = dense_to_matmul(graph)
     graph = eliminate_dead_code(graph)
     return materialize_outputs(graph)
+
+
+def winograd_convolutions(graph: Graph, tile: int = 4) -> Graph:
+    """Float 3x3 stride-1 convs with constant weights become Winograd F(tile, 3) convs, their weights
+    transformed once here, where it pays: enough channels, and transformed weights small enough."""
+    for node in graph.nodes:
+        if not _winograd_fits(node, tile):
+            continue
+        weight = node.inputs[1]
+        u = winograd.transform_weight(weight.data, tile)
+        transformed = Value(f"{weight.name}_winograd{tile}", TensorType(u.shape, weight.type.dtype), data=u)
+        node.op = "conv2d_winograd"
+        node.inputs = [node.inputs[0], transformed, *node.inputs[2:]]
+        node.attrs = {"tile": tile, "pads": tuple(int(p) for p in node.attrs.get("pads", (0, 0, 0, 0)))}
+    return graph
+
+
+def _winograd_fits(node: Node, tile: int) -> bool:
+    if node.op != "conv2d" or len(node.inputs) < 2 or not node.inputs[1].is_constant:
+        return False
+    x, weight = node.inputs[:2]
+    if x.type.dtype != "float32" or weight.type.dtype != "float32" or len(x.type.shape) != 4:
+        return False
+    k, c, kh, kw = weight.type.shape
+    attrs = node.attrs
+    ones = all(int(v) == 1 for key in ("strides", "dilations") for v in _as_tuple(attrs.get(key, 1)))
+    if (kh, kw) != (winograd.KERNEL,) * 2 or not ones or int(attrs.get("groups", 1)) != 1:
+        return False
+    if len(_as_tuple(attrs.get("pads", 0))) != 4 or c != x.type.shape[1]:
+        return False
+    a = tile + winograd.KERNEL - 1
+    return min(c, k) >= WINOGRAD_MIN_CHANNELS and a * a * c * k * 4 <= WINOGRAD_MAX_WEIGHT_BYTES
+
+
+def _as_tuple(v) -> tuple:
+    return tuple(v) if isinstance(v, (tuple, list)) else (v,)
 
 
 def dense_to_matmul(graph: Graph) -> Graph:

@@ -215,6 +215,12 @@ def simplify(e: Expr, ranges: Ranges | None = None) -> Expr:
     return _simplify(e, ranges or {})
 
 
+def simplify_node(e: Expr, ranges: Ranges | None = None) -> Expr:
+    """`simplify` of a node whose children are already simplified (a bottom-up rebuild simplifies each
+    node once this way instead of re-walking its subtree at every level)."""
+    return _simplify_node(e, ranges or {})
+
+
 def _simplify(e: Expr, ranges: Ranges) -> Expr:
     if isinstance(e, (Const, Var)):
         return e
@@ -222,6 +228,10 @@ def _simplify(e: Expr, ranges: Ranges) -> Expr:
     new_kids = tuple(_simplify(k, ranges) for k in kids)
     if any(n is not k for n, k in zip(new_kids, kids)):
         e = rebuild(e, new_kids)
+    return _simplify_node(e, ranges)
+
+
+def _simplify_node(e: Expr, ranges: Ranges) -> Expr:
     if isinstance(e, Binary):
         return _simplify_binary(e, ranges)
     if isinstance(e, Compare):

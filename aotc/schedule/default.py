@@ -12,14 +12,19 @@ from __future__ import annotations
 import numpy as np
 
 from aotc.ir.expr import free_vars
-from aotc.ir.simplify import linear_terms
 from aotc.schedule.lower import infer_bound
 from aotc.schedule.state import ComputeAtKind, IterKind, State
 from aotc.schedule.steps import effective_consumers
-from aotc.schedule.tiling import follow_tiling, multi_level_tile
+from aotc.schedule.tiling import (
+    contiguous_axis,
+    follow_tiling,
+    multi_level_tile,
+    reads_contiguously,
+    unroll_const_indices,
+)
 from aotc.target import Target
 from aotc.te.dag import ComputeDAG, reads_of
-from aotc.te.tensor import LAYOUT_FREE, ComputeOp, IterVar
+from aotc.te.tensor import CONST_INDEX_AXES, LAYOUT_FREE, ComputeOp, IterVar
 
 VECTOR_REGISTERS = 16
 AUTO_UNROLL = 64
@@ -40,12 +45,44 @@ def default_schedule(dag: ComputeDAG, target: Target) -> State:
         if dag.analysis[op].needs_multi_level_tiling and op.name not in done and not inlined:
             s, names = _tile_anchor(s, dag, op, target)
             done |= names
+    for op in reversed(dag.compute_ops):
+        st = s.stages[s.stage_id(op.name)]
+        if op.attrs.get(CONST_INDEX_AXES) and st.compute_at == ComputeAtKind.ROOT and op.name not in done:
+            s = _unrolled_const_indices(s, op.name, target)
+            done.add(op.name)
     for name in [st.name for st in s.stages]:
         st = s.stages[s.stage_id(name)]
         if st.is_placeholder or st.compute_at != ComputeAtKind.ROOT or name in done:
             continue
         s = _parallel_vectorize(s, name, target)
     return s
+
+
+def _unrolled_const_indices(s: State, name: str, target: Target) -> State:
+    """Constant-indexed axes unrolled inside the others, the contiguously read axis vectorized innermost,
+    the outer iterators fused and run in parallel; or, for a transform feeding another one (Winograd's
+    row pass), computed inside that one's outer loop."""
+    sid = s.stage_id(name)
+    op = s.stages[sid].op
+    consumers = effective_consumers(s, sid)
+    inner = len(consumers) == 1 and bool(s.stages[consumers[0]].op.attrs.get(CONST_INDEX_AXES))
+    consts = dict(op.attrs[CONST_INDEX_AXES])
+    axis = contiguous_axis(op)
+    if axis is None or axis in consts:
+        axis = max(i for i in range(len(op.axes)) if i not in consts)
+    extent = op.axes[axis].extent
+    vec = _vector_tile(extent, _lanes(op.dtype, target)) if extent > 1 else 1
+    s, n_outer = unroll_const_indices(s, sid, axis, vec)
+    if inner:
+        s = s.compute_at(sid, consumers[0], 0)
+        return s.vectorize(sid, len(s.stages[sid].iters) - 1) if vec > 1 else s
+    points = int(np.prod([it.extent or 1 for it in s.stages[sid].iters]))
+    if n_outer > 1:
+        s = s.fuse(sid, list(range(n_outer)))
+    if n_outer and points >= MIN_PARALLEL_POINTS:
+        s = s.parallel(sid, 0)
+    last = s.stages[sid].iters[-1]
+    return s.vectorize(sid, len(s.stages[sid].iters) - 1) if (last.extent or 1) > 1 else s
 
 
 def _lanes(dtype: str, target: Target) -> int:
@@ -110,7 +147,15 @@ def _tile_lengths(
         vec = _vector_tile(vec_axis.extent, lanes)
         lengths[vec_axis.name] = [1, 1, vec]
         regs = -(-vec // lanes)
-    others = sorted((a for a in spatial if a is not vec_axis and a.extent > 1), key=lambda a: -a.extent)
+    # Register-block first the axes that leave the weight's index alone: each weight vector loaded is
+    # then reused across the whole block (a batch axis that picks another weight matrix reuses nothing).
+    weight_vars = {
+        v for r in reads_of(op) if r.tensor.tag == LAYOUT_FREE for i in r.indices for v in free_vars(i)
+    }
+    others = sorted(
+        (a for a in spatial if a is not vec_axis and a.extent > 1),
+        key=lambda a: (a.var in weight_vars, -a.extent),
+    )
     for a in others:
         room = VECTOR_REGISTERS // regs
         if room < 2:
@@ -176,12 +221,13 @@ def _tile_anchor(
 
 def _window_producer(s: State, dag: ComputeDAG, op: ComputeOp) -> ComputeOp | None:
     """The padded input a windowed op (conv, pool) reads: a computed, non-inlined, reduction-free
-    producer that only `op` reads."""
+    producer that only `op` reads (not a constant-indexed transform, which has its own layout)."""
     for r in reads_of(op):
         p = r.tensor
         if (
             isinstance(p, ComputeOp)
             and not p.reduce_axes
+            and not p.attrs.get(CONST_INDEX_AXES)
             and dag.consumers[p] == [op]
             and s.stages[s.stage_id(p.name)].compute_at == ComputeAtKind.ROOT
         ):
@@ -251,7 +297,7 @@ def _parallel_vectorize(s: State, name: str, target: Target) -> State:
     last = st.iters[n_sp - 1] if n_sp else None
     vec_ok = last is not None and (last.extent or 1) > 1
     if vec_ok and n_red:
-        vec_ok = _reads_contiguously(st.op, st.op.axes[n_sp - 1].var)
+        vec_ok = reads_contiguously(st.op, st.op.axes[n_sp - 1].var)
     if vec_ok:
         vec = _vector_tile(last.extent, _lanes(st.op.dtype, target))
         if vec < last.extent:
@@ -270,17 +316,3 @@ def _parallel_vectorize(s: State, name: str, target: Target) -> State:
     if vec_ok:
         s = s.vectorize(sid, len(s.stages[sid].iters) - 1)
     return s
-
-
-def _reads_contiguously(op: ComputeOp, var) -> bool:
-    """Every read of `op` either ignores `var` or uses it with stride 1 in its last dimension."""
-    for read in reads_of(op):
-        for d, idx in enumerate(read.indices):
-            if var not in free_vars(idx):
-                continue
-            terms, _ = linear_terms(idx)
-            if d != len(read.indices) - 1 or terms.pop(var, 0) != 1:
-                return False
-            if any(var in free_vars(atom) for atom in terms):
-                return False
-    return True

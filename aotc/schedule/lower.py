@@ -31,7 +31,7 @@ from aotc.ir.expr import (
     unique_name,
     walk,
 )
-from aotc.ir.simplify import bounds, from_terms, linear_terms, simplify
+from aotc.ir.simplify import bounds, from_terms, linear_terms, simplify, simplify_node
 from aotc.ir.stmt import (
     Allocate,
     BufferStore,
@@ -333,7 +333,7 @@ class _Lowering:
         if not kids:
             return e
         new = tuple(self._value(k, vmap) for k in kids)
-        return simplify(rebuild(e, new), self.ranges)
+        return simplify_node(rebuild(e, new), self.ranges)
 
     def _guards(self, info: _StageInfo) -> list[_Guard]:
         op = info.stage.op

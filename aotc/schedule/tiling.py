@@ -7,7 +7,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from aotc.ir.expr import free_vars
+from aotc.ir.simplify import linear_terms
 from aotc.schedule.state import ComputeAtKind, IterKind, ScheduleError, State
+from aotc.te.dag import reads_of
+from aotc.te.tensor import CONST_INDEX_AXES, ComputeOp
 
 
 def multi_level_tile(
@@ -81,3 +85,67 @@ def follow_tiling(
     order = [a * (n_split + 1) + level for level in range(n_split + 1) for a in range(n_axes)] + rest
     state = state.reorder(stage_id, order)
     return state, n_split * n_axes - 1
+
+
+def unroll_const_indices(
+    state: State, stage_id: int, vector_axis: int | None = None, vector_length: int | None = None
+) -> tuple[State, int]:
+    """Ansor's SimplifyComputeWithConstTensor for a stage whose op names `const_index_axes`: ((axis
+    position, period), ...) of the axes its coefficients depend on (a period q > 1: on axis % q).
+
+    A periodic axis is split by its period; the axes of period 1 and the inner parts are unrolled and
+    moved inside the other iterators. `vector_axis` (an original axis position; default the last free
+    one) goes innermost, split by `vector_length` (None: left for the search to fill) with its outer
+    part outside the unrolled loops. Returns the state and the number of iterators outside those.
+    """
+    stage = state.stages[stage_id]
+    consts = dict(stage.op.attrs.get(CONST_INDEX_AXES, ()))
+    if not consts or any(it.kind != IterKind.SPATIAL for it in stage.iters):
+        raise ScheduleError(f"stage {stage.name} has no constant-indexed axes to unroll, or is already tiled")
+    origin = list(range(len(stage.iters)))  # original axis position of each iterator
+    is_const = [False] * len(stage.iters)
+    for pos in sorted(consts, reverse=True):
+        if consts[pos] > 1:
+            state = state.split(stage_id, pos, [consts[pos]])
+            origin[pos : pos + 1] = [pos, pos]
+            is_const[pos : pos + 1] = [False, True]
+        else:
+            is_const[pos] = True
+    free = [i for i, c in enumerate(is_const) if not c]
+    inner = [i for i, c in enumerate(is_const) if c]
+    periodic = {p for p, q in consts.items() if q > 1}
+    candidates = [i for i in free if origin[i] == vector_axis and origin[i] not in periodic]
+    vec = candidates[0] if candidates else free[-1]
+    state = state.reorder(stage_id, [i for i in free if i != vec] + inner + [vec])
+    n_outer, last = len(free) - 1, len(stage.iters) - 1 + len(periodic)
+    if (state.stages[stage_id].iters[last].extent or 1) > (vector_length or 1):
+        state = state.split(stage_id, last, [vector_length])
+        state = state.reorder(stage_id, [*range(n_outer), last, *range(n_outer, last), last + 1])
+        n_outer += 1
+    for pos in range(n_outer, n_outer + len(inner)):
+        state = state.unroll(stage_id, pos)
+    return state, n_outer
+
+
+def reads_contiguously(op: ComputeOp, var) -> bool:
+    """Every read of `op` either ignores `var` or uses it with stride 1 in its last dimension."""
+    for read in reads_of(op):
+        for d, idx in enumerate(read.indices):
+            if var not in free_vars(idx):
+                continue
+            terms, _ = linear_terms(idx)
+            if d != len(read.indices) - 1 or terms.pop(var, 0) != 1:
+                return False
+            if any(var in free_vars(atom) for atom in terms):
+                return False
+    return True
+
+
+def contiguous_axis(op: ComputeOp) -> int | None:
+    """The last axis that some read indexes and every read reads with stride 1, if any."""
+    for i in range(len(op.axes) - 1, -1, -1):
+        var = op.axes[i].var
+        used = any(var in free_vars(idx) for r in reads_of(op) for idx in r.indices)
+        if used and op.axes[i].extent > 1 and reads_contiguously(op, var):
+            return i
+    return None

@@ -32,6 +32,7 @@ from aotc.search.sketch import (
 )
 from aotc.target import Target
 from aotc.te.dag import ComputeDAG
+from aotc.te.tensor import CONST_INDEX_AXES
 
 MAX_LANES = 64
 
@@ -224,7 +225,9 @@ def location_options(state: State, stage_id: int) -> list[Step]:
 
     opts: list[Step] = []
     nothing_attached = not any(st.attach is not None and st.attach[0] == stage_id for st in state.stages)
-    if not has_reduce_iter(state, stage_id) and nothing_attached:
+    # A constant-indexed transform inlined into its consumer would be re-evaluated, unrolled, per use.
+    inlinable = not state.stages[stage_id].op.attrs.get(CONST_INDEX_AXES)
+    if inlinable and not has_reduce_iter(state, stage_id) and nothing_attached:
         opts.append(ComputeInlineStep(stage_id))
     opts.append(ComputeRootStep(stage_id))
     opts.extend(

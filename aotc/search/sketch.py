@@ -14,10 +14,10 @@ import numpy as np
 
 from aotc.schedule.state import ComputeAtKind, IterKind, SplitRel, State
 from aotc.schedule.steps import RfactorStep, SplitStep, effective_consumers, replay
-from aotc.schedule.tiling import follow_tiling, multi_level_tile
+from aotc.schedule.tiling import contiguous_axis, follow_tiling, multi_level_tile, unroll_const_indices
 from aotc.target import Target
 from aotc.te.dag import ComputeDAG, OpAnalysis, reads_of
-from aotc.te.tensor import ComputeOp
+from aotc.te.tensor import CONST_INDEX_AXES, ComputeOp
 
 
 @dataclass(frozen=True)
@@ -200,6 +200,28 @@ class AlwaysInline(SketchRule):
         return [(state.compute_inline(stage_id), stage_id - 1)]
 
 
+class SimplifyComputeWithConstTensor(SketchRule):
+    """Unroll the axes a stage's constant coefficients depend on (Winograd transforms), with a vector
+    axis innermost: the contiguously read one and the last free one, as two sketches when they differ."""
+
+    name = "SimplifyComputeWithConstTensor"
+
+    def meets(self, ctx, state, stage_id):
+        st = state.stages[stage_id]
+        if st.is_placeholder or not st.op.attrs.get(CONST_INDEX_AXES) or is_tiled(state, stage_id):
+            return Condition.SKIP
+        if st.compute_at == ComputeAtKind.INLINED or any(it.kind != IterKind.SPATIAL for it in st.iters):
+            return Condition.SKIP
+        return Condition.APPLY_AND_SKIP_REST
+
+    def apply(self, ctx, state, stage_id):
+        op = state.stages[stage_id].op
+        consts = dict(op.attrs[CONST_INDEX_AXES])
+        free = [i for i in range(len(op.axes)) if i not in consts]
+        axes = list(dict.fromkeys(a for a in (contiguous_axis(op), free[-1]) if a is not None and a in free))
+        return [(unroll_const_indices(state, stage_id, a)[0], stage_id - 1) for a in axes]
+
+
 class AddRfactor(SketchRule):
     """Fuse the reduce iterators, split by a placeholder 1, rfactor the outer or the inner part."""
 
@@ -286,6 +308,7 @@ class MultiLevelTiling(SketchRule):
 
 CPU_RULES: tuple[SketchRule, ...] = (
     AlwaysInline(),
+    SimplifyComputeWithConstTensor(),
     AddRfactor(),
     AddCacheWrite(),
     MultiLevelTilingWithFusion(),

@@ -27,7 +27,7 @@ from aotc.ir.expr import (
     walk,
 )
 from aotc.ir.simplify import affine
-from aotc.te.tensor import ComputeOp, Operation, PlaceholderOp, TEError
+from aotc.te.tensor import CONST_INDEX_AXES, ComputeOp, Operation, PlaceholderOp, TEError
 
 EXPENSIVE_CALLS = frozenset({"exp", "log", "tanh", "erf", "sigmoid"})
 
@@ -240,7 +240,7 @@ def _is_in_order(r: TensorRead, axis_vars: list[Var]) -> bool:
 
 
 def _needs_multi_level_tiling(op: ComputeOp, reads: list[TensorRead]) -> bool:
-    if op.attrs.get("no_multi_level_tiling"):
+    if op.attrs.get("no_multi_level_tiling") or op.attrs.get(CONST_INDEX_AXES):
         return False
     by_tensor: dict[Operation, set[Var]] = {}
     for r in reads:

@@ -102,6 +102,10 @@ class ComputeOp(Operation):
 LAYOUT_FREE = "layout_free"
 """Placeholder tag: a constant input (a weight) that the compiled kernel may take in any layout it chooses."""
 
+CONST_INDEX_AXES = "const_index_axes"
+"""Compute attr: ((axis position, period), ...) of the axes (taken modulo period when > 1) that a body's
+constant coefficients depend on; unrolling them turns the coefficients into literals."""
+
 
 def placeholder(
     shape: Sequence[int], dtype: str = "float32", name: str = "placeholder", tag: str = ""

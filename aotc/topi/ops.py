@@ -11,7 +11,7 @@ from collections.abc import Callable
 from aotc import te
 from aotc.ir.expr import select
 from aotc.te.tensor import Operation
-from aotc.topi import elemwise, nn, transform
+from aotc.topi import elemwise, nn, transform, winograd
 from aotc.topi.registry import OpPattern, register
 
 
@@ -53,6 +53,13 @@ def _conv2d(inputs, attrs):
     if groups == data.shape[1] and weight.shape[1] == 1 and groups > 1:
         return _with_bias(nn.depthwise_conv2d_nchw(data, weight, **kw), inputs, 1)
     return _with_bias(nn.conv2d_nchw(data, weight, groups=groups, **kw), inputs, 1)
+
+
+@register("conv2d_winograd", OpPattern.OUT_ELEMWISE_FUSABLE)
+def _conv2d_winograd(inputs, attrs):
+    """NCHW data, Winograd-transformed weight [a, a, C, K], optional bias [K]; attrs: tile, pads."""
+    out = winograd.conv2d_winograd_nchw(inputs[0], inputs[1], attrs["tile"], attrs.get("pads", (1, 1, 1, 1)))
+    return _with_bias(out, inputs, 1)
 
 
 @register("conv2d_transpose", OpPattern.OUT_ELEMWISE_FUSABLE)

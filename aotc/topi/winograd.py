@@ -1,0 +1,198 @@
+"""Winograd convolution F(m x m, 3 x 3) in NCHW (Lavin & Gray 2016), as TVM and Ansor use it.
+
+A 3x3 stride-1 conv is computed on tiles of m x m outputs from (m + 2) x (m + 2) input tiles:
+V = B^T d B per tile and input channel, M = sum over channels of U * V (a batch of (m + 2)^2 matrix
+products), Y = A^T M A per tile and output channel. The weight transform U = G g G^T happens once,
+at build time (`transform_weight`). F(4, 3) does 36 multiply-adds per 16 outputs and channel pair
+where the direct conv does 144.
+
+The two transforms are explicit sums whose coefficients depend on the position inside the tile; each
+stage's `const_index_axes` attr names those axes (and their period), which a schedule unrolls so that
+every coefficient becomes a literal and the zero terms vanish (Ansor's
+`auto_scheduler_simplify_const_tensor_indices`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from fractions import Fraction
+
+import numpy as np
+
+from aotc import te
+from aotc.ir.expr import Expr, const, eq, select
+from aotc.te.tensor import CONST_INDEX_AXES, Operation
+
+KERNEL = 3
+
+# Interpolation points of the Cook-Toom construction (the last point is infinity).
+_POINTS = {2: (0, 1, -1), 4: (0, 1, -1, 2, -2)}
+
+
+def tile_sizes() -> tuple[int, ...]:
+    return tuple(_POINTS)
+
+
+def matrices(m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(A^T [m, a], G [a, 3], B^T [a, a]) of F(m, 3), a = m + 2, exact rationals as float64."""
+    if m not in _POINTS:
+        raise ValueError(f"Winograd tile {m} is not one of {', '.join(map(str, _POINTS))}")
+    pts = [Fraction(p) for p in _POINTS[m]]
+    a = m + KERNEL - 1
+    n = a - 1
+    # A^T: output j at point p is p^j; the point at infinity contributes only to the last output.
+    at = [[p**j for p in pts] + [Fraction(int(j == m - 1))] for j in range(m)]
+    # G: the kernel polynomial evaluated at each point, scaled by 1 / prod(p - q).
+    g = []
+    for i, p in enumerate(pts):
+        den = Fraction(1)
+        for k, q in enumerate(pts):
+            if k != i:
+                den *= p - q
+        g.append([p**j / den for j in range(KERNEL)])
+    g.append([Fraction(int(j == KERNEL - 1)) for j in range(KERNEL)])
+    # B^T: the coefficients of prod_{q != p}(x - q), and of the full product for the infinity row.
+    bt = []
+    for i in range(n):
+        poly = [Fraction(1)]
+        for k, q in enumerate(pts):
+            if k != i:
+                poly = _times_linear(poly, -q)
+        bt.append(poly + [Fraction(0)] * (a - len(poly)))
+    full = [Fraction(1)]
+    for q in pts:
+        full = _times_linear(full, -q)
+    bt.append(full)
+    return (
+        np.array(at, dtype=np.float64),
+        np.array(g, dtype=np.float64),
+        np.array(bt, dtype=np.float64),
+    )
+
+
+def _times_linear(poly: list[Fraction], c: Fraction) -> list[Fraction]:
+    """poly(x) * (x + c), coefficients lowest degree first."""
+    out = [Fraction(0)] * (len(poly) + 1)
+    for i, v in enumerate(poly):
+        out[i] += v * c
+        out[i + 1] += v
+    return out
+
+
+def transform_weight(weight: np.ndarray, m: int) -> np.ndarray:
+    """OIHW 3x3 weights [K, C, 3, 3] -> U [a, a, C, K] = G g G^T per channel pair (in float64)."""
+    _, g, _ = matrices(m)
+    u = np.einsum("ei,kcij,fj->efck", g, weight.astype(np.float64), g)
+    return np.ascontiguousarray(u.astype(weight.dtype))
+
+
+def output_tiles(h: int, w: int, pads: tuple[int, int, int, int], m: int) -> tuple[int, int, int, int]:
+    """Output height and width of the 3x3 stride-1 conv, and its tiles along each."""
+    pt, pl, pb, pr = pads
+    oh, ow = h + pt + pb - KERNEL + 1, w + pl + pr - KERNEL + 1
+    return oh, ow, -(-oh // m), -(-ow // m)
+
+
+def conv2d_winograd_nchw(
+    data: Operation,
+    u: Operation,
+    m: int,
+    padding: Sequence[int] = (1, 1, 1, 1),
+    name: str = "conv2d_winograd",
+) -> Operation:
+    """NCHW conv with a 3x3 kernel, stride 1, from pre-transformed weights `u` [a, a, C, K]."""
+    from aotc.topi.nn import pad
+
+    at, _, bt = matrices(m)
+    a = m + KERNEL - 1
+    n, c, h, w = data.shape
+    if tuple(u.shape[:3]) != (a, a, c):
+        raise te.TEError(f"{name}: transformed weight {list(u.shape)} does not fit F({m}, 3) on {c} channels")
+    k = u.shape[3]
+    pt, pl, pb, pr = padding
+    oh, ow, th, tw = output_tiles(h, w, (pt, pl, pb, pr), m)
+    if oh < 1 or ow < 1:
+        raise te.TEError(f"{name}: no output for input {list(data.shape)} and pads {list(padding)}")
+    # Pad (or crop) so that every tile's input window lies inside.
+    padded = pad(data, (0, 0, pt, pl), (0, 0, m * th + 2 - h - pt, m * tw + 2 - w - pl), name=f"{name}_pad")
+    dtype = data.dtype
+    width = m * tw + 2
+    # B^T d B as two passes of one dimension each (fewer terms, and small bodies to lower).
+    rows = te.compute(
+        (n, c, th, a, width),
+        lambda nn, cc, t_h, e1, xw: _piecewise(
+            e1,
+            a,
+            lambda i: _combination([(bt[i, r], padded[nn, cc, t_h * m + r, xw]) for r in range(a)], dtype),
+        ),
+        f"{name}_rows",
+        tag="winograd_data",
+        attrs={CONST_INDEX_AXES: ((3, 1),)},
+    )
+    v = te.compute(
+        (n, c, th, a, a, tw),
+        lambda nn, cc, t_h, e1, e2, t_w: _piecewise(
+            e2,
+            a,
+            lambda j: _combination([(bt[j, r], rows[nn, cc, t_h, e1, t_w * m + r]) for r in range(a)], dtype),
+        ),
+        f"{name}_data",
+        tag="winograd_data",
+        attrs={CONST_INDEX_AXES: ((3, 1), (4, 1))},
+    )
+    rc = te.reduce_axis(c, "rc")
+    prod = te.compute(
+        (a, a, n, th, tw, k),
+        lambda e1, e2, nn, t_h, t_w, kk: te.sum(v[nn, rc.var, t_h, e1, e2, t_w] * u[e1, e2, rc.var, kk], rc),
+        f"{name}_gemm",
+        tag="winograd_gemm",
+    )
+    # A^T M A, again one dimension at a time.
+    cols = te.compute(
+        (a, m, n, th, tw, k),
+        lambda e1, m2, nn, t_h, t_w, kk: _piecewise(
+            m2,
+            m,
+            lambda j: _combination([(at[j, e], prod[e1, e, nn, t_h, t_w, kk]) for e in range(a)], dtype),
+        ),
+        f"{name}_cols",
+        tag="winograd_out",
+        attrs={CONST_INDEX_AXES: ((1, 1),)},
+    )
+    return te.compute(
+        (n, k, oh, ow),
+        lambda nn, kk, yy, xx: _piecewise(
+            yy % m,
+            m,
+            lambda i: _combination(
+                [(at[i, e], cols[e, xx % m, nn, yy // m, xx // m, kk]) for e in range(a)], dtype
+            ),
+        ),
+        name,
+        tag="winograd_out",
+        attrs={CONST_INDEX_AXES: ((2, m), (3, m))},
+    )
+
+
+def _combination(terms: list[tuple[float, Expr]], dtype: str) -> Expr:
+    """sum(coef * value) over the nonzero coefficients, +-1 as additions and subtractions."""
+    acc: Expr | None = None
+    for coef, value in terms:
+        if coef == 0:
+            continue
+        mag = abs(coef)
+        t = value if mag == 1 else value * const(float(mag), dtype)
+        if acc is None:
+            acc = t if coef > 0 else -t
+        else:
+            acc = acc + t if coef > 0 else acc - t
+    return acc if acc is not None else const(0.0, dtype)
+
+
+def _piecewise(key: Expr, extent: int, leaf: Callable[[int], Expr]) -> Expr:
+    """The value `leaf(i)` where key == i: a select chain that folds to one leaf once the key is a
+    constant (an unrolled loop)."""
+    out = leaf(extent - 1)
+    for i in range(extent - 2, -1, -1):
+        out = select(eq(key, i), leaf(i), out)
+    return out
