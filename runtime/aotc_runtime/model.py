@@ -259,7 +259,7 @@ class CompiledModel:
         its predecessors left, as in `run`. Inputs are seeded random ones when None; preallocated
         `outputs` (by name) are filled as `run` fills them."""
         feeds, in_ptrs = self._bind_inputs(inputs if inputs is not None else self.random_inputs(seed))
-        out_ptrs = self._bind_outputs(outputs, feeds, in_ptrs)[1]
+        _outputs, out_ptrs = self._bind_outputs(outputs, feeds, in_ptrs)  # alive while kernels write
         calls = self._plan_calls(in_ptrs, out_ptrs)
         times = [[] for _ in calls]
         clock = time.perf_counter
@@ -274,10 +274,10 @@ class CompiledModel:
                     if i >= warmup:
                         spent.append((end - start) * 1e3)
         kernels = {k["symbol"]: k for k in self._manifest["kernels"]}
-        result = []
+        timed = []
         for i, (call, spent) in enumerate(zip(self._manifest["execution_plan"], times)):
             info = kernels.get(call["kernel"], {})
-            result.append(
+            timed.append(
                 KernelTime(
                     i,
                     call["kernel"],
@@ -287,7 +287,7 @@ class CompiledModel:
                     int(info.get("flops", 0)),
                 )
             )
-        return result
+        return timed
 
     def _plan_calls(
         self, in_ptrs: list[int], out_ptrs: list[int]
