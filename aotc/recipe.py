@@ -23,7 +23,7 @@ DEFAULT_TARGET = "llvm -mcpu=native"
 DTYPES = ("float32", "float16", "float64", "int8", "uint8", "int16", "int32", "int64", "bool")
 MODEL_SUFFIXES = (".onnx", ".tflite")
 
-_TOP_KEYS = ("model", "inputs", "target", "output", "tuning", "validate")
+_TOP_KEYS = ("model", "inputs", "target", "output", "tuning", "validate", "winograd")
 _INPUT_KEYS = ("shape", "dtype")
 _TUNING_KEYS = ("trials", "deadline", "records", "tophub")
 _TAG = "tag:yaml.org,2002:"
@@ -66,6 +66,7 @@ class Recipe:
     output: Path
     tuning: TuningSpec
     validate: bool
+    winograd: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved recipe: absolute paths, defaults filled, the target made concrete for this host."""
@@ -84,6 +85,7 @@ class Recipe:
                 "tophub": self.tuning.tophub,
             },
             "validate": self.validate,
+            "winograd": self.winograd,
         }
 
 
@@ -141,6 +143,7 @@ class _Loader:
             ),
             tuning=self.optional(entries, "tuning", self.tuning, TuningSpec()),
             validate=self.optional(entries, "validate", self.boolean, True),
+            winograd=self.optional(entries, "winograd", self.boolean, True),
         )
 
     def compose(self) -> Node:

@@ -10,7 +10,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from aotc import te
-from aotc.build import build
+from aotc.build import build, load_model
 from aotc.codegen.module import build_module, load_library
 from aotc.frontend.onnx import load_onnx
 from aotc.graph.passes import optimize
@@ -153,6 +153,14 @@ def test_pass_rewrites_only_the_convs_where_winograd_pays():
     w1 = numpy_helper.to_array(model.graph.initializer[0])
     np.testing.assert_array_equal(first.inputs[1].data, winograd.transform_weight(w1, 4))
     assert first.attrs == {"tile": 4, "pads": (1, 1, 1, 1)}
+
+
+def test_recipe_can_turn_winograd_off(tmp_path):
+    (tmp_path / "net.onnx").write_bytes(_net().SerializeToString())
+    recipe = tmp_path / "net.yaml"
+    recipe.write_text("model: net.onnx\nvalidate: false\nwinograd: false\ntuning: {tophub: none}\n")
+    graph = load_model(load_recipe(recipe))
+    assert [n.op for n in graph.nodes if n.op.startswith("conv")] == ["conv2d"] * 5
 
 
 def test_built_package_matches_onnxruntime(tmp_path):

@@ -18,11 +18,12 @@ WINOGRAD_MAX_WEIGHT_BYTES = 16 << 20
 WINOGRAD_MIN_CHANNELS = 16
 
 
-def optimize(graph: Graph) -> Graph:
+def optimize(graph: Graph, winograd: bool = True) -> Graph:
     graph = remove_identities(graph)
     graph = fold_batch_norm(graph)
     graph = fold_input_zero_point(graph)
-    graph = winograd_convolutions(graph)
+    if winograd:
+        graph = winograd_convolutions(graph)
     graph = dense_to_matmul(graph)
     graph = eliminate_dead_code(graph)
     return materialize_outputs(graph)
