@@ -28,6 +28,7 @@ from aotc.ir.expr import (
 )
 from aotc.ir.stmt import Allocate, BufferStore, For, ForKind, IfThenElse, LetStmt, PrimFunc, seq
 from aotc.target import parse_target
+from tests.concurrency import failures_in_threads
 
 S, V, U, P = ForKind.SERIAL, ForKind.VECTORIZED, ForKind.UNROLLED, ForKind.PARALLEL
 HOST = parse_target("llvm")
@@ -515,8 +516,6 @@ def test_global_allocate_and_let(tmp_path):
 def test_heap_buffers_are_cached_across_calls_and_threads(tmp_path):
     """A heap buffer goes back to its allocation site's one-entry cache: repeated and concurrent calls
     (two threads, one of which must allocate its own block) still compute from their own data."""
-    import threading
-
     n = 70000  # 560 KB: above the stack limit
     A, B = Buffer("A", "float64", (n,)), Buffer("B", "float64", (n,))
     big = Buffer("big", "float64", (n,), scope="global")
@@ -532,22 +531,17 @@ def test_heap_buffers_are_cached_across_calls_and_threads(tmp_path):
     ir = build_llvm_ir([f], HOST)
     assert ir.count("atomicrmw xchg") == 2 and "internal global ptr null" in ir
     kernel = build(tmp_path, f).kernel("cached")
-    errors = []
 
-    def worker(seed: int) -> None:
+    def check(seed: int) -> bool:
         rng = np.random.default_rng(seed)
         for _ in range(40):
             a, b = rng.random(n), np.zeros(n)
             kernel(a, b)
             if not np.array_equal(b, a[::-1] * 2 + 1):
-                errors.append(seed)
+                return False
+        return True
 
-    threads = [threading.Thread(target=worker, args=(k,)) for k in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
+    assert failures_in_threads(check, 2) == []
 
 
 def test_parallel_closure_captures_outer_values(tmp_path):

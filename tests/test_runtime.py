@@ -9,7 +9,6 @@ import pathlib
 import struct
 import subprocess
 import sys
-import threading
 import zipfile
 
 import aotc_runtime
@@ -22,6 +21,7 @@ from aotc.codegen.entry import BufferRef, KernelCall
 from aotc.ir.expr import Buffer, Load, Var, const
 from aotc.ir.stmt import BufferStore, For, ForKind, PrimFunc, seq
 from aotc.package import IOSpec, PackageSpec, write_package
+from tests.concurrency import failures_in_threads
 from tests.test_package import HOST, SHAPE, failing_kernel, tiny_reference, tiny_spec
 
 RUNTIME_DIR = pathlib.Path(__file__).parent.parent / "runtime"
@@ -161,20 +161,11 @@ def test_kernel_failure_raises_runtime_error(tmp_path):
 
 
 def test_concurrent_runs_are_correct(tiny_model):
-    errors = []
+    def check(seed: int) -> bool:
+        inputs = [x_input(seed * 100 + k) for k in range(30)]
+        return all(np.allclose(tiny_model.run([x])["y"], tiny_reference(x)) for x in inputs)
 
-    def worker(seed: int) -> None:
-        for k in range(30):
-            x = x_input(seed * 100 + k)
-            if not np.allclose(tiny_model.run([x])["y"], tiny_reference(x)):
-                errors.append(seed)
-
-    threads = [threading.Thread(target=worker, args=(s,)) for s in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == []
+    assert failures_in_threads(check, 4) == []
 
 
 def test_num_threads(tiny_path):
