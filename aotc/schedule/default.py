@@ -16,7 +16,7 @@ from aotc.schedule.lower import infer_bound
 from aotc.schedule.state import ComputeAtKind, IterKind, State
 from aotc.schedule.steps import effective_consumers
 from aotc.schedule.tiling import (
-    contiguous_axis,
+    const_index_vector_axes,
     follow_tiling,
     multi_level_tile,
     reads_contiguously,
@@ -29,8 +29,7 @@ from aotc.te.tensor import CONST_INDEX_AXES, LAYOUT_FREE, ComputeOp, IterVar
 VECTOR_REGISTERS = 16
 AUTO_UNROLL = 64
 MIN_PARALLEL_POINTS = 4096  # below this a stage costs less than waking the thread pool
-# The most a parallel tile's own padded input may take: it stays on the thread's stack and in its L2
-# (a larger one is a heap allocation, page-faulted afresh on every call).
+# The most a parallel tile's own padded input may take: it stays on the thread's stack and in its L2.
 MAX_TILE_SCRATCH_BYTES = 256 * 1024
 
 
@@ -66,23 +65,19 @@ def _unrolled_const_indices(s: State, name: str, target: Target) -> State:
     op = s.stages[sid].op
     consumers = effective_consumers(s, sid)
     inner = len(consumers) == 1 and bool(s.stages[consumers[0]].op.attrs.get(CONST_INDEX_AXES))
-    consts = dict(op.attrs[CONST_INDEX_AXES])
-    axis = contiguous_axis(op)
-    if axis is None or axis in consts:
-        axis = max(i for i in range(len(op.axes)) if i not in consts)
+    axis = const_index_vector_axes(op)[0]
     extent = op.axes[axis].extent
     vec = _vector_tile(extent, _lanes(op.dtype, target)) if extent > 1 else 1
     s, n_outer = unroll_const_indices(s, sid, axis, vec)
     if inner:
         s = s.compute_at(sid, consumers[0], 0)
-        return s.vectorize(sid, len(s.stages[sid].iters) - 1) if vec > 1 else s
-    points = int(np.prod([it.extent or 1 for it in s.stages[sid].iters]))
-    if n_outer > 1:
-        s = s.fuse(sid, list(range(n_outer)))
-    if n_outer and points >= MIN_PARALLEL_POINTS:
-        s = s.parallel(sid, 0)
-    last = s.stages[sid].iters[-1]
-    return s.vectorize(sid, len(s.stages[sid].iters) - 1) if (last.extent or 1) > 1 else s
+    else:
+        points = int(np.prod([it.extent or 1 for it in s.stages[sid].iters]))
+        if n_outer > 1:
+            s = s.fuse(sid, list(range(n_outer)))
+        if n_outer and points >= MIN_PARALLEL_POINTS:
+            s = s.parallel(sid, 0)
+    return s.vectorize(sid, len(s.stages[sid].iters) - 1) if vec > 1 else s
 
 
 def _lanes(dtype: str, target: Target) -> int:

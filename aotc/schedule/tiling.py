@@ -149,3 +149,11 @@ def contiguous_axis(op: ComputeOp) -> int | None:
         if used and op.axes[i].extent > 1 and reads_contiguously(op, var):
             return i
     return None
+
+
+def const_index_vector_axes(op: ComputeOp) -> list[int]:
+    """Vector axis candidates of a constant-indexed stage, best first: the contiguously read axis and the
+    last axis the coefficients do not depend on."""
+    consts = dict(op.attrs[CONST_INDEX_AXES])
+    free = [i for i in range(len(op.axes)) if i not in consts]
+    return list(dict.fromkeys(a for a in (contiguous_axis(op), free[-1]) if a in free))

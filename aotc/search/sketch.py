@@ -14,7 +14,12 @@ import numpy as np
 
 from aotc.schedule.state import ComputeAtKind, IterKind, SplitRel, State
 from aotc.schedule.steps import RfactorStep, SplitStep, effective_consumers, replay
-from aotc.schedule.tiling import contiguous_axis, follow_tiling, multi_level_tile, unroll_const_indices
+from aotc.schedule.tiling import (
+    const_index_vector_axes,
+    follow_tiling,
+    multi_level_tile,
+    unroll_const_indices,
+)
 from aotc.target import Target
 from aotc.te.dag import ComputeDAG, OpAnalysis, reads_of
 from aotc.te.tensor import CONST_INDEX_AXES, ComputeOp
@@ -215,10 +220,7 @@ class SimplifyComputeWithConstTensor(SketchRule):
         return Condition.APPLY_AND_SKIP_REST
 
     def apply(self, ctx, state, stage_id):
-        op = state.stages[stage_id].op
-        consts = dict(op.attrs[CONST_INDEX_AXES])
-        free = [i for i in range(len(op.axes)) if i not in consts]
-        axes = list(dict.fromkeys(a for a in (contiguous_axis(op), free[-1]) if a is not None and a in free))
+        axes = const_index_vector_axes(state.stages[stage_id].op)
         return [(unroll_const_indices(state, stage_id, a)[0], stage_id - 1) for a in axes]
 
 

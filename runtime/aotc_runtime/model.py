@@ -142,11 +142,14 @@ class CompiledModel:
             for i, p in enumerate(out_ptrs):
                 out_argv[i] = p
             status = self._fn(in_argv, out_argv, self._weights_ptr, self._workspace_ptr)
+        self._check_status(status)
+        return dict(zip(self._output_names, results))
+
+    def _check_status(self, status: int) -> None:
         if status:
             raise RuntimeError(
                 f"model {self.name!r} ({self.path}) failed with status {status} (a kernel could not allocate memory)"
             )
-        return dict(zip(self._output_names, results))
 
     def _bind_inputs(
         self, inputs: Mapping[str, np.ndarray] | Sequence[np.ndarray]
@@ -269,8 +272,7 @@ class CompiledModel:
                     start = clock()
                     status = fn(argv)
                     end = clock()
-                    if status:
-                        raise RuntimeError(f"model {self.name!r} ({self.path}) failed with status {status}")
+                    self._check_status(status)
                     if i >= warmup:
                         spent.append((end - start) * 1e3)
         kernels = {k["symbol"]: k for k in self._manifest["kernels"]}
