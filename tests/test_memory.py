@@ -29,3 +29,25 @@ def test_random_plans_never_overlap_live_buffers():
                 assert ea <= offsets[b.key] or eb <= offsets[a.key], (a, b)
         peak = max(sum(b.nbytes for b in bufs if b.first <= t <= b.last) for t in range(16))
         assert total >= peak
+
+
+def test_buffers_keep_off_recently_read_bytes_where_that_costs_no_workspace():
+    # a is read last at call 2; c, written at call 3, would land on a's bytes at distance 0.
+    bufs = [
+        Lifetime("big", 4096, 0, 0),
+        Lifetime("a", 1000, 1, 2),
+        Lifetime("b", 1000, 2, 3),
+        Lifetime("c", 1000, 3, 4),
+    ]
+    plain, plain_total = plan_memory(bufs, reuse_distance=0)
+    assert plain["c"] == plain["a"]
+    spaced, total = plan_memory(bufs, reuse_distance=2)
+    assert total == plain_total
+    ends = {k: spaced[k] + 1024 for k in spaced}
+    assert ends["c"] <= spaced["a"] or ends["a"] <= spaced["c"]
+
+
+def test_reuse_distance_never_grows_the_workspace():
+    bufs = [Lifetime("a", 1000, 0, 1), Lifetime("b", 1000, 1, 2), Lifetime("c", 1000, 2, 3)]
+    offsets, total = plan_memory(bufs, reuse_distance=2)
+    assert total == 2 * 1024 and offsets["a"] == offsets["c"]
