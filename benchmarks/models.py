@@ -8,7 +8,8 @@ Per model, in a fresh private store (`$AOTC_HOME` under the output folder; no sh
 an untuned build (default schedules), a tuned build with a budget of trials-per-task x tasks trials or
 the deadline, whichever comes first, and a second build with a fresh records file that should find every
 kernel in the store (0 trials, the same kernels). The tuned and untuned packages and onnxruntime run at 2
-threads in the same run, taking turns (each the best of 3 medians); ratios are the other latency / the
+threads in the same run, taking turns (each the best of 10 medians: load from other tenants of a shared
+host comes in bursts of seconds, and more turns give every runner the same chance of a quiet one); ratios are the other latency / the
 tuned latency (> 1: tuned is faster). The tuned build's report (report.json, report.md, curve.png) stays
 under the output folder. `--quick` runs thin models with 2 trials per task (a smoke run); `mlp` is there
 for the tests.
@@ -121,7 +122,7 @@ def ort_runner(model: Path, inputs: dict) -> Callable[[], object]:
     return lambda: sess.run(None, inputs)
 
 
-def interleaved_ms(runners: dict[str, Callable[[], object]], rounds: int = 3) -> dict[str, float]:
+def interleaved_ms(runners: dict[str, Callable[[], object]], rounds: int = 10) -> dict[str, float]:
     """Per runner, the least of `rounds` median latencies (ms), the runners taking turns so that other
     load on the machine falls on all of them alike."""
     best = dict.fromkeys(runners, math.inf)
