@@ -59,6 +59,11 @@ def _parser() -> argparse.ArgumentParser:
     pr.add_argument("package", type=Path)
     pr.add_argument("--threads", type=int)
     pr.add_argument("--repeat", type=int, default=20, help="profiled runs of the whole plan (default 20)")
+    pr.add_argument(
+        "--alone",
+        action="store_true",
+        help="also time each call back to back (warm, as tuned) and show what the sequence costs it",
+    )
     pr.add_argument("--seed", type=int, default=0)
 
     i = sub.add_parser("inspect", help="describe a package: inputs, outputs, kernels, sizes, provenance")
@@ -210,7 +215,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     model = aotc_runtime.load(str(args.package))
     if args.threads:
         model.num_threads = args.threads
-    calls = model.profile(repeat=args.repeat, seed=args.seed)
+    calls = model.profile(repeat=args.repeat, seed=args.seed, alone=args.alone)
     whole = model.benchmark(seed=args.seed)["median_ms"]
     print(format_profile(calls, whole, model.num_threads))
     return OK

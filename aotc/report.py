@@ -130,21 +130,32 @@ def _jsonable(value):
 
 
 def format_profile(calls: list, whole_ms: float, threads: int) -> str:
-    """`aotc profile`'s table: each kernel call of the plan in order, its median time, share and GFLOP/s,
-    then the sum of the calls against the whole run's median."""
+    """`aotc profile`'s table: each kernel call of the plan in order, its median time, share and GFLOP/s
+    (and, where timed, its median alone and what running in sequence costs it), then the sum of the
+    calls against the whole run's median."""
     total = sum(c.median_ms for c in calls) or math.inf
+    alone = bool(calls) and all(c.alone_ms is not None for c in calls)
     width = max((len(c.kernel) for c in calls), default=6)
+    extra = f"  {'alone ms':>8}  {'lost ms':>8}" if alone else ""
     lines = [
-        f"{'#':>3}  {'kernel':<{width}}  {'median ms':>9}  {'min ms':>8}  {'share':>6}  {'GFLOP/s':>8}",
+        f"{'#':>3}  {'kernel':<{width}}  {'median ms':>9}  {'min ms':>8}  {'share':>6}  {'GFLOP/s':>8}{extra}",
     ]
     for c in calls:
         rate = f"{c.gflops:8.1f}" if c.flops else f"{'-':>8}"
+        cells = f"  {c.alone_ms:8.3f}  {c.median_ms - c.alone_ms:8.3f}" if alone else ""
         lines.append(
             f"{c.index:>3}  {c.kernel:<{width}}  {c.median_ms:9.3f}  {c.min_ms:8.3f}  "
-            f"{c.median_ms / total:6.1%}  {rate}"
+            f"{c.median_ms / total:6.1%}  {rate}{cells}"
         )
+    in_sum = sum(c.median_ms for c in calls)
     lines.append(
-        f"{len(calls)} kernel calls at {threads} threads: {sum(c.median_ms for c in calls):.3f} ms in sum; "
+        f"{len(calls)} kernel calls at {threads} threads: {in_sum:.3f} ms in sum; "
         f"the whole run (one call of the entry function) {whole_ms:.3f} ms"
     )
+    if alone:
+        alone_sum = sum(c.alone_ms for c in calls)
+        lines.append(
+            f"each call alone (back to back, caches warm): {alone_sum:.3f} ms in sum; "
+            f"{in_sum - alone_sum:.3f} ms lost to running in sequence"
+        )
     return "\n".join(lines)

@@ -45,7 +45,10 @@ def test_build_inspect_run_validate(tmp_path, mlp_recipe, capsys):
     table = capsys.readouterr().out
     plan = aotc_runtime.read_manifest(str(pkg))["execution_plan"]
     assert all(call["kernel"] in table for call in plan)
-    assert f"{len(plan)} kernel calls at 1 threads" in table
+    assert f"{len(plan)} kernel calls at 1 threads" in table and "alone ms" not in table
+    assert main(["profile", str(pkg), "--repeat", "2", "--alone"]) == 0
+    table = capsys.readouterr().out
+    assert "alone ms" in table and "lost to running in sequence" in table
     assert main(["profile", str(pkg), "--repeat", "0"]) == 2
 
 

@@ -191,10 +191,18 @@ def test_profile_times_each_call_and_computes_what_run_computes(tiny_model):
     calls = tiny_model.profile({"x": x}, outputs={"y": y}, repeat=4, warmup=1)
     np.testing.assert_allclose(y, tiny_reference(x), rtol=1e-6)
     assert [(c.index, c.kernel, c.task) for c in calls] == [(0, "k_add", "add"), (1, "k_relu", "relu")]
-    assert all(0 < c.min_ms <= c.median_ms for c in calls)
+    assert all(0 < c.min_ms <= c.median_ms and c.alone_ms is None for c in calls)
     seeded = np.full(SHAPE, np.nan, np.float32)
     tiny_model.profile(outputs={"y": seeded}, repeat=1, warmup=0, seed=5)
     np.testing.assert_allclose(seeded, tiny_reference(tiny_model.random_inputs(5)[0]), rtol=1e-6)
+
+
+def test_profile_alone_times_each_call_back_to_back_and_still_computes_the_outputs(tiny_model):
+    x = x_input(4)
+    y = np.full(SHAPE, np.nan, np.float32)
+    calls = tiny_model.profile({"x": x}, outputs={"y": y}, repeat=3, warmup=1, alone=True)
+    np.testing.assert_allclose(y, tiny_reference(x), rtol=1e-6)
+    assert all(c.alone_ms is not None and c.alone_ms > 0 for c in calls)
 
 
 def test_profile_reports_a_failing_kernel(tmp_path):

@@ -37,7 +37,8 @@ class TensorInfo:
 @dataclass(frozen=True)
 class KernelTime:
     """One call of the execution plan, timed in place: its median and least milliseconds over the
-    profiled runs, and its floating-point operations (0 where the manifest does not say)."""
+    profiled runs, and its floating-point operations (0 where the manifest does not say). `alone_ms`,
+    when asked for, is its median repeated back to back, its data warm as the tuner measured it."""
 
     index: int
     kernel: str
@@ -45,6 +46,7 @@ class KernelTime:
     median_ms: float
     min_ms: float
     flops: int
+    alone_ms: float | None = None
 
     @property
     def gflops(self) -> float:
@@ -256,11 +258,13 @@ class CompiledModel:
         repeat: int = 20,
         warmup: int = 3,
         seed: int = 0,
+        alone: bool = False,
     ) -> list[KernelTime]:
         """Time every kernel call of the execution plan where it runs: the whole plan is run `repeat`
         times, kernel by kernel through the library's exported kernels, so each call sees the caches
-        its predecessors left, as in `run`. Inputs are seeded random ones when None; preallocated
-        `outputs` (by name) are filled as `run` fills them."""
+        its predecessors left, as in `run`. With `alone`, one more pass runs each call `repeat` times
+        back to back. Inputs are seeded random ones when None; preallocated `outputs` (by name) are
+        filled as `run` fills them."""
         feeds, in_ptrs = self._bind_inputs(inputs if inputs is not None else self.random_inputs(seed))
         _outputs, out_ptrs = self._bind_outputs(outputs, feeds, in_ptrs)  # alive while kernels write
         calls = self._plan_calls(in_ptrs, out_ptrs)
@@ -275,6 +279,7 @@ class CompiledModel:
                     self._check_status(status)
                     if i >= warmup:
                         spent.append((end - start) * 1e3)
+            alone_ms = [self._time_alone(fn, argv, max(repeat, 1)) for fn, argv in calls] if alone else None
         kernels = {k["symbol"]: k for k in self._manifest["kernels"]}
         timed = []
         for i, (call, spent) in enumerate(zip(self._manifest["execution_plan"], times)):
@@ -287,9 +292,22 @@ class CompiledModel:
                     statistics.median(spent),
                     min(spent),
                     int(info.get("flops", 0)),
+                    None if alone_ms is None else alone_ms[i],
                 )
             )
         return timed
+
+    def _time_alone(self, fn: ctypes._CFuncPtr, argv: ctypes.Array, repeat: int) -> float:
+        """Median ms of one call run `repeat` times back to back, after one untimed run."""
+        clock = time.perf_counter
+        self._check_status(fn(argv))
+        spent = []
+        for _ in range(repeat):
+            start = clock()
+            status = fn(argv)
+            spent.append((clock() - start) * 1e3)
+            self._check_status(status)
+        return statistics.median(spent)
 
     def _plan_calls(
         self, in_ptrs: list[int], out_ptrs: list[int]
