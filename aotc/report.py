@@ -133,7 +133,8 @@ def format_profile(calls: list, whole_ms: float, threads: int) -> str:
     """`aotc profile`'s table: each kernel call of the plan in order, its median time, share and GFLOP/s
     (and, where timed, its median alone and what running in sequence costs it), then the sum of the
     calls against the whole run's median."""
-    total = sum(c.median_ms for c in calls) or math.inf
+    in_sum = sum(c.median_ms for c in calls)
+    total = in_sum or math.inf
     alone = bool(calls) and all(c.alone_ms is not None for c in calls)
     width = max((len(c.kernel) for c in calls), default=6)
     extra = f"  {'alone ms':>8}  {'lost ms':>8}" if alone else ""
@@ -147,7 +148,6 @@ def format_profile(calls: list, whole_ms: float, threads: int) -> str:
             f"{c.index:>3}  {c.kernel:<{width}}  {c.median_ms:9.3f}  {c.min_ms:8.3f}  "
             f"{c.median_ms / total:6.1%}  {rate}{cells}"
         )
-    in_sum = sum(c.median_ms for c in calls)
     lines.append(
         f"{len(calls)} kernel calls at {threads} threads: {in_sum:.3f} ms in sum; "
         f"the whole run (one call of the entry function) {whole_ms:.3f} ms"

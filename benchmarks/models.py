@@ -9,10 +9,10 @@ an untuned build (default schedules), a tuned build with a budget of trials-per-
 the deadline, whichever comes first, and a second build with a fresh records file that should find every
 kernel in the store (0 trials, the same kernels). The tuned and untuned packages and onnxruntime run at 2
 threads in the same run, taking turns (each the best of 10 medians: load from other tenants of a shared
-host comes in bursts of seconds, and more turns give every runner the same chance of a quiet one); ratios are the other latency / the
-tuned latency (> 1: tuned is faster). The tuned build's report (report.json, report.md, curve.png) stays
-under the output folder. `--quick` runs thin models with 2 trials per task (a smoke run); `mlp` is there
-for the tests.
+host comes in bursts of seconds, and more turns give every runner the same chance of a quiet one);
+ratios are the other latency / the tuned latency (> 1: tuned is faster). The tuned build's report
+(report.json, report.md, curve.png) stays under the output folder. `--quick` runs thin models with 2
+trials per task (a smoke run); `mlp` is there for the tests.
 """
 
 from __future__ import annotations
