@@ -678,3 +678,21 @@ def test_aarch64_object_emission():
     obj = compile_to_object(build_llvm_ir([f, g], target), target)
     assert isinstance(obj, bytes) and obj[:4] == b"\x7fELF"
     assert obj[18] == 183  # e_machine == EM_AARCH64
+
+
+def test_parallel_chunks_run_every_iteration_once(tmp_path):
+    """Threads claim chunks of their own block and then of the others': no iteration is lost or repeated,
+    whatever the team size (70 threads exceeds the counters of one frame: each runs its own block)."""
+    N, B = Buffer("N", "int64", (1,)), Buffer("B", "int32", (4096,))
+    i = Var("i")
+    body = loop(
+        i, Load(N, (const(0),)), P, BufferStore(B, Load(B, (i,)) + cast("int32", const(1)), (i,)), 4096
+    )
+    lib = build(tmp_path, PrimFunc("count", (N, B), body))
+    for threads in (1, 2, 3, 5, 70):
+        lib.set_num_threads(threads)
+        for n in (0, 1, 2, 3, 7, 8, 17, 100, 1000, 4096):
+            b = np.zeros(4096, np.int32)
+            lib.kernel("count")(np.array([n], np.int64), b)
+            expected = (np.arange(4096) < n).astype(np.int32)
+            np.testing.assert_array_equal(b, expected, err_msg=f"{threads} threads, extent {n}")

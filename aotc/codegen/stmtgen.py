@@ -34,6 +34,9 @@ from aotc.ir.stmt import (
 MAX_STACK_BYTES = 256 * 1024
 MAX_UNROLL = 512
 MAX_LANES = 64
+MAX_TEAM = 64
+CACHE_LINE = 64
+CHUNKS_PER_THREAD = 8
 _MISSING = object()
 
 
@@ -333,6 +336,17 @@ class StmtGen(ExprGen):
         if status:
             values.append(("ptr", status))
             fb.emit(f"store i32 0, ptr {status}")
+        counters = fb.alloca("i8", MAX_TEAM * CACHE_LINE, CACHE_LINE)
+        max_threads = self.mod.declare("omp_get_max_threads", "declare i32 @omp_get_max_threads() nounwind")
+        team = fb.op(f"call i32 {max_threads}()")
+        team = fb.op(f"call i32 @llvm.smin.i32(i32 {team}, i32 {MAX_TEAM})")
+        self.mod.intrinsic("llvm.smin.i32", "i32", ["i32", "i32"])
+        self.mod.intrinsic("llvm.memset.p0.i64", "void", ["ptr", "i8", "i64", "i1"])
+        size = fb.op(f"mul nsw i64 {fb.op(f'sext i32 {team} to i64')}, {CACHE_LINE}")
+        fb.emit(
+            f"call void @llvm.memset.p0.i64(ptr align {CACHE_LINE} {counters}, i8 0, i64 {size}, i1 false)"
+        )
+        values.append(("ptr", counters))
         closure = fb.alloca("i64", len(values), 8)
         for k, (ty, ref) in enumerate(values):
             slot = fb.op(f"getelementptr i64, ptr {closure}, i64 {k}") if k else closure
@@ -355,7 +369,8 @@ class StmtGen(ExprGen):
         for k, ty in enumerate(types):
             slot = fb.op(f"getelementptr i64, ptr %closure, i64 {k}") if k else "%closure"
             loaded.append(fb.op(f"load {ty}, ptr {slot}"))
-        status = loaded[-1] if _may_fail(s.body) else None
+        counters = loaded[-1]
+        status = loaded[-2] if _may_fail(s.body) else None
 
         def exit_failure() -> None:
             if status is not None:
@@ -369,24 +384,55 @@ class StmtGen(ExprGen):
             gen.bind_buffer(b, ref)
         for v, ref in zip(vars_, loaded[1 + len(bufs) :]):
             gen.env[v] = Val(ref, self.env[v].dtype)  # type: ignore[union-attr]
-        begin, end = gen._thread_range(Val(loaded[0], "int64"))
-        gen.loop(s.var, begin, end, lambda: gen.stmt(s.body))
+        gen._claim_chunks(s.var, Val(loaded[0], "int64"), counters, lambda: gen.stmt(s.body))
         fb.ret("void")
         self.mod.functions.append(fb.render())
         return f'"{name}"'
 
-    def _thread_range(self, ext: Val) -> tuple[Val, Val]:
-        """This thread's block of [0, ext): sizes differ by at most one iteration."""
+    def _claim_chunks(self, var: Var, ext: Val, counters: str, body: Callable[[], None]) -> None:
+        """Run `body` over this thread's share of [0, ext), then over what is left of the others' shares.
+
+        Each thread's block (as a static schedule gives it) is cut into `CHUNKS_PER_THREAD` chunks that
+        threads claim through the block's counter (one cache line each in the caller's frame): its owner
+        claims them in order, and a thread that ran out claims the rest. A quiet machine runs the static
+        schedule; a core slowed down by another tenant no longer holds the whole region up.
+        """
         mod, fb = self.mod, self.fb
         num = mod.declare("omp_get_num_threads", "declare i32 @omp_get_num_threads() nounwind")
         tid = mod.declare("omp_get_thread_num", "declare i32 @omp_get_thread_num() nounwind")
         n = Val(fb.op(f"sext i32 {fb.op(f'call i32 {num}()')} to i64"), "int64")
         t = Val(fb.op(f"sext i32 {fb.op(f'call i32 {tid}()')} to i64"), "int64")
+        shared = self.icmp("sle", n, const_val(MAX_TEAM, "int64"))
+        own = fb.alloca("i64", 1, 8)
+        fb.emit(f"store i64 0, ptr {own}")
+        victims = Val(fb.op(f"select i1 {shared.ref}, i64 {n.ref}, i64 1"), "int64")
         q, r = self.inst("sdiv", ext, n), self.inst("srem", ext, n)
-        begin = self.inst("add nsw", self.inst("mul nsw", t, q), self.intrinsic("smin", [t, r]))
-        extra = self.cast_val(self.icmp("slt", t, r), "int64")
-        end = self.inst("add nsw", self.inst("add nsw", begin, q), extra)
-        return begin, end
+        rounds = Var("steal", "int64")
+
+        def claim_from_victim() -> None:
+            v = self.inst("srem", self.inst("add nsw", t, self.env[rounds]), n)
+            begin = self.inst("add nsw", self.inst("mul nsw", v, q), self.intrinsic("smin", [v, r]))
+            size = self.inst("add nsw", q, self.cast_val(self.icmp("slt", v, r), "int64"))
+            end = self.inst("add nsw", begin, size)
+            per_chunk = self.inst("add nsw", size, const_val(CHUNKS_PER_THREAD - 1, "int64"))
+            per_chunk = self.inst("sdiv", per_chunk, const_val(CHUNKS_PER_THREAD, "int64"))
+            chunk = self.intrinsic("smax", [per_chunk, const_val(1, "int64")])
+            offset = self.inst("mul nsw", v, const_val(CACHE_LINE, "int64"))
+            line = fb.op(f"getelementptr i8, ptr {counters}, i64 {offset.ref}")
+            slot = fb.op(f"select i1 {shared.ref}, ptr {line}, ptr {own}")
+            claim, run, done = fb.label("claim"), fb.label("chunk"), fb.label("claimed")
+            fb.br(claim)
+            fb.start_block(claim)
+            k = Val(fb.op(f"atomicrmw add ptr {slot}, i64 1 monotonic, align 8"), "int64")
+            lo = self.inst("add nsw", begin, self.inst("mul nsw", k, chunk))
+            fb.cond_br(self.icmp("slt", lo, end).ref, run, done)
+            fb.start_block(run)
+            hi = self.intrinsic("smin", [self.inst("add nsw", lo, chunk), end])
+            self.loop(var, lo, hi, body)
+            fb.br(claim)
+            fb.start_block(done)
+
+        self.loop(rounds, const_val(0, "int64"), victims, claim_from_victim)
 
     # ------------------------------------------------------------ allocation
 
