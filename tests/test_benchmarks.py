@@ -53,3 +53,19 @@ def test_models_benchmark_quick_run_tunes_then_builds_from_the_store(tmp_path, c
 def test_tuning_benchmark_quick_run(capsys):
     assert _import("tuning").main(["--quick"]) == 0
     assert "gemm 128^3" in capsys.readouterr().out
+
+
+def test_contention_benchmark_runs_packages_next_to_onnxruntime(tmp_path, capsys):
+    from aotc import models as example_models
+    from aotc.build import build
+    from aotc.recipe import load_recipe
+
+    bench = _import("models")
+    model = example_models.save(example_models.mlp(), tmp_path / "mlp.onnx")
+    with bench.private_store(tmp_path / "home"):
+        package = build(load_recipe(bench.write_recipe(tmp_path / "pkg", model, "{trials: 0}"))).package
+    capsys.readouterr()
+    assert _import("contention").main([str(model), str(package), "--rounds", "1"]) == 0
+    rows = {line.split()[0]: line.split()[1:] for line in capsys.readouterr().out.splitlines()[1:-1]}
+    assert set(rows) == {"onnxruntime", str(package)}
+    assert rows["onnxruntime"][2:] == ["1.000", "1.000"]
