@@ -682,17 +682,21 @@ def test_aarch64_object_emission():
 
 def test_parallel_chunks_run_every_iteration_once(tmp_path):
     """Threads claim chunks of their own block and then of the others': no iteration is lost or repeated,
-    whatever the team size (70 threads exceeds the counters of one frame: each runs its own block)."""
-    N, B = Buffer("N", "int64", (1,)), Buffer("B", "int32", (4096,))
-    i = Var("i")
-    body = loop(
-        i, Load(N, (const(0),)), P, BufferStore(B, Load(B, (i,)) + cast("int32", const(1)), (i,)), 4096
-    )
-    lib = build(tmp_path, PrimFunc("count", (N, B), body))
+    whatever the team size (70 threads exceeds the counters of one frame: each runs its own block). Two
+    parallel loops in one function share the counters, zeroed again before the second."""
+    N, B, C = Buffer("N", "int64", (1,)), Buffer("B", "int32", (4096,)), Buffer("C", "int32", (4096,))
+    i, j = Var("i"), Var("j")
+
+    def count(var, buf):
+        one = cast("int32", const(1))
+        return loop(var, Load(N, (const(0),)), P, BufferStore(buf, Load(buf, (var,)) + one, (var,)), 4096)
+
+    lib = build(tmp_path, PrimFunc("count", (N, B, C), seq(count(i, B), count(j, C))))
     for threads in (1, 2, 3, 5, 70):
         lib.set_num_threads(threads)
         for n in (0, 1, 2, 3, 7, 8, 17, 100, 1000, 4096):
-            b = np.zeros(4096, np.int32)
-            lib.kernel("count")(np.array([n], np.int64), b)
+            b, c = np.zeros(4096, np.int32), np.zeros(4096, np.int32)
+            lib.kernel("count")(np.array([n], np.int64), b, c)
             expected = (np.arange(4096) < n).astype(np.int32)
             np.testing.assert_array_equal(b, expected, err_msg=f"{threads} threads, extent {n}")
+            np.testing.assert_array_equal(c, expected, err_msg=f"second loop: {threads} threads, extent {n}")

@@ -104,6 +104,7 @@ class StmtGen(ExprGen):
         self.exit_failure = exit_failure
         self.in_parallel = in_parallel
         self.heap: list[str] = []
+        self.counters: str | None = None  # the chunk counters every parallel loop of this function reuses
 
     @contextmanager
     def bind(self, var: Var, val: Val | Ramp) -> Iterator[None]:
@@ -336,7 +337,9 @@ class StmtGen(ExprGen):
         if status:
             values.append(("ptr", status))
             fb.emit(f"store i32 0, ptr {status}")
-        counters = fb.alloca("i8", MAX_TEAM * CACHE_LINE, CACHE_LINE)
+        if self.counters is None:
+            self.counters = fb.alloca("i8", MAX_TEAM * CACHE_LINE, CACHE_LINE)
+        counters = self.counters
         max_threads = self.mod.declare("omp_get_max_threads", "declare i32 @omp_get_max_threads() nounwind")
         team = fb.op(f"call i32 {max_threads}()")
         team = fb.op(f"call i32 @llvm.smin.i32(i32 {team}, i32 {MAX_TEAM})")
