@@ -64,7 +64,7 @@ def load_model(recipe: Recipe) -> Graph:
         graph = load_tflite(str(recipe.model), input_shapes=shapes)
     else:
         raise BuildError(f"{recipe.model}: unsupported model format {suffix!r} (expected .onnx or .tflite)")
-    return optimize(graph, winograd=recipe.winograd)
+    return optimize(graph, winograd=recipe.winograd, nhwc=recipe.nhwc)
 
 
 # Time kept back from a deadline for what follows tuning: reloading records, lowering, LLVM codegen,

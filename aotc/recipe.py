@@ -23,7 +23,7 @@ DEFAULT_TARGET = "llvm -mcpu=native"
 DTYPES = ("float32", "float16", "float64", "int8", "uint8", "int16", "int32", "int64", "bool")
 MODEL_SUFFIXES = (".onnx", ".tflite")
 
-_TOP_KEYS = ("model", "inputs", "target", "output", "tuning", "validate", "winograd")
+_TOP_KEYS = ("model", "inputs", "target", "output", "tuning", "validate", "winograd", "nhwc")
 _INPUT_KEYS = ("shape", "dtype")
 _TUNING_KEYS = ("trials", "deadline", "records", "tophub")
 _TAG = "tag:yaml.org,2002:"
@@ -67,6 +67,7 @@ class Recipe:
     tuning: TuningSpec
     validate: bool
     winograd: bool = True
+    nhwc: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved recipe: absolute paths, defaults filled, the target made concrete for this host."""
@@ -86,6 +87,7 @@ class Recipe:
             },
             "validate": self.validate,
             "winograd": self.winograd,
+            "nhwc": self.nhwc,
         }
 
 
@@ -144,6 +146,7 @@ class _Loader:
             tuning=self.optional(entries, "tuning", self.tuning, TuningSpec()),
             validate=self.optional(entries, "validate", self.boolean, True),
             winograd=self.optional(entries, "winograd", self.boolean, True),
+            nhwc=self.optional(entries, "nhwc", self.boolean, False),
         )
 
     def compose(self) -> Node:

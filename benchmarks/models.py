@@ -2,7 +2,7 @@
 `aotc build`, then build each again from the tophub store.
 
     python benchmarks/models.py [--models resnet18,mobilenet_v2,transformer] [--trials-per-task 200]
-                                [--deadline 30m] [--out DIR] [--quick] [-v]
+                                [--deadline 30m] [--out DIR] [--nhwc] [--quick] [-v]
 
 Per model, in a fresh private store (`$AOTC_HOME` under the output folder; no shipped or shared stores):
 an untuned build (default schedules), a tuned build with a budget of trials-per-task x tasks trials or
@@ -91,12 +91,13 @@ def private_store(home: Path) -> Iterator[None]:
                 os.environ[key] = value
 
 
-def write_recipe(folder: Path, model: Path, tuning: str) -> Path:
+def write_recipe(folder: Path, model: Path, tuning: str, nhwc: bool = False) -> Path:
     """A recipe building `model` into `folder/<model stem>.aotc` (validated against onnxruntime)."""
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "recipe.yaml"
     output = folder / f"{model.stem}.aotc"
-    path.write_text(f"model: {model}\noutput: {output}\nvalidate: true\ntuning: {tuning}\n")
+    layout = "nhwc: true\n" if nhwc else ""
+    path.write_text(f"model: {model}\noutput: {output}\nvalidate: true\n{layout}tuning: {tuning}\n")
     return path
 
 
@@ -140,16 +141,20 @@ def run_model(
     deadline: str,
     options: TuningOptions | None,
     log: Callable[[str], None],
+    nhwc: bool = False,
 ) -> ModelRun:
     workdir.mkdir(parents=True)
     model = models.save(make(), workdir / f"{name}.onnx")
     with private_store(workdir / "home"):
-        untuned = build(load_recipe(write_recipe(workdir / "untuned", model, "{tophub: none}")), log=log)
+        untuned = build(
+            load_recipe(write_recipe(workdir / "untuned", model, "{tophub: none}", nhwc)), log=log
+        )
         budget = trials_per_task * len(untuned.tasks)
 
         def tuned_build(folder: Path) -> BuildResult:
             tuning = f"{{trials: {budget}, deadline: {deadline}, records: {folder / 'records.jsonl'}}}"
-            return build(load_recipe(write_recipe(folder, model, tuning)), log=log, tuning_options=options)
+            recipe = load_recipe(write_recipe(folder, model, tuning, nhwc))
+            return build(recipe, log=log, tuning_options=options)
 
         tuned = tuned_build(workdir / "tuned")
         again = tuned_build(workdir / "from_store")
@@ -205,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--deadline", default="30m", help="tuning deadline per model build (e.g. 30m, 90s, 600)")
     ap.add_argument("--out", default="", help="folder for the builds and reports (default: a new temp dir)")
     ap.add_argument("--quick", action="store_true", help="thin models, 2 trials per task (a smoke run)")
+    ap.add_argument("--nhwc", action="store_true", help="build with `nhwc: true` (convolutions in NHWC)")
     ap.add_argument("-v", "--verbose", action="store_true", help="show the builds' logs")
     args = ap.parse_args(argv)
     names = [n for n in args.models.split(",") if n]
@@ -227,7 +233,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"builds and reports under {out}", flush=True)
     runs = []
     for name in names:
-        run = run_model(name, table[name], out / name, trials_per_task, args.deadline, options, log)
+        run = run_model(
+            name, table[name], out / name, trials_per_task, args.deadline, options, log, args.nhwc
+        )
         print("\n".join(format_run(run, args.deadline)), flush=True)
         runs.append(run)
     print(

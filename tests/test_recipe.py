@@ -46,6 +46,7 @@ def test_full_recipe(write, tmp_path):
         "  tophub: [hub, https://example.com/bundle.tophub]\n"
         "validate: false\n"
         "winograd: false\n"
+        "nhwc: true\n"
     )
     r = load_recipe(path)
     assert r.path == path.resolve()
@@ -59,7 +60,7 @@ def test_full_recipe(write, tmp_path):
         tmp_path / "tuning" / "m.jsonl",
         [str(tmp_path / "hub"), "https://example.com/bundle.tophub"],
     )
-    assert r.validate is False and r.winograd is False
+    assert r.validate is False and r.winograd is False and r.nhwc is True
 
 
 def test_defaults_are_resolved(write, tmp_path):
@@ -71,7 +72,7 @@ def test_defaults_are_resolved(write, tmp_path):
     assert d["target"] == str(parse_target("llvm -mcpu=native")) and "native" not in d["target"]
     assert d["model"] == str(tmp_path / "models" / "m.onnx")
     assert d["output"] == str(tmp_path / "build" / "m.aotc")
-    assert d["validate"] is True and d["winograd"] is True
+    assert d["validate"] is True and d["winograd"] is True and d["nhwc"] is False
     assert d["tuning"] == {"trials": None, "deadline": None, "records": None, "tophub": None}
 
 
@@ -130,6 +131,7 @@ ERRORS = [
     (GOOD + "inputs:\n  x: {shape: [1], dtyp: float32}\n", 3, "inputs.x.dtyp", "did you mean 'dtype'?"),
     (GOOD + "validate: maybe\n", 2, "validate", "expected a boolean"),
     (GOOD + "winograd: 1\n", 2, "winograd", "expected a boolean"),
+    (GOOD + "nhwc: yes please\n", 2, "nhwc", "expected a boolean"),
     (GOOD + "target: 3\n", 2, "target", "expected a string, got an integer '3'"),
     (GOOD + "inputs: [x]\n", 2, "inputs", "expected a mapping, got a list"),
     (GOOD + "inputs:\n  x: {shape: 3}\n", 3, "inputs.x.shape", "expected a list of dimensions"),

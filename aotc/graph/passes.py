@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from aotc.graph.ir import Graph, Node, TensorType, Value
+from aotc.graph.layout import to_nhwc
 from aotc.topi import winograd
 
 IDENTITY_OPS = frozenset({"identity"})
@@ -18,9 +19,11 @@ WINOGRAD_MAX_WEIGHT_BYTES = 16 << 20
 WINOGRAD_MIN_CHANNELS = 16
 
 
-def optimize(graph: Graph, winograd: bool = True) -> Graph:
+def optimize(graph: Graph, winograd: bool = True, nhwc: bool = False) -> Graph:
     graph = remove_identities(graph)
     graph = fold_batch_norm(graph)
+    if nhwc:
+        graph = to_nhwc(eliminate_dead_code(graph))
     graph = fold_input_zero_point(graph)
     if winograd:
         graph = winograd_convolutions(graph)

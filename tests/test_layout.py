@@ -1,0 +1,56 @@
+"""The NHWC layout pass: same outputs as the NCHW graph (numpy reference), convs rewritten, few transposes."""
+
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from aotc import models
+from aotc.build import build
+from aotc.frontend.onnx import load_onnx
+from aotc.graph.interpret import run_graph
+from aotc.graph.layout import to_nhwc
+from aotc.graph.passes import fold_batch_norm, remove_identities
+from aotc.recipe import load_recipe
+
+CASES = {
+    "small_cnn": lambda: models.small_cnn(),
+    "mobilenet_v2": lambda: models.mobilenet_v2(width_mult=0.35, size=32, classes=10),
+    "resnet18": lambda: models.resnet18(width=8, size=32, classes=10),
+}
+
+
+def _graph(case):
+    return fold_batch_norm(remove_identities(load_onnx(CASES[case]().SerializeToString())))
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_nhwc_graph_computes_the_same_outputs(case):
+    ref_graph, graph = _graph(case), to_nhwc(_graph(case))
+    (x,) = ref_graph.inputs
+    feed = {x.name: np.random.default_rng(0).standard_normal(x.type.shape).astype(np.float32)}
+    ref, out = run_graph(ref_graph, feed), run_graph(graph, feed)
+    assert ref.keys() == out.keys()
+    for name in ref:
+        np.testing.assert_allclose(out[name], ref[name], rtol=1e-4, atol=1e-5 * np.abs(ref[name]).max())
+    ops = Counter(n.op for n in graph.nodes)
+    assert ops["conv2d"] == 0 and ops["conv2d_nhwc"] + ops["depthwise_conv2d_nhwc"] > 0
+    assert ops["transpose"] == 2, ops  # into NHWC at the input, out of it before the classifier
+
+
+def test_graph_without_convs_is_unchanged():
+    graph = load_onnx(models.mlp().SerializeToString())
+    before = [n.op for n in graph.nodes]
+    assert [n.op for n in to_nhwc(graph).nodes] == before
+
+
+def test_nhwc_build_matches_onnxruntime(tmp_path):
+    """`nhwc: true` compiles, and the build's own validation against onnxruntime passes."""
+    model = models.save(models.mobilenet_v2(width_mult=0.35, size=32, classes=10), tmp_path / "m.onnx")
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(
+        f"model: {model}\noutput: {tmp_path / 'm.aotc'}\nnhwc: true\ntuning: {{tophub: none}}\n"
+    )
+    result = build(load_recipe(recipe))
+    assert result.validation  # a mismatch raises ValidationError
+    assert any("nhwc" in t.name for t in result.tasks)
