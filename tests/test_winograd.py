@@ -58,6 +58,7 @@ def _compile(state, name="k"):
     return load_library(path).kernel(name), layouts
 
 
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 @pytest.mark.parametrize(
     "m, shape, out_channels, pads",
     [
@@ -66,14 +67,16 @@ def _compile(state, name="k"):
         (2, (2, 8, 7, 6), 8, (0, 1, 2, 1)),  # asymmetric pads, batch 2
     ],
 )
-def test_default_schedule_matches_onnxruntime(m, shape, out_channels, pads):
+def test_default_schedule_matches_onnxruntime(m, shape, out_channels, pads, layout):
     rng = np.random.default_rng(0)
     x = rng.standard_normal(shape).astype(np.float32)
     w = (rng.standard_normal((out_channels, shape[1], 3, 3)) / np.sqrt(9 * shape[1])).astype(np.float32)
     (ref,) = run_onnxruntime(_conv_model(shape, w, pads), {"x": x})
-    data = te.placeholder(shape, name="data")
+    if layout == "NHWC":
+        x, ref = x.transpose(0, 2, 3, 1).copy(), ref.transpose(0, 2, 3, 1)
+    data = te.placeholder(x.shape, name="data")
     u = te.placeholder((m + 2, m + 2, shape[1], out_channels), name="u", tag=LAYOUT_FREE)
-    dag = te.ComputeDAG([winograd.conv2d_winograd_nchw(data, u, m, pads)])
+    dag = te.ComputeDAG([winograd.conv2d_winograd(data, u, m, pads, layout)])
     kernel, layouts = _compile(default_schedule(dag, host_target()))
     y = np.zeros(ref.shape, np.float32)
     kernel(*apply_layouts([x, winograd.transform_weight(w, m)], layouts), y)
@@ -83,7 +86,7 @@ def test_default_schedule_matches_onnxruntime(m, shape, out_channels, pads):
 def test_default_schedule_unrolls_the_constant_indices():
     data = te.placeholder((1, 16, 8, 8), name="data")
     u = te.placeholder((6, 6, 16, 16), name="u", tag=LAYOUT_FREE)
-    dag = te.ComputeDAG([winograd.conv2d_winograd_nchw(data, u, 4, name="wc")])
+    dag = te.ComputeDAG([winograd.conv2d_winograd(data, u, 4, name="wc")])
     s = default_schedule(dag, host_target())
     for name in ("wc_rows", "wc_data", "wc_cols", "wc"):
         iters = s.stages[s.stage_id(name)].iters
@@ -91,11 +94,12 @@ def test_default_schedule_unrolls_the_constant_indices():
         assert iters[-1].annotation == Annotation.VECTORIZE, name
 
 
-def test_searched_schedules_compute_the_dag():
+@pytest.mark.parametrize("layout, shape", [("NCHW", (1, 16, 9, 10)), ("NHWC", (1, 9, 10, 16))])
+def test_searched_schedules_compute_the_dag(layout, shape):
     """Sketches (with SimplifyComputeWithConstTensor) and their random annotations stay correct."""
-    data = te.placeholder((1, 16, 9, 10), name="data")
+    data = te.placeholder(shape, name="data")
     u = te.placeholder((6, 6, 16, 16), name="u", tag=LAYOUT_FREE)
-    dag = te.ComputeDAG([winograd.conv2d_winograd_nchw(data, u, 4)])
+    dag = te.ComputeDAG([winograd.conv2d_winograd(data, u, 4, layout=layout)])
     sketches = generate_sketches(dag, host_target())
     for sketch in sketches:
         iters = sketch.stages[sketch.stage_id("conv2d_winograd_data")].iters
@@ -144,12 +148,14 @@ def _net(seed: int = 0) -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=IR_VERSION)
 
 
-def test_pass_rewrites_only_the_convs_where_winograd_pays():
+@pytest.mark.parametrize("nhwc", [False, True])
+def test_pass_rewrites_only_the_convs_where_winograd_pays(nhwc):
     model = _net()
-    graph = optimize(load_onnx(model.SerializeToString()))
+    graph = optimize(load_onnx(model.SerializeToString()), nhwc=nhwc)
     ops = [n.op for n in graph.nodes if n.op.startswith("conv")]
-    assert ops == ["conv2d_winograd", "conv2d", "conv2d", "conv2d", "conv2d"]
-    first = next(n for n in graph.nodes if n.op == "conv2d_winograd")
+    suffix = "_nhwc" if nhwc else ""
+    assert ops == [f"conv2d_winograd{suffix}"] + [f"conv2d{suffix}"] * 4
+    first = next(n for n in graph.nodes if n.op.startswith("conv2d_winograd"))
     w1 = numpy_helper.to_array(model.graph.initializer[0])
     np.testing.assert_array_equal(first.inputs[1].data, winograd.transform_weight(w1, 4))
     assert first.attrs == {"tile": 4, "pads": (1, 1, 1, 1)}
@@ -163,13 +169,17 @@ def test_recipe_can_turn_winograd_off(tmp_path):
     assert [n.op for n in graph.nodes if n.op.startswith("conv")] == ["conv2d"] * 5
 
 
-def test_built_package_matches_onnxruntime(tmp_path):
+@pytest.mark.parametrize("nhwc", [False, True])
+def test_built_package_matches_onnxruntime(tmp_path, nhwc):
     model = _net(1)
     (tmp_path / "net.onnx").write_bytes(model.SerializeToString())
     recipe = tmp_path / "net.yaml"
-    recipe.write_text("model: net.onnx\noutput: net.aotc\nvalidate: true\ntuning: {tophub: none}\n")
+    recipe.write_text(
+        f"model: net.onnx\noutput: net.aotc\nvalidate: true\nnhwc: {str(nhwc).lower()}\ntuning: {{tophub: none}}\n"
+    )
     result = build(load_recipe(recipe), log=lambda _: None)
-    assert any(t.name.startswith("conv2d_winograd") for t in result.tasks)
+    task = "conv2d_winograd_nhwc" if nhwc else "conv2d_winograd"
+    assert any(task in t.name for t in result.tasks), [t.name for t in result.tasks]
     x = np.random.default_rng(3).standard_normal((1, 16, 14, 14)).astype(np.float32)
     (ref,) = run_onnxruntime(model, {"x": x})
     got = aotc_runtime.load(str(result.package)).run({"x": x})["y"]

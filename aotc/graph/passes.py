@@ -39,26 +39,33 @@ def winograd_convolutions(graph: Graph, tile: int = 4) -> Graph:
         if not _winograd_fits(node, tile):
             continue
         weight = node.inputs[1]
-        u = winograd.transform_weight(weight.data, tile)
+        oihw = weight.data if node.op == "conv2d" else weight.data.transpose(0, 3, 1, 2)
+        u = winograd.transform_weight(oihw, tile)
         transformed = Value(f"{weight.name}_winograd{tile}", TensorType(u.shape, weight.type.dtype), data=u)
-        node.op = "conv2d_winograd"
+        node.op = "conv2d_winograd" if node.op == "conv2d" else "conv2d_winograd_nhwc"
         node.inputs = [node.inputs[0], transformed, *node.inputs[2:]]
         node.attrs = {"tile": tile, "pads": tuple(int(p) for p in node.attrs.get("pads", (0, 0, 0, 0)))}
     return graph
 
 
 def _winograd_fits(node: Node, tile: int) -> bool:
-    if node.op != "conv2d" or len(node.inputs) < 2 or not node.inputs[1].is_constant:
+    """A float 3x3 stride-1 ungrouped conv2d (OIHW) or conv2d_nhwc (OHWI) worth the transform."""
+    if node.op not in ("conv2d", "conv2d_nhwc") or len(node.inputs) < 2 or not node.inputs[1].is_constant:
         return False
     x, weight = node.inputs[:2]
     if x.type.dtype != "float32" or weight.type.dtype != "float32" or len(x.type.shape) != 4:
         return False
-    k, c, kh, kw = weight.type.shape
+    if node.op == "conv2d":
+        k, c, kh, kw = weight.type.shape
+        channels = x.type.shape[1]
+    else:
+        k, kh, kw, c = weight.type.shape
+        channels = x.type.shape[3]
     attrs = node.attrs
     ones = all(int(v) == 1 for key in ("strides", "dilations") for v in _as_tuple(attrs.get(key, 1)))
     if (kh, kw) != (winograd.KERNEL,) * 2 or not ones or int(attrs.get("groups", 1)) != 1:
         return False
-    if len(_as_tuple(attrs.get("pads", 0))) != 4 or c != x.type.shape[1]:
+    if len(_as_tuple(attrs.get("pads", 0))) != 4 or c != channels:
         return False
     a = tile + winograd.KERNEL - 1
     return min(c, k) >= WINOGRAD_MIN_CHANNELS and a * a * c * k * 4 <= WINOGRAD_MAX_WEIGHT_BYTES

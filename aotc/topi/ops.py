@@ -58,8 +58,16 @@ def _conv2d(inputs, attrs):
 @register("conv2d_winograd", OpPattern.OUT_ELEMWISE_FUSABLE)
 def _conv2d_winograd(inputs, attrs):
     """NCHW data, Winograd-transformed weight [a, a, C, K], optional bias [K]; attrs: tile, pads."""
-    out = winograd.conv2d_winograd_nchw(inputs[0], inputs[1], attrs["tile"], attrs.get("pads", (1, 1, 1, 1)))
+    out = winograd.conv2d_winograd(inputs[0], inputs[1], attrs["tile"], attrs.get("pads", (1, 1, 1, 1)))
     return _with_bias(out, inputs, 1)
+
+
+@register("conv2d_winograd_nhwc", OpPattern.OUT_ELEMWISE_FUSABLE)
+def _conv2d_winograd_nhwc(inputs, attrs):
+    """conv2d_winograd on NHWC data."""
+    pads = attrs.get("pads", (1, 1, 1, 1))
+    out = winograd.conv2d_winograd(inputs[0], inputs[1], attrs["tile"], pads, "NHWC", "conv2d_winograd_nhwc")
+    return _with_bias(out, inputs, 3)
 
 
 @register("conv2d_transpose", OpPattern.OUT_ELEMWISE_FUSABLE)

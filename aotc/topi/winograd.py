@@ -1,4 +1,4 @@
-"""Winograd convolution F(m x m, 3 x 3) in NCHW (Lavin & Gray 2016), as TVM and Ansor use it.
+"""Winograd convolution F(m x m, 3 x 3) in NCHW or NHWC (Lavin & Gray 2016), as TVM and Ansor use it.
 
 A 3x3 stride-1 conv is computed on tiles of m x m outputs from (m + 2) x (m + 2) input tiles:
 V = B^T d B per tile and input channel, M = sum over channels of U * V (a batch of (m + 2)^2 matrix
@@ -93,19 +93,28 @@ def output_tiles(h: int, w: int, pads: tuple[int, int, int, int], m: int) -> tup
     return oh, ow, -(-oh // m), -(-ow // m)
 
 
-def conv2d_winograd_nchw(
+def conv2d_winograd(
     data: Operation,
     u: Operation,
     m: int,
     padding: Sequence[int] = (1, 1, 1, 1),
+    layout: str = "NCHW",
     name: str = "conv2d_winograd",
 ) -> Operation:
-    """NCHW conv with a 3x3 kernel, stride 1, from pre-transformed weights `u` [a, a, C, K]."""
+    """A conv with a 3x3 kernel, stride 1, on `data` in `layout` (NCHW or NHWC), from pre-transformed
+    weights `u` [a, a, C, K]. In NHWC the data transform keeps channels innermost, so the batched
+    products read both operands contiguously along the channels they sum."""
     from aotc.topi.nn import pad
 
+    if layout not in ("NCHW", "NHWC"):
+        raise te.TEError(f"{name}: layout {layout!r} is not NCHW or NHWC")
+    nhwc = layout == "NHWC"
     at, _, bt = matrices(m)
     a = m + KERNEL - 1
-    n, c, h, w = data.shape
+    if nhwc:
+        n, h, w, c = data.shape
+    else:
+        n, c, h, w = data.shape
     if tuple(u.shape[:3]) != (a, a, c):
         raise te.TEError(f"{name}: transformed weight {list(u.shape)} does not fit F({m}, 3) on {c} channels")
     k = u.shape[3]
@@ -114,36 +123,82 @@ def conv2d_winograd_nchw(
     if oh < 1 or ow < 1:
         raise te.TEError(f"{name}: no output for input {list(data.shape)} and pads {list(padding)}")
     # Pad (or crop) so that every tile's input window lies inside.
-    padded = pad(data, (0, 0, pt, pl), (0, 0, m * th + 2 - h - pt, m * tw + 2 - w - pl), name=f"{name}_pad")
+    before, after = (pt, pl), (m * th + 2 - h - pt, m * tw + 2 - w - pl)
+    if nhwc:
+        padded = pad(data, (0, *before, 0), (0, *after, 0), name=f"{name}_pad")
+    else:
+        padded = pad(data, (0, 0, *before), (0, 0, *after), name=f"{name}_pad")
     dtype = data.dtype
     width = m * tw + 2
     # B^T d B as two passes of one dimension each (fewer terms, and small bodies to lower).
-    rows = te.compute(
-        (n, c, th, a, width),
-        lambda nn, cc, t_h, e1, xw: _piecewise(
-            e1,
-            a,
-            lambda i: _combination([(bt[i, r], padded[nn, cc, t_h * m + r, xw]) for r in range(a)], dtype),
-        ),
-        f"{name}_rows",
-        tag="winograd_data",
-        attrs={CONST_INDEX_AXES: ((3, 1),)},
-    )
-    v = te.compute(
-        (n, c, th, a, a, tw),
-        lambda nn, cc, t_h, e1, e2, t_w: _piecewise(
-            e2,
-            a,
-            lambda j: _combination([(bt[j, r], rows[nn, cc, t_h, e1, t_w * m + r]) for r in range(a)], dtype),
-        ),
-        f"{name}_data",
-        tag="winograd_data",
-        attrs={CONST_INDEX_AXES: ((3, 1), (4, 1))},
-    )
+    if nhwc:
+        rows = te.compute(
+            (n, th, a, width, c),
+            lambda nn, t_h, e1, xw, cc: _piecewise(
+                e1,
+                a,
+                lambda i: _combination(
+                    [(bt[i, r], padded[nn, t_h * m + r, xw, cc]) for r in range(a)], dtype
+                ),
+            ),
+            f"{name}_rows",
+            tag="winograd_data",
+            attrs={CONST_INDEX_AXES: ((2, 1),)},
+        )
+        v = te.compute(
+            (n, th, tw, a, a, c),
+            lambda nn, t_h, t_w, e1, e2, cc: _piecewise(
+                e2,
+                a,
+                lambda j: _combination(
+                    [(bt[j, r], rows[nn, t_h, e1, t_w * m + r, cc]) for r in range(a)], dtype
+                ),
+            ),
+            f"{name}_data",
+            tag="winograd_data",
+            attrs={CONST_INDEX_AXES: ((3, 1), (4, 1))},
+        )
+
+        def transformed(nn, cc, t_h, e1, e2, t_w):
+            return v[nn, t_h, t_w, e1, e2, cc]
+
+    else:
+        rows = te.compute(
+            (n, c, th, a, width),
+            lambda nn, cc, t_h, e1, xw: _piecewise(
+                e1,
+                a,
+                lambda i: _combination(
+                    [(bt[i, r], padded[nn, cc, t_h * m + r, xw]) for r in range(a)], dtype
+                ),
+            ),
+            f"{name}_rows",
+            tag="winograd_data",
+            attrs={CONST_INDEX_AXES: ((3, 1),)},
+        )
+        v = te.compute(
+            (n, c, th, a, a, tw),
+            lambda nn, cc, t_h, e1, e2, t_w: _piecewise(
+                e2,
+                a,
+                lambda j: _combination(
+                    [(bt[j, r], rows[nn, cc, t_h, e1, t_w * m + r]) for r in range(a)], dtype
+                ),
+            ),
+            f"{name}_data",
+            tag="winograd_data",
+            attrs={CONST_INDEX_AXES: ((3, 1), (4, 1))},
+        )
+
+        def transformed(nn, cc, t_h, e1, e2, t_w):
+            return v[nn, cc, t_h, e1, e2, t_w]
+
     rc = te.reduce_axis(c, "rc")
     prod = te.compute(
         (a, a, n, th, tw, k),
-        lambda e1, e2, nn, t_h, t_w, kk: te.sum(v[nn, rc.var, t_h, e1, e2, t_w] * u[e1, e2, rc.var, kk], rc),
+        lambda e1, e2, nn, t_h, t_w, kk: te.sum(
+            transformed(nn, rc.var, t_h, e1, e2, t_w) * u[e1, e2, rc.var, kk], rc
+        ),
         f"{name}_gemm",
         tag="winograd_gemm",
     )
@@ -159,15 +214,27 @@ def conv2d_winograd_nchw(
         tag="winograd_out",
         attrs={CONST_INDEX_AXES: ((1, 1),)},
     )
-    return te.compute(
-        (n, k, oh, ow),
-        lambda nn, kk, yy, xx: _piecewise(
+
+    def output(nn, kk, yy, xx):
+        return _piecewise(
             yy % m,
             m,
             lambda i: _combination(
                 [(at[i, e], cols[e, xx % m, nn, yy // m, xx // m, kk]) for e in range(a)], dtype
             ),
-        ),
+        )
+
+    if nhwc:
+        return te.compute(
+            (n, oh, ow, k),
+            lambda nn, yy, xx, kk: output(nn, kk, yy, xx),
+            name,
+            tag="winograd_out",
+            attrs={CONST_INDEX_AXES: ((1, m), (2, m))},
+        )
+    return te.compute(
+        (n, k, oh, ow),
+        output,
         name,
         tag="winograd_out",
         attrs={CONST_INDEX_AXES: ((2, m), (3, m))},
