@@ -14,7 +14,9 @@ every coefficient becomes a literal and the zero terms vanish (Ansor's
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from fractions import Fraction
 
 import numpy as np
@@ -93,6 +95,14 @@ def output_tiles(h: int, w: int, pads: tuple[int, int, int, int], m: int) -> tup
     return oh, ow, -(-oh // m), -(-ow // m)
 
 
+# Axis order of each stage per layout, as positions in its NCHW-ordered logical axes: in NHWC the
+# channels (input c, output k) go innermost.
+_ORDERS = {
+    "NCHW": {"data": (0, 1, 2, 3), "rows": (0, 1, 2, 3, 4), "v": (0, 1, 2, 3, 4, 5)},
+    "NHWC": {"data": (0, 2, 3, 1), "rows": (0, 2, 3, 4, 1), "v": (0, 2, 5, 3, 4, 1)},
+}
+
+
 def conv2d_winograd(
     data: Operation,
     u: Operation,
@@ -106,15 +116,12 @@ def conv2d_winograd(
     products read both operands contiguously along the channels they sum."""
     from aotc.topi.nn import pad
 
-    if layout not in ("NCHW", "NHWC"):
-        raise te.TEError(f"{name}: layout {layout!r} is not NCHW or NHWC")
-    nhwc = layout == "NHWC"
+    if layout not in _ORDERS:
+        raise te.TEError(f"{name}: layout {layout!r} is not one of {', '.join(_ORDERS)}")
+    order = _ORDERS[layout]
     at, _, bt = matrices(m)
     a = m + KERNEL - 1
-    if nhwc:
-        n, h, w, c = data.shape
-    else:
-        n, c, h, w = data.shape
+    n, c, h, w = _logical(data.shape, order["data"])
     if tuple(u.shape[:3]) != (a, a, c):
         raise te.TEError(f"{name}: transformed weight {list(u.shape)} does not fit F({m}, 3) on {c} channels")
     k = u.shape[3]
@@ -123,82 +130,39 @@ def conv2d_winograd(
     if oh < 1 or ow < 1:
         raise te.TEError(f"{name}: no output for input {list(data.shape)} and pads {list(padding)}")
     # Pad (or crop) so that every tile's input window lies inside.
-    before, after = (pt, pl), (m * th + 2 - h - pt, m * tw + 2 - w - pl)
-    if nhwc:
-        padded = pad(data, (0, *before, 0), (0, *after, 0), name=f"{name}_pad")
-    else:
-        padded = pad(data, (0, 0, *before), (0, 0, *after), name=f"{name}_pad")
+    before = _physical((0, 0, pt, pl), order["data"])
+    after = _physical((0, 0, m * th + 2 - h - pt, m * tw + 2 - w - pl), order["data"])
+    padded = _in_order(pad(data, before, after, name=f"{name}_pad"), order["data"])
     dtype = data.dtype
-    width = m * tw + 2
     # B^T d B as two passes of one dimension each (fewer terms, and small bodies to lower).
-    if nhwc:
-        rows = te.compute(
-            (n, th, a, width, c),
-            lambda nn, t_h, e1, xw, cc: _piecewise(
-                e1,
-                a,
-                lambda i: _combination(
-                    [(bt[i, r], padded[nn, t_h * m + r, xw, cc]) for r in range(a)], dtype
-                ),
-            ),
-            f"{name}_rows",
-            tag="winograd_data",
-            attrs={CONST_INDEX_AXES: ((2, 1),)},
-        )
-        v = te.compute(
-            (n, th, tw, a, a, c),
-            lambda nn, t_h, t_w, e1, e2, cc: _piecewise(
-                e2,
-                a,
-                lambda j: _combination(
-                    [(bt[j, r], rows[nn, t_h, e1, t_w * m + r, cc]) for r in range(a)], dtype
-                ),
-            ),
-            f"{name}_data",
-            tag="winograd_data",
-            attrs={CONST_INDEX_AXES: ((3, 1), (4, 1))},
-        )
-
-        def transformed(nn, cc, t_h, e1, e2, t_w):
-            return v[nn, t_h, t_w, e1, e2, cc]
-
-    else:
-        rows = te.compute(
-            (n, c, th, a, width),
-            lambda nn, cc, t_h, e1, xw: _piecewise(
-                e1,
-                a,
-                lambda i: _combination(
-                    [(bt[i, r], padded[nn, cc, t_h * m + r, xw]) for r in range(a)], dtype
-                ),
-            ),
-            f"{name}_rows",
-            tag="winograd_data",
-            attrs={CONST_INDEX_AXES: ((3, 1),)},
-        )
-        v = te.compute(
-            (n, c, th, a, a, tw),
-            lambda nn, cc, t_h, e1, e2, t_w: _piecewise(
-                e2,
-                a,
-                lambda j: _combination(
-                    [(bt[j, r], rows[nn, cc, t_h, e1, t_w * m + r]) for r in range(a)], dtype
-                ),
-            ),
-            f"{name}_data",
-            tag="winograd_data",
-            attrs={CONST_INDEX_AXES: ((3, 1), (4, 1))},
-        )
-
-        def transformed(nn, cc, t_h, e1, e2, t_w):
-            return v[nn, cc, t_h, e1, e2, t_w]
-
+    rows = _compute(
+        (n, c, th, a, m * tw + 2),
+        order["rows"],
+        lambda nn, cc, t_h, e1, xw: _piecewise(
+            e1,
+            a,
+            lambda i: _combination([(bt[i, r], padded(nn, cc, t_h * m + r, xw)) for r in range(a)], dtype),
+        ),
+        f"{name}_rows",
+        "winograd_data",
+        ((3, 1),),
+    )
+    v = _compute(
+        (n, c, th, a, a, tw),
+        order["v"],
+        lambda nn, cc, t_h, e1, e2, t_w: _piecewise(
+            e2,
+            a,
+            lambda j: _combination([(bt[j, r], rows(nn, cc, t_h, e1, t_w * m + r)) for r in range(a)], dtype),
+        ),
+        f"{name}_data",
+        "winograd_data",
+        ((3, 1), (4, 1)),
+    )
     rc = te.reduce_axis(c, "rc")
     prod = te.compute(
         (a, a, n, th, tw, k),
-        lambda e1, e2, nn, t_h, t_w, kk: te.sum(
-            transformed(nn, rc.var, t_h, e1, e2, t_w) * u[e1, e2, rc.var, kk], rc
-        ),
+        lambda e1, e2, nn, t_h, t_w, kk: te.sum(v(nn, rc.var, t_h, e1, e2, t_w) * u[e1, e2, rc.var, kk], rc),
         f"{name}_gemm",
         tag="winograd_gemm",
     )
@@ -214,31 +178,77 @@ def conv2d_winograd(
         tag="winograd_out",
         attrs={CONST_INDEX_AXES: ((1, 1),)},
     )
-
-    def output(nn, kk, yy, xx):
-        return _piecewise(
+    out = _compute(
+        (n, k, oh, ow),
+        order["data"],
+        lambda nn, kk, yy, xx: _piecewise(
             yy % m,
             m,
             lambda i: _combination(
                 [(at[i, e], cols[e, xx % m, nn, yy // m, xx // m, kk]) for e in range(a)], dtype
             ),
-        )
-
-    if nhwc:
-        return te.compute(
-            (n, oh, ow, k),
-            lambda nn, yy, xx, kk: output(nn, kk, yy, xx),
-            name,
-            tag="winograd_out",
-            attrs={CONST_INDEX_AXES: ((1, m), (2, m))},
-        )
-    return te.compute(
-        (n, k, oh, ow),
-        output,
+        ),
         name,
-        tag="winograd_out",
-        attrs={CONST_INDEX_AXES: ((2, m), (3, m))},
+        "winograd_out",
+        ((2, m), (3, m)),
     )
+    return out.op
+
+
+def _logical(values: Sequence, order: Sequence[int]) -> tuple:
+    """Physical values (extents, indices) of a tensor stored with axes `order`, in logical order."""
+    out = [None] * len(order)
+    for pos, axis in enumerate(order):
+        out[axis] = values[pos]
+    return tuple(out)
+
+
+def _physical(values: Sequence, order: Sequence[int]) -> tuple:
+    return tuple(values[axis] for axis in order)
+
+
+@dataclass(frozen=True)
+class _Laid:
+    """A stage read by logical indices, stored with its axes in `order`."""
+
+    op: Operation
+    order: tuple[int, ...]
+
+    def __call__(self, *index: Expr) -> Expr:
+        return self.op[_physical(index, self.order)]
+
+
+def _in_order(op: Operation, order: Sequence[int]) -> _Laid:
+    return _Laid(op, tuple(order))
+
+
+def _compute(
+    logical_shape: Sequence[int],
+    order: Sequence[int],
+    body: Callable[..., Expr],
+    name: str,
+    tag: str,
+    const_axes: tuple[tuple[int, int], ...],
+) -> _Laid:
+    """A stage defined on logical axes, stored in `order`; `const_axes` (logical axis, period) say which
+    axes its coefficients depend on."""
+    order = tuple(order)
+
+    def physical_body(*index):
+        return body(*_logical(index, order))
+
+    names = list(inspect.signature(body).parameters)
+    physical_body.__signature__ = inspect.Signature(
+        [inspect.Parameter(names[axis], inspect.Parameter.POSITIONAL_ONLY) for axis in order]
+    )
+    op = te.compute(
+        _physical(logical_shape, order),
+        physical_body,
+        name,
+        tag=tag,
+        attrs={CONST_INDEX_AXES: tuple((order.index(axis), period) for axis, period in const_axes)},
+    )
+    return _Laid(op, order)
 
 
 def _combination(terms: list[tuple[float, Expr]], dtype: str) -> Expr:
