@@ -3,7 +3,9 @@
 from collections import Counter
 
 import numpy as np
+import onnx
 import pytest
+from onnx import TensorProto, helper, numpy_helper
 
 from aotc import models
 from aotc.build import build
@@ -12,6 +14,8 @@ from aotc.graph.interpret import run_graph
 from aotc.graph.layout import to_nhwc
 from aotc.graph.passes import fold_batch_norm, remove_identities
 from aotc.recipe import load_recipe
+
+from .onnx_util import IR_VERSION, run_onnxruntime
 
 CASES = {
     "small_cnn": lambda: models.small_cnn(),
@@ -54,3 +58,42 @@ def test_nhwc_build_matches_onnxruntime(tmp_path):
     result = build(load_recipe(recipe))
     assert result.validation  # a mismatch raises ValidationError
     assert any("nhwc" in t.name for t in result.tasks)
+
+
+def _squeeze_excite() -> onnx.ModelProto:
+    """conv -> relu, scaled per channel by sigmoid(conv(relu(conv(mean over H, W)))): the scale [N, C, 1, 1]
+    multiplies the activation [N, C, H, W]."""
+    rng = np.random.default_rng(4)
+
+    def weight(name, k, c):
+        return numpy_helper.from_array((rng.standard_normal((k, c, 1, 1)) * 0.5).astype(np.float32), name)
+
+    inits = [
+        numpy_helper.from_array((rng.standard_normal((16, 3, 3, 3)) * 0.3).astype(np.float32), "w0"),
+        weight("w1", 4, 16),
+        weight("w2", 16, 4),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "w0"], ["c0"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c0"], ["r0"]),
+        helper.make_node("GlobalAveragePool", ["r0"], ["p"]),
+        helper.make_node("Conv", ["p", "w1"], ["c1"]),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "w2"], ["c2"]),
+        helper.make_node("Sigmoid", ["c2"], ["s"]),
+        helper.make_node("Mul", ["r0", "s"], ["y"]),
+    ]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 12, 12])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    graph = helper.make_graph(nodes, "se", [x], [y], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=IR_VERSION)
+
+
+def test_broadcast_between_activations_stays_in_nhwc():
+    model = _squeeze_excite()
+    graph = to_nhwc(load_onnx(model.SerializeToString()))
+    feed = {"x": np.random.default_rng(5).standard_normal((1, 3, 12, 12)).astype(np.float32)}
+    (ref,) = run_onnxruntime(model, feed)
+    (out,) = run_graph(graph, feed).values()
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
+    assert [n.op for n in graph.nodes].count("transpose") == 2  # the input and the output

@@ -130,8 +130,8 @@ def _rewrite(node: Node, twin: dict[Value, Value], as_nhwc) -> Node | None:
             if data is None:
                 return None
             inputs.append(v if data is v.data else _const(f"{v.name}_nhwc", data))
-        elif v in twin and v.type.shape == out.type.shape:
-            inputs.append(twin[v])
+        elif v in twin:
+            inputs.append(twin[v])  # a 4-d operand: broadcasting holds under the same permutation
         else:
             return None
     if not any(v in twin for v in node.inputs):
