@@ -67,7 +67,7 @@ class Recipe:
     tuning: TuningSpec
     validate: bool
     winograd: bool = True
-    nhwc: bool = False
+    nhwc: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved recipe: absolute paths, defaults filled, the target made concrete for this host."""
@@ -146,7 +146,7 @@ class _Loader:
             tuning=self.optional(entries, "tuning", self.tuning, TuningSpec()),
             validate=self.optional(entries, "validate", self.boolean, True),
             winograd=self.optional(entries, "winograd", self.boolean, True),
-            nhwc=self.optional(entries, "nhwc", self.boolean, False),
+            nhwc=self.optional(entries, "nhwc", self.boolean, True),
         )
 
     def compose(self) -> Node:

@@ -2,7 +2,7 @@
 `aotc build`, then build each again from the tophub store.
 
     python benchmarks/models.py [--models resnet18,mobilenet_v2,transformer] [--trials-per-task 200]
-                                [--deadline 30m] [--out DIR] [--nhwc] [--quick] [-v]
+                                [--deadline 30m] [--out DIR] [--nchw] [--quick] [-v]
 
 Per model, in a fresh private store (`$AOTC_HOME` under the output folder; no shipped or shared stores):
 an untuned build (default schedules), a tuned build with a budget of trials-per-task x tasks trials or
@@ -91,12 +91,12 @@ def private_store(home: Path) -> Iterator[None]:
                 os.environ[key] = value
 
 
-def write_recipe(folder: Path, model: Path, tuning: str, nhwc: bool = False) -> Path:
+def write_recipe(folder: Path, model: Path, tuning: str, nhwc: bool = True) -> Path:
     """A recipe building `model` into `folder/<model stem>.aotc` (validated against onnxruntime)."""
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "recipe.yaml"
     output = folder / f"{model.stem}.aotc"
-    layout = "nhwc: true\n" if nhwc else ""
+    layout = "" if nhwc else "nhwc: false\n"
     path.write_text(f"model: {model}\noutput: {output}\nvalidate: true\n{layout}tuning: {tuning}\n")
     return path
 
@@ -141,7 +141,7 @@ def run_model(
     deadline: str,
     options: TuningOptions | None,
     log: Callable[[str], None],
-    nhwc: bool = False,
+    nhwc: bool = True,
 ) -> ModelRun:
     workdir.mkdir(parents=True)
     model = models.save(make(), workdir / f"{name}.onnx")
@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--deadline", default="30m", help="tuning deadline per model build (e.g. 30m, 90s, 600)")
     ap.add_argument("--out", default="", help="folder for the builds and reports (default: a new temp dir)")
     ap.add_argument("--quick", action="store_true", help="thin models, 2 trials per task (a smoke run)")
-    ap.add_argument("--nhwc", action="store_true", help="build with `nhwc: true` (convolutions in NHWC)")
+    ap.add_argument("--nchw", action="store_true", help="build with `nhwc: false` (convolutions in NCHW)")
     ap.add_argument("-v", "--verbose", action="store_true", help="show the builds' logs")
     args = ap.parse_args(argv)
     names = [n for n in args.models.split(",") if n]
@@ -234,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = []
     for name in names:
         run = run_model(
-            name, table[name], out / name, trials_per_task, args.deadline, options, log, args.nhwc
+            name, table[name], out / name, trials_per_task, args.deadline, options, log, not args.nchw
         )
         print("\n".join(format_run(run, args.deadline)), flush=True)
         runs.append(run)

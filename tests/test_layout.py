@@ -48,16 +48,17 @@ def test_graph_without_convs_is_unchanged():
     assert [n.op for n in to_nhwc(graph).nodes] == before
 
 
-def test_nhwc_build_matches_onnxruntime(tmp_path):
-    """`nhwc: true` compiles, and the build's own validation against onnxruntime passes."""
+@pytest.mark.parametrize("nhwc", [True, False])
+def test_build_in_either_layout_matches_onnxruntime(tmp_path, nhwc):
+    """NHWC (the default) and `nhwc: false` compile, and the build's own validation against onnxruntime
+    passes."""
     model = models.save(models.mobilenet_v2(width_mult=0.35, size=32, classes=10), tmp_path / "m.onnx")
     recipe = tmp_path / "r.yaml"
-    recipe.write_text(
-        f"model: {model}\noutput: {tmp_path / 'm.aotc'}\nnhwc: true\ntuning: {{tophub: none}}\n"
-    )
+    layout = "" if nhwc else "nhwc: false\n"
+    recipe.write_text(f"model: {model}\noutput: {tmp_path / 'm.aotc'}\n{layout}tuning: {{tophub: none}}\n")
     result = build(load_recipe(recipe))
     assert result.validation  # a mismatch raises ValidationError
-    assert any("nhwc" in t.name for t in result.tasks)
+    assert any("nhwc" in t.name for t in result.tasks) == nhwc
 
 
 def _squeeze_excite() -> onnx.ModelProto:

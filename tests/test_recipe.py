@@ -46,7 +46,7 @@ def test_full_recipe(write, tmp_path):
         "  tophub: [hub, https://example.com/bundle.tophub]\n"
         "validate: false\n"
         "winograd: false\n"
-        "nhwc: true\n"
+        "nhwc: false\n"
     )
     r = load_recipe(path)
     assert r.path == path.resolve()
@@ -60,7 +60,7 @@ def test_full_recipe(write, tmp_path):
         tmp_path / "tuning" / "m.jsonl",
         [str(tmp_path / "hub"), "https://example.com/bundle.tophub"],
     )
-    assert r.validate is False and r.winograd is False and r.nhwc is True
+    assert r.validate is False and r.winograd is False and r.nhwc is False
 
 
 def test_defaults_are_resolved(write, tmp_path):
@@ -72,7 +72,7 @@ def test_defaults_are_resolved(write, tmp_path):
     assert d["target"] == str(parse_target("llvm -mcpu=native")) and "native" not in d["target"]
     assert d["model"] == str(tmp_path / "models" / "m.onnx")
     assert d["output"] == str(tmp_path / "build" / "m.aotc")
-    assert d["validate"] is True and d["winograd"] is True and d["nhwc"] is False
+    assert d["validate"] is True and d["winograd"] is True and d["nhwc"] is True
     assert d["tuning"] == {"trials": None, "deadline": None, "records": None, "tophub": None}
 
 

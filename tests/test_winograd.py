@@ -166,7 +166,7 @@ def test_recipe_can_turn_winograd_off(tmp_path):
     recipe = tmp_path / "net.yaml"
     recipe.write_text("model: net.onnx\nvalidate: false\nwinograd: false\ntuning: {tophub: none}\n")
     graph = load_model(load_recipe(recipe))
-    assert [n.op for n in graph.nodes if n.op.startswith("conv")] == ["conv2d"] * 5
+    assert [n.op for n in graph.nodes if n.op.startswith("conv")] == ["conv2d_nhwc"] * 5
 
 
 @pytest.mark.parametrize("nhwc", [False, True])

@@ -19,7 +19,7 @@ WINOGRAD_MAX_WEIGHT_BYTES = 16 << 20
 WINOGRAD_MIN_CHANNELS = 16
 
 
-def optimize(graph: Graph, winograd: bool = True, nhwc: bool = False) -> Graph:
+def optimize(graph: Graph, winograd: bool = True, nhwc: bool = True) -> Graph:
     graph = remove_identities(graph)
     graph = fold_batch_norm(graph)
     if nhwc:
