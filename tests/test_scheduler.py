@@ -29,6 +29,7 @@ class FakeRounds:
     round costs a little more than that, the best one exactly that."""
 
     def __init__(self, base, exhausted_after=None, flat=(), sleep_per_trial=0.0):
+        """`sleep_per_trial`: seconds, one for all tasks or a list with one per task."""
         self.base = base
         self.trials = [0] * len(base)
         self.calls: list[int] = []
@@ -41,7 +42,7 @@ class FakeRounds:
         self.calls.append(i)
         if self.calls.count(i) > self.exhausted_after.get(i, math.inf):
             return RoundOutcome([])
-        time.sleep(self.sleep * n)
+        time.sleep((self.sleep[i] if isinstance(self.sleep, list) else self.sleep) * n)
         self.trials[i] += n
         t = 0 if i in self.flat else self.trials[i]
         best = self.base[i] * (0.3 + 0.7 / (1 + t / 32))
@@ -163,6 +164,18 @@ def test_deadline_is_kept_and_interrupt_stops_cleanly():
     sched = TaskScheduler(tasks([1, 1]), rounds, per_round=8, callbacks=[interrupt], **quiet())
     summary = sched.tune(1000)
     assert summary.stop_reason == "interrupted" and summary.rounds == 3 and rounds.closed
+
+
+def test_deadline_holds_when_one_task_is_much_slower_than_the_others():
+    """Three fast tasks, then a slow one: the slow task's round must be sized by its own timings, not by
+    the fast rounds just before it (which would overrun the deadline by most of a slow round, 0.8 s)."""
+    rounds = FakeRounds([1e-3] * 4, sleep_per_trial=[0.0005, 0.0005, 0.0005, 0.05])
+    sched = TaskScheduler(tasks([1] * 4), rounds, strategy="round-robin", per_round=16, **quiet())
+    start = time.monotonic()
+    summary = sched.tune(None, deadline=start + 2.0)
+    assert summary.stop_reason == "deadline"
+    assert time.monotonic() - start < 2.0 + 0.15
+    assert rounds.calls.count(3) >= 2
 
 
 def test_restored_trials_count_toward_the_budget():

@@ -216,7 +216,8 @@ class TaskScheduler:
         self.history: list[RoundReport] = []
         self.total_trials = 0
         self.round_count = 0
-        self._timings: list[tuple[float, float]] = []  # (fixed seconds, seconds per trial) per round
+        # (task, fixed seconds, seconds per trial) per round
+        self._timings: list[tuple[int, float, float]] = []
         self._rr = 0
         self._start = time.monotonic()
         self._budget: int | None = None
@@ -312,7 +313,7 @@ class TaskScheduler:
             n = min(n, self._budget - self.total_trials)
             if n <= 0:
                 return "trial budget spent"
-        n = self._fits(n)
+        n = self._fits(i, n)
         if n <= 0:
             return "deadline"
         t0 = time.monotonic()
@@ -332,7 +333,7 @@ class TaskScheduler:
                 p.best_cost, p.best_round, improved = best, p.rounds, True
             p.history.append(p.best_cost)
             fixed = min(outcome.fixed_seconds, wall)
-            self._timings.append((fixed, (wall - fixed) / m))
+            self._timings.append((i, fixed, (wall - fixed) / m))
             if self.task_early_stopping is not None and p.rounds - p.best_round >= self.task_early_stopping:
                 p.dead = f"no improvement in {self.task_early_stopping} rounds"
             self._adjust_group(i)
@@ -356,18 +357,20 @@ class TaskScheduler:
             cb(self, report)
         return ""
 
-    def _fits(self, n: int) -> int:
-        """How many of `n` trials fit before the deadline, from the last rounds' timings (0: none)."""
+    def _fits(self, i: int, n: int) -> int:
+        """How many of `n` trials of task i fit before the deadline (0: none), from task i's last rounds,
+        or the last rounds of any task before its own: one task's candidates can take ten times as long
+        to compile and run as another's (ResNet-18's Winograd convolutions against its direct ones)."""
         if self._deadline is None:
             return n
         left = self._deadline - time.monotonic()
         if left <= 0:
             return 0
-        if not self._timings:
+        recent = [t for t in self._timings if t[0] == i][-ROUND_HISTORY:] or self._timings[-ROUND_HISTORY:]
+        if not recent:
             return n
-        recent = self._timings[-ROUND_HISTORY:]
-        fixed = max(f for f, _ in recent)
-        per_trial = max(p for _, p in recent)
+        fixed = max(f for _, f, _ in recent)
+        per_trial = max(p for _, _, p in recent)
         fit = n if per_trial <= 0 else int((left - fixed) / per_trial)
         return min(n, fit) if fit >= min(n, MIN_ROUND_TRIALS) else 0
 
