@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from aotc.graph.ir import Graph, Node, TensorType, Value
-from aotc.graph.layout import to_nhwc
+from aotc.graph.layout import TO_NCHW, to_nhwc
 from aotc.topi import winograd
 
 IDENTITY_OPS = frozenset({"identity"})
@@ -17,6 +17,11 @@ IDENTITY_OPS = frozenset({"identity"})
 # costs more than the multiplications saved.
 WINOGRAD_MAX_WEIGHT_BYTES = 16 << 20
 WINOGRAD_MIN_CHANNELS = 16
+# conv op -> (its Winograd op, the permutation of its weight to OIHW, the data's channel axis)
+_WINOGRAD_OPS = {
+    "conv2d": ("conv2d_winograd", (0, 1, 2, 3), 1),
+    "conv2d_nhwc": ("conv2d_winograd_nhwc", TO_NCHW, 3),  # OHWI weights
+}
 
 
 def optimize(graph: Graph, winograd: bool = True, nhwc: bool = True) -> Graph:
@@ -39,10 +44,10 @@ def winograd_convolutions(graph: Graph, tile: int = 4) -> Graph:
         if not _winograd_fits(node, tile):
             continue
         weight = node.inputs[1]
-        oihw = weight.data if node.op == "conv2d" else weight.data.transpose(0, 3, 1, 2)
-        u = winograd.transform_weight(oihw, tile)
+        op, to_oihw, _ = _WINOGRAD_OPS[node.op]
+        u = winograd.transform_weight(weight.data.transpose(to_oihw), tile)
         transformed = Value(f"{weight.name}_winograd{tile}", TensorType(u.shape, weight.type.dtype), data=u)
-        node.op = "conv2d_winograd" if node.op == "conv2d" else "conv2d_winograd_nhwc"
+        node.op = op
         node.inputs = [node.inputs[0], transformed, *node.inputs[2:]]
         node.attrs = {"tile": tile, "pads": tuple(int(p) for p in node.attrs.get("pads", (0, 0, 0, 0)))}
     return graph
@@ -50,17 +55,14 @@ def winograd_convolutions(graph: Graph, tile: int = 4) -> Graph:
 
 def _winograd_fits(node: Node, tile: int) -> bool:
     """A float 3x3 stride-1 ungrouped conv2d (OIHW) or conv2d_nhwc (OHWI) worth the transform."""
-    if node.op not in ("conv2d", "conv2d_nhwc") or len(node.inputs) < 2 or not node.inputs[1].is_constant:
+    if node.op not in _WINOGRAD_OPS or len(node.inputs) < 2 or not node.inputs[1].is_constant:
         return False
     x, weight = node.inputs[:2]
     if x.type.dtype != "float32" or weight.type.dtype != "float32" or len(x.type.shape) != 4:
         return False
-    if node.op == "conv2d":
-        k, c, kh, kw = weight.type.shape
-        channels = x.type.shape[1]
-    else:
-        k, kh, kw, c = weight.type.shape
-        channels = x.type.shape[3]
+    _, to_oihw, channel_axis = _WINOGRAD_OPS[node.op]
+    k, c, kh, kw = (weight.type.shape[a] for a in to_oihw)
+    channels = x.type.shape[channel_axis]
     attrs = node.attrs
     ones = all(int(v) == 1 for key in ("strides", "dilations") for v in _as_tuple(attrs.get(key, 1)))
     if (kh, kw) != (winograd.KERNEL,) * 2 or not ones or int(attrs.get("groups", 1)) != 1:

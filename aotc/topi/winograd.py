@@ -132,7 +132,7 @@ def conv2d_winograd(
     # Pad (or crop) so that every tile's input window lies inside.
     before = _physical((0, 0, pt, pl), order["data"])
     after = _physical((0, 0, m * th + 2 - h - pt, m * tw + 2 - w - pl), order["data"])
-    padded = _in_order(pad(data, before, after, name=f"{name}_pad"), order["data"])
+    padded = _Laid(pad(data, before, after, name=f"{name}_pad"), order["data"])
     dtype = data.dtype
     # B^T d B as two passes of one dimension each (fewer terms, and small bodies to lower).
     rows = _compute(
@@ -216,10 +216,6 @@ class _Laid:
 
     def __call__(self, *index: Expr) -> Expr:
         return self.op[_physical(index, self.order)]
-
-
-def _in_order(op: Operation, order: Sequence[int]) -> _Laid:
-    return _Laid(op, tuple(order))
 
 
 def _compute(
