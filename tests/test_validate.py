@@ -1,0 +1,142 @@
+"""The validation rule: loose enough for the rounding of a reordered sum (Winograd), strict enough that a
+kernel with one tap off by one element fails, and a mismatch message that says where and by how much."""
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from aotc.build import build
+from aotc.cli import main
+from aotc.recipe import load_recipe
+from aotc.topi import winograd
+from aotc.validate import ATOL, RTOL, ValidationError, compare, format_report_row, validate_package
+
+from .onnx_util import IR_VERSION
+
+
+def _conv(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """Direct valid 3x3 correlation in float64: x [C, H+2, W+2], w [O, C, 3, 3] -> [O, H, W]."""
+    h, wd = x.shape[1] - 2, x.shape[2] - 2
+    out = np.zeros((w.shape[0], h, wd))
+    for i in range(3):
+        for j in range(3):
+            out += np.einsum("oc,chw->ohw", w[:, :, i, j], x[:, i : i + h, j : j + wd])
+    return out
+
+
+def _winograd_f43(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """The same correlation as F(4, 3) Winograd, every step rounded to float32 as a kernel's would be."""
+    at, g, bt = (np.asarray(a, np.float32) for a in winograd.matrices(4))
+    x, w = x.astype(np.float32), w.astype(np.float32)
+    tiles = (x.shape[1] - 2) // 4
+    d = np.stack([x[:, 4 * a : 4 * a + 6, 4 * b : 4 * b + 6] for a in range(tiles) for b in range(tiles)])
+    u = np.einsum("ai,ocij,bj->abco", g, w, g)
+    v = np.einsum("ai,ncij,bj->nabc", bt, d, bt)
+    y = np.einsum("ia,nabo,jb->noij", at, np.einsum("abco,nabc->nabo", u, v), at)
+    return y.reshape(tiles, tiles, -1, 4, 4).transpose(2, 0, 3, 1, 4).reshape(-1, 4 * tiles, 4 * tiles)
+
+
+def _layer(channels: int = 64, size: int = 16, gain: float = 4.0, seed: int = 0):
+    """Inputs in [-1, 1] and weights that give outputs of RMS about `gain`, like test_winograd's net (5.4)."""
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(-1, 1, (channels, size + 2, size + 2)).astype(np.float32)
+    w = (rng.standard_normal((32, channels, 3, 3)) * gain / np.sqrt(3 * channels)).astype(np.float32)
+    return x, w
+
+
+def _check(got: np.ndarray, ref: np.ndarray, scale_rtol: float | None = None) -> dict:
+    kw = {} if scale_rtol is None else {"scale_rtol": scale_rtol}
+    (row,) = compare({"y": got}, {"y": ref.astype(np.float32)}, RTOL, ATOL, **kw)
+    return row
+
+
+@pytest.mark.parametrize("channels", [16, 256])
+def test_winograd_rounding_passes(channels):
+    x, w = _layer(channels)
+    ref, got = _conv(x, w), _winograd_f43(x, w)
+    row = _check(got, ref)
+    assert row["ok"], format_report_row({"output": "y", **row})
+    # The per-element rule alone rejects it: near-zero outputs differ by more than atol + rtol of themselves.
+    assert not _check(got, ref, scale_rtol=0.0)["ok"]
+    # ...and the scale term leaves room: the largest difference is well inside it.
+    assert row["max_abs"] < 0.25 * row["allowed_abs"]
+
+
+def _shift_one_tap(w: np.ndarray) -> np.ndarray:
+    """One output channel reads one input channel's centre tap one column to the right."""
+    bad = w.copy()
+    bad[5, 7, 1, 2] += bad[5, 7, 1, 1]
+    bad[5, 7, 1, 1] = 0
+    return bad
+
+
+@pytest.mark.parametrize(
+    "plant",
+    [
+        pytest.param(lambda x, w: _conv(x, np.roll(w, 1)), id="weights-shifted-by-one-element"),
+        pytest.param(lambda x, w: _conv(np.roll(x, -1, axis=2), w), id="reads-x[i+1]"),
+        pytest.param(lambda x, w: _conv(x, _shift_one_tap(w)), id="one-tap-of-one-channel-off-by-one"),
+    ],
+)
+@pytest.mark.parametrize("channels", [16, 256])
+def test_a_kernel_with_a_tap_off_by_one_fails(plant, channels):
+    x, w = _layer(channels)
+    ref = _conv(x, w)
+    row = _check(plant(x, w).astype(np.float32), ref)
+    assert not row["ok"]
+    assert row["max_abs"] > 10 * row["allowed_abs"]
+
+
+def test_nan_must_match_nan_and_infinities_themselves():
+    ref = np.array([np.nan, np.inf, -np.inf, 1.0], np.float32)
+    assert _check(ref.copy(), ref)["ok"]
+    for i, value in enumerate([0.0, np.nan, np.inf, np.nan]):
+        got = ref.copy()
+        got[i] = value
+        row = _check(got, ref)
+        assert not row["ok"] and row["worst"]["index"] == [i], (i, row)
+
+
+def test_an_all_zero_output_keeps_the_absolute_floor():
+    ref = np.zeros((4, 4), np.float32)
+    assert _check(ref + 0.5 * ATOL, ref)["ok"]
+    assert not _check(ref + 2 * ATOL, ref)["ok"]
+
+
+def test_mismatch_row_names_scale_worst_element_and_values():
+    ref = np.linspace(-3, 3, 24, dtype=np.float32).reshape(2, 3, 4)
+    got = ref.copy()
+    got[1, 2, 3] += 0.01
+    got[0, 1, 1] += 0.002
+    row = _check(got, ref)
+    assert not row["ok"] and row["over"] == 2 and row["worst"]["index"] == [1, 2, 3]
+    text = format_report_row({"output": "y", **row})
+    assert "MISMATCH" in text and "rms(ref) 1.8" in text and "2 of 24 elements" in text
+    assert "[1, 2, 3]: got 3.01, reference 3" in text and "allowed" in text
+
+
+def _conv_model(weight: np.ndarray) -> onnx.ModelProto:
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, weight.shape[1], 10, 10])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    node = helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])
+    graph = helper.make_graph([node], "conv", [x], [y], [numpy_helper.from_array(weight, "w")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=IR_VERSION)
+
+
+def test_package_against_a_model_with_a_shifted_tap_is_exit_code_3(tmp_path, capsys):
+    _, w = _layer(16)
+    (tmp_path / "good.onnx").write_bytes(_conv_model(w).SerializeToString())
+    (tmp_path / "bad.onnx").write_bytes(_conv_model(_shift_one_tap(w)).SerializeToString())
+    recipe = tmp_path / "good.yaml"
+    recipe.write_text("model: good.onnx\noutput: good.aotc\nvalidate: true\ntuning: {tophub: none}\n")
+    package = build(load_recipe(recipe), log=lambda _: None).package
+    shapes = {"x": ((1, 16, 10, 10), "float32")}
+    assert all(r["ok"] for r in validate_package(package, tmp_path / "good.onnx", shapes))
+    with pytest.raises(ValidationError, match=r"rms\(ref\)") as err:
+        validate_package(package, tmp_path / "bad.onnx", shapes)
+    message = str(err.value)
+    assert "1e-05 + 0.0001*|ref| + 0.0001*rms(ref)" in message and "worst at [0, 5, " in message
+    capsys.readouterr()
+    assert main(["validate", str(package), "--model", str(tmp_path / "bad.onnx")]) == 3
+    assert "MISMATCH" in capsys.readouterr().err
