@@ -61,6 +61,11 @@ class Target:
     def is_cpu(self) -> bool:
         return self.kind == "llvm"
 
+    @property
+    def isa(self) -> str:
+        """The instruction set architecture: x86_64, aarch64, arm (or nvptx64 for CUDA)."""
+        return _arch_of(self.triple)
+
     def __str__(self) -> str:
         parts = [self.kind]
         if self.kind == "llvm":
@@ -99,8 +104,24 @@ _AVX512_CPUS = {
     "tigerlake",
     "znver4",
     "znver5",
+    "x86-64-v4",
 }
-_AVX2_CPUS = {"haswell", "broadwell", "skylake", "znver1", "znver2", "znver3", "alderlake", "raptorlake"}
+_AVX2_CPUS = {
+    "haswell",
+    "broadwell",
+    "skylake",
+    "znver1",
+    "znver2",
+    "znver3",
+    "alderlake",
+    "raptorlake",
+    "x86-64-v3",
+}
+_SSE_CPUS = {"x86-64", "x86-64-v2"}
+
+HOST_CPU_ENV = "AOTC_HOST_CPU"
+"""Expert knob: `AOTC_HOST_CPU=znver3` makes the host (`llvm -mcpu=native`) that CPU with LLVM's default
+features for it, so an AVX-512 machine compiles, tunes and runs the code an AVX2 machine would get."""
 
 
 def _arch_of(triple: str) -> str:
@@ -125,13 +146,28 @@ def _host_cores() -> int:
 
 
 def host_target() -> Target:
-    """The machine we run on: its CPU name and every feature LLVM reports for it."""
+    """The machine we run on: its CPU name and every feature LLVM reports for it, or the CPU that
+    $AOTC_HOST_CPU names, with no -mattr (LLVM's own features for that CPU)."""
     import llvmlite.binding as llvm
 
     cpu = llvm.get_host_cpu_name()
     feats = llvm.get_host_cpu_features()
     mattr = tuple(sorted(f"+{name}" for name, on in feats.items() if on))
-    return Target("llvm", mcpu=cpu, mattr=mattr)
+    real = Target("llvm", mcpu=cpu, mattr=mattr)
+    emulated = os.environ.get(HOST_CPU_ENV, "").strip()
+    if not emulated or emulated == "native":
+        return real
+    if _arch_of(real.triple) == "x86_64" and emulated not in _AVX512_CPUS | _AVX2_CPUS | _SSE_CPUS:
+        known = ", ".join(sorted(_AVX512_CPUS | _AVX2_CPUS | _SSE_CPUS))
+        raise TargetError(f"{HOST_CPU_ENV}={emulated!r}: not a known x86-64 CPU (known: {known})")
+    target = Target("llvm", mcpu=emulated)
+    # A narrower vector class is a subset this host runs; a wider one would fault on the first instruction.
+    if target.hw.vector_bytes > real.hw.vector_bytes:
+        raise TargetError(
+            f"{HOST_CPU_ENV}={emulated!r}: its {target.hw.vector_bytes}-byte vectors are wider than this "
+            f"host's ({cpu}, {real.hw.vector_bytes} bytes), whose CPU could not run the code"
+        )
+    return target
 
 
 def parse_target(text: str) -> Target:
