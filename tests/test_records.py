@@ -9,8 +9,10 @@ import pytest
 from aotc import te
 from aotc.schedule.state import State
 from aotc.schedule.steps import steps_to_json
-from aotc.search.common import ErrorCode, MeasureResult
+from aotc.hub.store import best_per_key, merge_into_store, read_store_file, store_files
+from aotc.search.common import ErrorCode, MeasureResult, Noise
 from aotc.search.records import (
+    DISTURBED_INTERFERENCE,
     RECORD_VERSION,
     Record,
     RecordWarning,
@@ -19,6 +21,7 @@ from aotc.search.records import (
     apply_best,
     best_records,
     load_records,
+    rank_cost,
 )
 from aotc.target import parse_target
 from aotc.topi import nn
@@ -181,3 +184,78 @@ def test_apply_best_exact_target_fingerprint_and_replay(tmp_path):
     append_results(path, dag, OTHER_TARGET, [split_state(dag, 16)], [MeasureResult([4e-6])])
     state, rec = apply_best(path, dag, OTHER_TARGET)
     assert rec.costs == [4e-6] and steps_to_json(state.steps) == steps_to_json(split_state(dag, 16).steps)
+
+
+# ----------------------------------------------------------------------------- noise
+
+
+def noisy_record(dag, state, costs, noise, target=TARGET) -> Record:
+    return Record.from_result(dag, target, state, MeasureResult(costs, noise=noise))
+
+
+def test_noise_round_trips_and_old_lines_still_load(tmp_path):
+    dag = matmul_relu()
+    rec = noisy_record(dag, split_state(dag, 4), [1e-5, 1.1e-5], Noise(0.5, 0.1, 2))
+    path = tmp_path / "log.jsonl"
+    append_records(path, [rec])
+    (loaded,) = load_records(path)
+    assert loaded.noise == Noise(0.5, 0.1, 2) and loaded == rec
+    line = json.loads(path.read_text())
+    assert line["v"] == RECORD_VERSION == 1 and line["noise"] == {
+        "interference": 0.5,
+        "spread": 0.1,
+        "retries": 2,
+    }
+    # a line written before noise was recorded: same version, no noise field; it loads, noise unknown
+    del line["noise"]
+    path.write_text(json.dumps(line) + "\n")
+    (old,) = load_records(path)
+    assert old.noise is None and old.costs == rec.costs
+    assert "noise" not in json.loads(old.to_json())
+    # the store reads both kinds as current-version records
+    content = read_store_file(path)
+    assert len(content.records) == 1 and not content.foreign and not content.corrupt
+
+
+def test_bad_noise_field_is_a_corrupt_line(tmp_path):
+    dag = matmul_relu()
+    line = json.loads(noisy_record(dag, split_state(dag, 4), [1e-5], Noise(0.1, 0.0, 0)).to_json())
+    line["noise"] = {"interference": 3.0, "spread": 0.0, "retries": 0}
+    path = tmp_path / "log.jsonl"
+    path.write_text(json.dumps(line) + "\n")
+    with pytest.warns(RecordWarning, match="corrupt"):
+        assert load_records(path) == []
+
+
+def test_a_noisy_lucky_record_does_not_beat_a_quiet_better_one(tmp_path):
+    """Same key: a schedule timed under interference 3% faster than a quietly timed one ranks second,
+    one 20% faster ranks first; records without noise rank by cost and the spread of their repeats."""
+    dag = matmul_relu()
+    quiet = noisy_record(dag, split_state(dag, 4), [1.00e-5, 1.01e-5], Noise(0.01, 0.01, 0))
+    lucky = noisy_record(dag, split_state(dag, 8), [0.95e-5, 1.00e-5], Noise(0.6, 0.05, 2))
+    better = noisy_record(dag, split_state(dag, 16), [0.80e-5, 0.82e-5], Noise(0.6, 0.03, 2))
+    assert lucky.mean_cost < quiet.mean_cost and rank_cost(lucky) > rank_cost(quiet)
+    assert lucky.noise.interference > DISTURBED_INTERFERENCE
+    assert best_records([lucky, quiet])[(dag.workload_key, str(TARGET))] is quiet
+    (key,) = best_per_key([lucky, quiet]).keys()
+    assert best_per_key([lucky, quiet], keep=2)[key] == [quiet, lucky]
+    assert best_per_key([lucky, quiet, better])[key] == [better]
+    # a record of an old aotc: no noise field, but widely spread repeats count against it too
+    old = Record.from_json(quiet.to_json())
+    old.noise, old.costs = None, [0.7e-5, 1.3e-5]
+    assert old.mean_cost < quiet.mean_cost and best_per_key([old, quiet])[key] == [quiet]
+    # merging into a store: the lucky record does not displace the quiet one
+    store = tmp_path / "store"
+    assert merge_into_store(store, [quiet]) == (1, 0)
+    assert merge_into_store(store, [lucky]) == (0, 1)
+    assert merge_into_store(store, [better]) == (1, 0)
+    (path,) = store_files(store)
+    assert len(read_store_file(path).records) == 2
+
+
+def test_apply_best_prefers_the_quiet_record(tmp_path):
+    dag = matmul_relu()
+    quiet = noisy_record(dag, split_state(dag, 4), [1.00e-5, 1.01e-5], Noise(0.0, 0.01, 0))
+    lucky = noisy_record(dag, split_state(dag, 8), [0.97e-5, 0.98e-5], Noise(0.9, 0.01, 2))
+    state, rec = apply_best([lucky, quiet], dag, TARGET)
+    assert rec is quiet

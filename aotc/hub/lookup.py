@@ -32,7 +32,7 @@ from aotc.hub.store import (
     user_store_dir,
 )
 from aotc.schedule.state import State
-from aotc.search.records import RECORD_VERSION, Record
+from aotc.search.records import RECORD_VERSION, Record, rank_cost
 from aotc.target import Target
 from aotc.te.dag import ComputeDAG
 
@@ -168,7 +168,7 @@ class RecordSources:
             for e in self._load()
             if e.record.ok and _same_workload(e.record.fingerprint, workload) and _key(e.record) == key
         ]
-        found.sort(key=lambda e: (e.record.hw != hw, e.record.mean_cost, e.rank))
+        found.sort(key=lambda e: (e.record.hw != hw, rank_cost(e.record), e.rank))
         return found
 
     def _not_found(self, workload: str, key: TargetKey, failures: list[tuple[str, str]]) -> Lookup:

@@ -24,7 +24,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from aotc.search.records import RECORD_VERSION, Record, append_records
+from aotc.search.records import RECORD_VERSION, Record, append_records, rank_cost
 from aotc.target import Target, TargetError, parse_target
 
 STORE_SUFFIX = ".jsonl"
@@ -270,14 +270,17 @@ def record_identity(rec: Record) -> tuple:
 
 
 def best_per_key(records: Iterable[Record], keep: int = 1) -> dict[tuple[str, TargetKey], list[Record]]:
-    """The `keep` fastest valid records (distinct steps) per (fingerprint, target key), fastest first."""
+    """The `keep` best valid records (distinct steps) per (fingerprint, target key), best first.
+
+    Best is the lowest `aotc.search.records.rank_cost`: the cost inflated by the record's noise, so a
+    lucky timing under interference does not displace a quietly measured schedule."""
     groups: dict[tuple[str, TargetKey], list[Record]] = {}
     for rec in records:
         if rec.ok:
             groups.setdefault((rec.fingerprint, TargetKey.of_record(rec.target, rec.host)), []).append(rec)
     out = {}
     for key, recs in groups.items():
-        recs.sort(key=lambda r: (r.mean_cost, r.timestamp))
+        recs.sort(key=lambda r: (rank_cost(r), r.timestamp))
         chosen, seen = [], set()
         for rec in recs:
             steps = json.dumps(rec.steps)
@@ -319,7 +322,7 @@ def prune_store(directory: str | os.PathLike, keep: int = 3) -> PruneReport:
             content = read_store_file(path)
             best = best_per_key(content.records, keep)
             kept = sorted(
-                (r for recs in best.values() for r in recs), key=lambda r: (r.fingerprint, r.mean_cost)
+                (r for recs in best.values() for r in recs), key=lambda r: (r.fingerprint, rank_cost(r))
             )
             report.files += 1
             report.kept += len(kept)
@@ -332,8 +335,8 @@ def prune_store(directory: str | os.PathLike, keep: int = 3) -> PruneReport:
 
 
 def merge_into_store(directory: str | os.PathLike, records: Iterable[Record]) -> tuple[int, int]:
-    """Append each record that is faster than the store's best for its (workload, target), or whose
-    key the store lacks. Returns (appended, not appended)."""
+    """Append each record that ranks better (`rank_cost`) than the store's best for its (workload,
+    target), or whose key the store lacks. Returns (appended, not appended)."""
     directory = Path(directory)
     incoming = best_per_key(records)
     with store_lock(directory, exclusive=True):
@@ -344,7 +347,7 @@ def merge_into_store(directory: str | os.PathLike, records: Iterable[Record]) ->
         new = [
             recs[0]
             for key, recs in incoming.items()
-            if key not in have or recs[0].mean_cost < have[key][0].mean_cost
+            if key not in have or rank_cost(recs[0]) < rank_cost(have[key][0])
         ]
         append_to_store(directory, new, _locked=True)
     return len(new), len(incoming) - len(new)

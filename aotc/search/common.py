@@ -27,6 +27,18 @@ class ErrorCode(IntEnum):
     UNKNOWN_ERROR = 8
 
 
+@dataclass(frozen=True)
+class Noise:
+    """How disturbed a timing was: `interference` is the share of the machine's CPU time other processes
+    took (or, where the kernel reports CPU pressure, the share of time some task waited for a CPU) while
+    the kept repeats ran, `spread` is (max - min) / min of the repeats, `retries` how many disturbed
+    attempts were measured again."""
+
+    interference: float = 0.0
+    spread: float = 0.0
+    retries: int = 0
+
+
 @dataclass
 class MeasureResult:
     """One measured candidate: seconds per run (`costs`, one per repeat) or an error."""
@@ -37,6 +49,7 @@ class MeasureResult:
     build_seconds: float = 0.0
     run_seconds: float = 0.0
     timestamp: float = field(default_factory=time.time)
+    noise: Noise | None = None  # None: not timed, or timed before noise was measured
 
     @property
     def ok(self) -> bool:

@@ -34,16 +34,27 @@ import numpy as np
 
 from aotc.ir.stmt import PrimFunc
 from aotc.schedule.state import State
-from aotc.search.common import ErrorCode, MeasureResult
+from aotc.search.common import ErrorCode, MeasureResult, Noise
+from aotc.search.interference import CpuSample, Quietness, measure_quietly
 from aotc.target import Target, _arch_of, _host_cores
 from aotc.te.dag import ComputeDAG
 
-__all__ = ["BatchStats", "KERNEL_NAME", "MeasureError", "MeasureOptions", "Measurer"]
+__all__ = [
+    "BatchStats",
+    "KERNEL_NAME",
+    "MeasureError",
+    "MeasureOptions",
+    "Measurer",
+    "time_flushed",
+    "time_kernel",
+]
 
 KERNEL_NAME = "aotc_candidate"
 STARTUP_TIMEOUT = 120.0
 _MAX_NUMBER = 10**7
 _MSG_LIMIT = 4000
+SLICE_SECONDS = 1e-3  # a repeat is timed in slices this long (at least one run each)
+REPEAT_CAP = 4.0  # a repeat stops after this many times its intended length (min_repeat_ms)
 
 
 class MeasureError(RuntimeError):
@@ -65,6 +76,13 @@ class MeasureOptions:
     processes are recycled after `builds_per_worker` builds (llvmlite leaks memory per compile).
     `omp_wait_policy` "" keeps libgomp's default (spin briefly, then sleep), as a deployed package runs;
     "passive" makes every parallel region pay a thread wake-up, which misranks short kernels.
+
+    Interference (aotc.search.interference): a repeat set during which other processes took more than
+    `max_interference` of the CPU time, or whose repeats spread by more than `max_spread`, is timed
+    again, at most `max_retries` times, and the quietest set is kept with its noise figure.
+    `bind_threads` binds the runner's threads one per core (OMP_PROC_BIND): unbound, the scheduler
+    sometimes puts two of them on the core another process leaves free, where a spinning join waits a
+    whole time slice for its worker (a 0.5 ms pool took 15 ms with one core busy).
     """
 
     number: int = 0
@@ -81,6 +99,10 @@ class MeasureOptions:
     seed: int = 0
     omp_wait_policy: str = ""
     builds_per_worker: int = 1000
+    max_interference: float = 0.2
+    max_spread: float = 0.1
+    max_retries: int = 2
+    bind_threads: bool = True
 
     def __post_init__(self) -> None:
         checks = [
@@ -93,6 +115,9 @@ class MeasureOptions:
             (self.rtol >= 0 and self.atol >= 0, "rtol and atol must be >= 0"),
             (self.num_threads >= 0, "num_threads must be >= 0"),
             (self.builds_per_worker >= 1, "builds_per_worker must be >= 1"),
+            (0 < self.max_interference <= 1, "max_interference must be in (0, 1]"),
+            (self.max_spread > 0, "max_spread must be positive"),
+            (self.max_retries >= 0, "max_retries must be >= 0"),
         ]
         for ok, msg in checks:
             if not ok:
@@ -374,19 +399,61 @@ def _timed(fn: Callable[[], None], number: int) -> float:
     return time.perf_counter() - start
 
 
-def _time_kernel(fn: Callable[[], None], opts: MeasureOptions, first_seconds: float) -> list[float]:
-    """`repeat` mean seconds per run, `number` raised until a repeat lasts `min_repeat_ms`."""
+def _repeat(fn: Callable[[], None], number: int, per_slice: int, cap: float) -> tuple[float, float]:
+    """One repeat of `number` runs timed in slices of `per_slice` runs: (seconds per run, elapsed).
+
+    The value is the mean of the faster half of the slices: another process that takes a core for a
+    few milliseconds stretches the slices it lands in, and on a busy machine it lands in many of a
+    50 ms repeat; on a quiet one the slices agree and this is the plain mean. A repeat stops after
+    `cap` seconds: on a busy machine a join can wait a time slice per run, and a repeat calibrated on
+    quiet runs would take a hundred times as long (and pass the runner's timeout)."""
+    per_run: list[float] = []
+    elapsed = 0.0
+    left = number
+    while left > 0 and elapsed < cap:
+        n = min(per_slice, left)
+        seconds = _timed(fn, n)
+        per_run.append(seconds / n)
+        elapsed += seconds
+        left -= n
+    per_run.sort()
+    fast = per_run[: (len(per_run) + 1) // 2]
+    return sum(fast) / len(fast), elapsed
+
+
+def time_kernel(
+    fn: Callable[[], None],
+    opts: MeasureOptions,
+    first_seconds: float,
+    sampler: Callable[[], CpuSample] | None = None,
+    retries: int | None = None,
+) -> tuple[list[float], Noise]:
+    """`repeat` seconds-per-run values, `number` raised until a repeat lasts `min_repeat_ms`, each
+    repeat timed in ~1 ms slices; a disturbed set is measured again (`measure_quietly`)."""
     min_s = opts.min_repeat_ms / 1000
     per_run = first_seconds if first_seconds >= min_s else min(first_seconds, _pilot(fn))
     number = opts.number or math.ceil(min_s / max(per_run, 1e-9) * 1.05)
     number = max(1, min(number, _MAX_NUMBER))
-    elapsed = _timed(fn, number)
-    for _ in range(3):
-        if elapsed >= min_s or number >= _MAX_NUMBER:
-            break
-        number = min(_MAX_NUMBER, max(number + 1, math.ceil(number * min_s / max(elapsed, 1e-9) * 1.1)))
-        elapsed = _timed(fn, number)
-    return [elapsed / number] + [_timed(fn, number) / number for _ in range(opts.repeat - 1)]
+    per_slice = max(1, math.ceil(SLICE_SECONDS / max(per_run, 1e-9)))
+    cap = REPEAT_CAP * max(min_s, per_run)
+
+    def repeats() -> list[float]:
+        nonlocal number
+        value, elapsed = _repeat(fn, number, per_slice, cap)
+        for _ in range(3):  # the pilot can be off (a cold first run): raise `number` on the first repeat
+            if elapsed >= min_s or number >= _MAX_NUMBER:
+                break
+            number = min(_MAX_NUMBER, max(number + 1, math.ceil(number * min_s / max(elapsed, 1e-9) * 1.1)))
+            value, elapsed = _repeat(fn, number, per_slice, cap)
+        return [value] + [_repeat(fn, number, per_slice, cap)[0] for _ in range(opts.repeat - 1)]
+
+    return measure_quietly(
+        repeats,
+        opts.max_interference,
+        opts.max_spread,
+        opts.max_retries if retries is None else retries,
+        sampler,
+    )
 
 
 def _pilot(fn: Callable[[], None]) -> float:
@@ -399,19 +466,35 @@ def _pilot(fn: Callable[[], None]) -> float:
         number *= 2
 
 
-def _time_flushed(fn: Callable[[], None], flush: Callable[[], None], opts: MeasureOptions) -> list[float]:
-    """Like `_time_kernel`, with the caches flushed before every run (flushing is not timed)."""
+def time_flushed(
+    fn: Callable[[], None],
+    flush: Callable[[], None],
+    opts: MeasureOptions,
+    sampler: Callable[[], CpuSample] | None = None,
+    retries: int | None = None,
+) -> tuple[list[float], Noise]:
+    """Like `time_kernel`, with the caches flushed before every run (flushing is not timed)."""
     number = opts.number or 1
-    costs = []
-    for _ in range(opts.repeat):
-        total = 0.0
-        for _ in range(number):
-            flush()
-            start = time.perf_counter()
-            fn()
-            total += time.perf_counter() - start
-        costs.append(total / number)
-    return costs
+
+    def repeats() -> list[float]:
+        costs = []
+        for _ in range(opts.repeat):
+            total = 0.0
+            for _ in range(number):
+                flush()
+                start = time.perf_counter()
+                fn()
+                total += time.perf_counter() - start
+            costs.append(total / number)
+        return costs
+
+    return measure_quietly(
+        repeats,
+        opts.max_interference,
+        opts.max_spread,
+        opts.max_retries if retries is None else retries,
+        sampler,
+    )
 
 
 def _load_reference(workdir: str, ref_path: str, n_inputs: int, seed: int) -> dict[str, np.ndarray]:
@@ -454,6 +537,7 @@ class _Bench:
         self.outputs = [_page_array(r, readonly=False) for r in self.refs]
         self.poison = [_poison(r) for r in self.refs]
         self.flush_buf = np.zeros(min(2 * _llc_bytes(), 512 << 20), np.uint8) if opts.flush_cache else None
+        self.quietness = Quietness()
 
     def flush(self) -> None:
         """Write over twice the last-level cache, then re-read the first input (the activation stays warm)."""
@@ -478,7 +562,9 @@ class _Bench:
             self.relaid[key] = inputs
         return self.relaid[key]
 
-    def run(self, request: tuple[str, float | None, list]) -> tuple[ErrorCode, str, list[float]]:
+    def run(
+        self, request: tuple[str, float | None, list]
+    ) -> tuple[ErrorCode, str, list[float], Noise | None]:
         from aotc.codegen.module import KernelError, load_library
 
         path, cutoff, layouts = request
@@ -496,19 +582,19 @@ class _Bench:
             fn = kernel.prepare(*inputs, *self.outputs)
         except Exception as err:
             _unload(lib)
-            return ErrorCode.COMPILE_DEVICE, _error_text(err), []
+            return ErrorCode.COMPILE_DEVICE, _error_text(err), [], None
         try:
             return self._check_and_time(fn, cutoff)
         except KernelError as err:
-            return ErrorCode.RUNTIME_DEVICE, str(err), []
+            return ErrorCode.RUNTIME_DEVICE, str(err), [], None
         except Exception:
-            return ErrorCode.UNKNOWN_ERROR, _tail(traceback.format_exc()), []
+            return ErrorCode.UNKNOWN_ERROR, _tail(traceback.format_exc()), [], None
         finally:
             _unload(lib)
 
     def _check_and_time(
         self, fn: Callable[[], None], cutoff: float | None
-    ) -> tuple[ErrorCode, str, list[float]]:
+    ) -> tuple[ErrorCode, str, list[float], Noise | None]:
         """The checked first run, then timing; a first run slower than `cutoff` is its only sample."""
         if self.opts.check_correctness:
             for out, poison in zip(self.outputs, self.poison):
@@ -520,12 +606,17 @@ class _Bench:
             for name, out, ref in zip(self.output_names, self.outputs, self.refs):
                 msg = _mismatch(name, out, ref, self.opts.rtol, self.opts.atol)
                 if msg:
-                    return ErrorCode.WRONG_ANSWER, msg, []
+                    return ErrorCode.WRONG_ANSWER, msg, [], None
         if cutoff is not None and first > cutoff:
-            return ErrorCode.NO_ERROR, "", [first]
+            return ErrorCode.NO_ERROR, "", [first], None
+        opts = self.opts
+        retries = self.quietness.retries(opts.max_retries)
         if self.flush_buf is not None:
-            return ErrorCode.NO_ERROR, "", _time_flushed(fn, self.flush, self.opts)
-        return ErrorCode.NO_ERROR, "", _time_kernel(fn, self.opts, first)
+            costs, noise = time_flushed(fn, self.flush, opts, retries=retries)
+        else:
+            costs, noise = time_kernel(fn, opts, first, retries=retries)
+        self.quietness.note(noise, opts.max_interference, opts.max_spread)
+        return ErrorCode.NO_ERROR, "", costs, noise
 
 
 def _unload(lib) -> None:
@@ -576,6 +667,8 @@ class Measurer:
                 f"the naive schedule of {self.dag} does not build ({ref.error.name}): {ref.msg}"
             )
         bench_args = (self.workdir, ref.path, len(self.dag.placeholders), self.options, self.threads)
+        if self.options.bind_threads:
+            env = env | {"OMP_PROC_BIND": "true", "OMP_PLACES": "cores"}
         self._runner = _Worker(self._ctx, "aotc-runner", _runner_main, (env, bench_args))
         self._workers.append(self._runner)
         self._await_runner()
@@ -643,11 +736,11 @@ class Measurer:
             return MeasureResult([], built.error, built.msg, build_seconds=build_share)
         start = time.perf_counter()
         try:
-            error, msg, costs = self._run(built.path, cutoff, built.layouts)
+            error, msg, costs, noise = self._run(built.path, cutoff, built.layouts)
         finally:
             with contextlib.suppress(OSError):
                 os.unlink(built.path)
-        return MeasureResult(costs, error, msg, build_share, time.perf_counter() - start)
+        return MeasureResult(costs, error, msg, build_share, time.perf_counter() - start, noise=noise)
 
     # -- building
 
@@ -725,7 +818,9 @@ class Measurer:
             if kind == "failed":
                 raise MeasureError(f"the runner process failed to start:\n{payload}")
 
-    def _run(self, path: str, cutoff: float | None, layouts: list) -> tuple[ErrorCode, str, list[float]]:
+    def _run(
+        self, path: str, cutoff: float | None, layouts: list
+    ) -> tuple[ErrorCode, str, list[float], Noise | None]:
         r = self._runner
         if not r.proc.is_alive():
             r.restart()
@@ -735,7 +830,7 @@ class Measurer:
             r.submit(0, (path, cutoff, layouts), timeout)
             if not r.conn.poll(timeout):
                 r.restart()
-                return ErrorCode.RUN_TIMEOUT, f"the kernel did not finish within {timeout:g} s", []
+                return ErrorCode.RUN_TIMEOUT, f"the kernel did not finish within {timeout:g} s", [], None
             kind, payload = r.receive()
         except (EOFError, OSError):
             reason = r.death_reason()
@@ -744,6 +839,7 @@ class Measurer:
                 ErrorCode.RUNTIME_DEVICE,
                 f"the runner process died while running the kernel ({reason})",
                 [],
+                None,
             )
         _, result = payload
         return result

@@ -1,10 +1,22 @@
 """Tuning records: one measured candidate per JSON line (ANSOR.md §7), append-only, versioned.
 
 A line is `{"v", "workload_key", "fingerprint", "target", "hw", "steps", "costs", "error",
-"error_msg", "timestamp", "aotc_version", "host"}`. Loading never fails on a bad line: lines of an
-unknown (newer) format version and corrupt lines are skipped with a warning. Records are applied
-only to the exact target string and the exact DAG fingerprint, and only after their steps replay
-and lower on the DAG (ANSOR.md §1.4 and §7.2, "Note for us").
+"error_msg", "timestamp", "aotc_version", "host"}`, and, for a candidate timed since aotc measures
+interference, `"noise": {"interference", "spread", "retries"}` (aotc.search.interference). Loading
+never fails on a bad line: lines of an unknown (newer) format version and corrupt lines are skipped
+with a warning. Records are applied only to the exact target string and the exact DAG fingerprint,
+and only after their steps replay and lower on the DAG (ANSOR.md §1.4 and §7.2, "Note for us").
+
+The format version `v` changes only when a reader of the previous version would misread a line.
+An optional field that older readers ignore does not change it: `noise` came in version 1, a line
+without it loads as a record whose noise is unknown, and older aotc versions read the new lines.
+
+Ranking records of one key (`rank_cost`, used wherever "the best record" is chosen): the mean cost
+inflated by the record's relative uncertainty, the spread (max - min) / min of its repeats, plus
+`DISTURBED_MARGIN` where other processes took more than `DISTURBED_INTERFERENCE` of the CPU while
+it was timed. A noisy record must beat a quiet one by its noise to rank first, so a lucky noisy
+timing does not displace a schedule measured quietly; among records measured alike, the cost decides.
+Records without a noise field get the spread of their costs and no margin.
 """
 
 from __future__ import annotations
@@ -20,11 +32,14 @@ from dataclasses import asdict, dataclass, field
 
 from aotc import __version__
 from aotc.schedule.state import State
-from aotc.search.common import MeasureResult
+from aotc.search.common import MeasureResult, Noise
+from aotc.search.interference import spread
 from aotc.target import Target, _host_cores
 from aotc.te.dag import ComputeDAG
 
 __all__ = [
+    "DISTURBED_INTERFERENCE",
+    "DISTURBED_MARGIN",
     "RECORD_VERSION",
     "Record",
     "RecordWarning",
@@ -34,11 +49,14 @@ __all__ = [
     "best_records",
     "host_info",
     "load_records",
+    "rank_cost",
 ]
 
 RECORD_VERSION = 1
 _ERROR_MSG_LIMIT = 1000
 _LINES_NAMED = 20
+DISTURBED_INTERFERENCE = 0.2  # the measurer's default max_interference
+DISTURBED_MARGIN = 0.05
 
 
 class RecordWarning(UserWarning):
@@ -61,6 +79,7 @@ class Record:
     aotc_version: str = __version__
     host: dict = field(default_factory=dict)
     version: int = RECORD_VERSION
+    noise: Noise | None = None  # None: measured before aotc recorded noise, or not timed
 
     @property
     def ok(self) -> bool:
@@ -86,6 +105,7 @@ class Record:
             error_msg=result.error_msg[:_ERROR_MSG_LIMIT],
             timestamp=float(result.timestamp),
             host=host_info(),
+            noise=result.noise,
         )
 
     def to_json(self) -> str:
@@ -104,6 +124,12 @@ class Record:
             "aotc_version": self.aotc_version,
             "host": self.host,
         }
+        if self.noise is not None:
+            obj["noise"] = {
+                "interference": round(self.noise.interference, 4),
+                "spread": round(self.noise.spread, 4),
+                "retries": self.noise.retries,
+            }
         return json.dumps(obj, separators=(",", ":"), allow_nan=False)
 
     @staticmethod
@@ -126,6 +152,7 @@ class Record:
                 aotc_version=_typed(obj, "aotc_version", str),
                 host=_typed(obj, "host", dict),
                 version=_typed(obj, "v", int),
+                noise=_noise(obj["noise"]) if obj.get("noise") is not None else None,
             )
         except TypeError as err:
             raise ValueError(str(err)) from None
@@ -136,6 +163,27 @@ class Record:
         from aotc.schedule.steps import replay, steps_from_json
 
         return replay(dag, steps_from_json(self.steps))
+
+
+def _noise(obj) -> Noise:
+    if not isinstance(obj, dict):
+        raise ValueError(f"field 'noise' has the wrong type ({type(obj).__name__})")
+    interference = float(_typed(obj, "interference", int | float))
+    spread_ = float(_typed(obj, "spread", int | float))
+    retries = _typed(obj, "retries", int)
+    if not (0 <= interference <= 1 and spread_ >= 0 and retries >= 0):
+        raise ValueError(f"field 'noise' out of range: {obj}")
+    return Noise(interference, spread_, retries)
+
+
+def rank_cost(rec: Record) -> float:
+    """The cost by which records of one key are ranked (module docstring); inf for a failed one."""
+    if not rec.ok:
+        return math.inf
+    uncertainty = spread(rec.costs)
+    if rec.noise is not None and rec.noise.interference > DISTURBED_INTERFERENCE:
+        uncertainty += DISTURBED_MARGIN
+    return rec.mean_cost * (1.0 + uncertainty)
 
 
 def _typed(obj: dict, key: str, kind):
@@ -287,13 +335,13 @@ def _warn_skipped(path: str, corrupt: list[tuple[int, str]], newer: list[int]) -
 
 
 def best_records(records: Iterable[Record]) -> dict[tuple[str, str], Record]:
-    """The fastest valid record per (workload_key, target string)."""
+    """The best valid record (lowest `rank_cost`) per (workload_key, target string)."""
     best: dict[tuple[str, str], Record] = {}
     for rec in records:
         if not rec.ok:
             continue
         key = (rec.workload_key, rec.target)
-        if key not in best or rec.mean_cost < best[key].mean_cost:
+        if key not in best or rank_cost(rec) < rank_cost(best[key]):
             best[key] = rec
     return best
 
@@ -301,7 +349,7 @@ def best_records(records: Iterable[Record]) -> dict[tuple[str, str], Record]:
 def apply_best(
     records: Iterable[Record] | str | os.PathLike, dag: ComputeDAG, target: Target
 ) -> tuple[State, Record] | None:
-    """The state of the fastest valid record for exactly this target string and DAG fingerprint.
+    """The state of the best valid record (`rank_cost`) for exactly this target string and DAG fingerprint.
 
     Records measured with the target's hardware parameters come first. Each candidate is replayed
     and lowered on `dag`; one that fails is skipped with a warning and the next best is tried.
@@ -312,7 +360,7 @@ def apply_best(
         records = load_records(records)
     target_str, hw = str(target), asdict(target.hw)
     matching = [r for r in records if r.ok and r.target == target_str and r.fingerprint == dag.fingerprint]
-    matching.sort(key=lambda r: (r.hw != hw, r.mean_cost))
+    matching.sort(key=lambda r: (r.hw != hw, rank_cost(r)))
     for rec in matching:
         try:
             state = rec.state(dag)
