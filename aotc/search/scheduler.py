@@ -160,7 +160,8 @@ class TaskScheduler:
     """Spends a trial budget across tasks, one search round at a time (ANSOR.md §5.3).
 
     `baseline_trials` > 0 starts with a round of that many trials per task (the round function's initial
-    states: the default schedule), so the end-to-end estimate exists before any search has run.
+    states: the default schedule, and schedules transferred from other CPUs), so the end-to-end estimate
+    exists before any search has run; a sequence gives each task its own count (0: no baseline round).
     """
 
     def __init__(
@@ -181,7 +182,7 @@ class TaskScheduler:
         callbacks: Sequence[Callable[[TaskScheduler, RoundReport], None]] = (),
         log: Callable[[str], None] | None = None,
         table: bool = True,
-        baseline_trials: int = 0,
+        baseline_trials: int | Sequence[int] = 0,
     ):
         if strategy not in ("gradient", "round-robin"):
             raise ValueError(f"unknown task scheduler strategy {strategy!r} (gradient or round-robin)")
@@ -201,7 +202,11 @@ class TaskScheduler:
         self.callbacks = list(callbacks)
         self.log = log or (lambda line: print(line, flush=True))
         self.table = table
-        self.baseline_trials = baseline_trials
+        if isinstance(baseline_trials, int):
+            baseline_trials = [baseline_trials] * len(self.tasks)
+        if len(baseline_trials) != len(self.tasks):
+            raise ValueError(f"{len(baseline_trials)} baseline trial counts for {len(self.tasks)} tasks")
+        self.baseline_trials = list(baseline_trials)
         self.flops = np.asarray([max(t.dag.flop_count, 0) for t in self.tasks], dtype=np.float64)
         self.progress = [TaskProgress() for _ in self.tasks]
         self.group_of: dict[int, list[int]] = {}
@@ -265,9 +270,10 @@ class TaskScheduler:
         reason = ""
         try:
             fresh = [i for i in self.live() if self.progress[i].rounds == 0]
-            if self.baseline_trials:
+            if any(self.baseline_trials[i] for i in fresh):
                 for i in fresh:
-                    reason = reason or self._step(i, "baseline", self.baseline_trials)
+                    if self.baseline_trials[i]:
+                        reason = reason or self._step(i, "baseline", self.baseline_trials[i])
                 fresh.reverse()  # the measurers of the last tasks are still open
             for i in fresh:
                 if not reason and not self.progress[i].dead:

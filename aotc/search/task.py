@@ -121,7 +121,11 @@ class TaskSearch:
         self.rounds = 0
         self.seconds = {"search": 0.0, "build": 0.0, "run": 0.0, "model": 0.0}
         self.start = time.perf_counter()
-        self._initial = list(initial_states)
+        # one of each schedule (the first): a transferred record may hold the default schedule's steps
+        unique: dict[str, State] = {}
+        for st in initial_states:
+            unique.setdefault(state_key(st) or repr(st.steps), st)
+        self._initial = list(unique.values())
 
     @property
     def trials(self) -> int:
@@ -156,6 +160,10 @@ class TaskSearch:
             self.result.trials = trials
             self.resumed += len(states)
         return len(states)
+
+    def pending_initial(self) -> int:
+        """How many initial states are not measured yet (resumed records may hold some)."""
+        return sum((state_key(st) or "") not in self.measured for st in self._initial)
 
     def cost_of(self, state: State) -> float | None:
         """The measured cost of `state` (inf if it failed), or None if it was never measured."""
