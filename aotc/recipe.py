@@ -25,7 +25,7 @@ MODEL_SUFFIXES = (".onnx", ".tflite")
 
 _TOP_KEYS = ("model", "inputs", "target", "output", "tuning", "validate", "winograd", "nhwc")
 _INPUT_KEYS = ("shape", "dtype")
-_TUNING_KEYS = ("trials", "deadline", "records", "tophub")
+_TUNING_KEYS = ("trials", "deadline", "records", "tophub", "transfer")
 _TAG = "tag:yaml.org,2002:"
 _TYPE_NAMES = {"str": "a string", "int": "an integer", "float": "a number", "bool": "a boolean"}
 _TYPE_NAMES |= {"null": "null", "seq": "a list", "map": "a mapping", "timestamp": "a date"}
@@ -49,12 +49,14 @@ class InputSpec:
 
 @dataclass(frozen=True)
 class TuningSpec:
-    """Tuning options; None means "not set, use the tuner's default". ``tophub=[]`` means no tophub."""
+    """Tuning options; None means "not set, use the tuner's default". ``tophub=[]`` means no tophub.
+    ``transfer``: measure records of other CPUs of the target's ISA here (aotc/hub/transfer.py)."""
 
     trials: int | None = None
     deadline_seconds: float | None = None
     records: Path | None = None
     tophub: list[str] | None = None
+    transfer: bool = True
 
 
 @dataclass(frozen=True)
@@ -84,6 +86,7 @@ class Recipe:
                 "deadline": self.tuning.deadline_seconds,
                 "records": None if self.tuning.records is None else str(self.tuning.records),
                 "tophub": self.tuning.tophub,
+                "transfer": self.tuning.transfer,
             },
             "validate": self.validate,
             "winograd": self.winograd,
@@ -272,6 +275,7 @@ class _Loader:
             deadline_seconds=self.optional(entries, "deadline", self.deadline, None, key),
             records=self.optional(entries, "records", self.path_value, None, key),
             tophub=self.optional(entries, "tophub", self.tophub, None, key),
+            transfer=self.optional(entries, "transfer", self.boolean, TuningSpec.transfer, key),
         )
 
     def trials(self, node: Node, key: str) -> int:

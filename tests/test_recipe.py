@@ -44,6 +44,7 @@ def test_full_recipe(write, tmp_path):
         "  deadline: 1h30m\n"
         "  records: tuning/m.jsonl\n"
         "  tophub: [hub, https://example.com/bundle.tophub]\n"
+        "  transfer: false\n"
         "validate: false\n"
         "winograd: false\n"
         "nhwc: false\n"
@@ -59,6 +60,7 @@ def test_full_recipe(write, tmp_path):
         5400.0,
         tmp_path / "tuning" / "m.jsonl",
         [str(tmp_path / "hub"), "https://example.com/bundle.tophub"],
+        transfer=False,
     )
     assert r.validate is False and r.winograd is False and r.nhwc is False
 
@@ -73,7 +75,14 @@ def test_defaults_are_resolved(write, tmp_path):
     assert d["model"] == str(tmp_path / "models" / "m.onnx")
     assert d["output"] == str(tmp_path / "build" / "m.aotc")
     assert d["validate"] is True and d["winograd"] is True and d["nhwc"] is True
-    assert d["tuning"] == {"trials": None, "deadline": None, "records": None, "tophub": None}
+    assert d["tuning"] == {
+        "trials": None,
+        "deadline": None,
+        "records": None,
+        "tophub": None,
+        "transfer": True,
+    }
+    assert r.tuning.transfer is True  # records of other CPUs of this ISA are measured here by default
 
 
 def test_null_values_mean_default(write):
@@ -164,6 +173,8 @@ ERRORS = [
         "expected a list of paths or URLs, or 'none'",
     ),
     (GOOD + "tuning:\n  tophub: [a, 3]\n", 3, "tuning.tophub[1]", "expected a string"),
+    (GOOD + "tuning:\n  transfer: no-thanks\n", 3, "tuning.transfer", "expected a boolean (true or false)"),
+    (GOOD + "tuning:\n  transfr: false\n", 3, "tuning.transfr", "(did you mean 'transfer'?)"),
     (GOOD + "tuning: 5\n", 2, "tuning", "expected a mapping, got an integer"),
     (GOOD + "target: gpu\n", 2, "target", "unknown kind 'gpu'"),
     (GOOD + "target: llvm -mcpu=native -num-cores=0\n", 2, "target", "-num-cores must be a positive integer"),
