@@ -134,6 +134,35 @@ def test_record_for_another_cpu_is_stale_and_not_applied(tmp_path, home):
     assert miss.status == "miss" and miss.state is None and "no record for workload" in miss.reason
 
 
+def test_records_of_another_cpu_of_the_isa_are_candidates_never_hits(tmp_path, home):
+    from aotc.hub import find_transfers
+
+    dag = matmul()
+    arm = parse_target("llvm -mtriple=aarch64-linux-gnu -mcpu=neoverse-v1")
+    broken = dataclasses.replace(record(dag, split_state(dag, 2), 1e-7), steps=[["SP", 99, 0, 16, [2], 1]])
+    recs = [record(dag, split_state(dag, f), c) for f, c in [(2, 4e-5), (4, 1e-5), (8, 2e-5), (16, 3e-5)]]
+    recs += [broken, record(dag, split_state(dag, 4), 2e-6, arm), record(dag, split_state(dag, 8), 9e-5, ZEN)]
+    store(home / "tophub", recs)
+    sources = chain(tmp_path)
+    zen8 = parse_target("llvm -mcpu=znver4 -num-cores=8")
+    found = sources.lookup(dag, zen8)
+    assert found.status == "stale" and found.state is None  # exact keys only, as before
+
+    (transfer,) = find_transfers(sources, [dag], zen8, defaults=[split_state(dag, 8)])
+    # the same CPU model first (another core count), then skylake's fastest: the broken one is skipped,
+    # and its split-by-8 has the znver4 record's steps, already taken
+    origins = [c.origin for c in transfer.candidates]
+    assert origins == ["znver4 with another core count", "skylake-avx512", "skylake-avx512"]
+    assert [c.record.mean_cost for c in transfer.candidates] == pytest.approx([9e-5, 1e-5, 3e-5])
+    assert [c.same_as_default for c in transfer.candidates] == [True, False, False]
+    assert transfer.seeds == [c.state for c in transfer.candidates[1:]]
+    assert "does not replay: ScheduleError" in transfer.skipped[0] and "user:" in transfer.skipped[0]
+    assert str(transfer).startswith("transferred from znver4 with another core count, skylake-avx512: 3 ")
+    # another architecture never transfers; a task with no foreign record has no transfer at all
+    assert find_transfers(sources, [dag, dense()], arm) == [None, None]
+    assert find_transfers(sources, [dense()], ZEN) == [None]
+
+
 def test_format_version_mismatch_is_stale(tmp_path, home):
     dag = matmul()
     old = json.loads(record(dag, split_state(dag, 4), 1e-5).to_json()) | {"v": 0}
@@ -488,6 +517,21 @@ def test_warm_start_trains_on_records_of_the_given_workloads(tmp_path, home):
         )
         == 0
     )
+
+
+def test_warm_start_with_transfer_adds_other_cpus_as_tasks_of_their_own(tmp_path, home):
+    from aotc.search.cost_model import XGBCostModel
+
+    dag = matmul()
+    store(
+        home / "tophub", [record(dag, split_state(dag, f), c) for f, c in [(2, 4e-5), (4, 1e-5), (8, 2e-5)]]
+    )
+    store(home / "tophub", [record(dag, split_state(dag, 16), 3e-5, ZEN)])
+    model = XGBCostModel(num_warmup_sample=2, nthread=1)
+    assert warm_start(model, open_sources(None, None), ZEN, {"matmul": dag}) == 1
+    assert warm_start(model, open_sources(None, None), ZEN, {"matmul": dag}, transfer=True) == 4
+    # foreign costs are normalized among themselves: another CPU's times never mix with this one's
+    assert set(model.tasks) == {dag.workload_key, f"{dag.workload_key}@{SKX}"}
 
 
 @pytest.mark.slow

@@ -10,6 +10,7 @@ from aotc.hub.store import (
     shipped_store_dir,
     user_store_dir,
 )
+from aotc.hub.transfer import Transfer, find_transfers
 from aotc.hub.warm import warm_start
 
 __all__ = [
@@ -19,9 +20,11 @@ __all__ = [
     "Lookup",
     "RecordSources",
     "TargetKey",
+    "Transfer",
     "explain_package",
     "export_bundle",
     "fetch_bundle",
+    "find_transfers",
     "merge_into_store",
     "open_sources",
     "prune_store",

@@ -156,6 +156,18 @@ class RecordSources:
         key = TargetKey.of(target)
         return [e.record for e in self._load() if e.record.ok and _key(e.record) == key]
 
+    def records_across(self, target: Target) -> list[tuple[Record, str, TargetKey]]:
+        """Valid records measured for another CPU of the target's ISA (another -mcpu, -mattr features or
+        core count, same kind and architecture), each with its origin and key: candidates to measure
+        here, never applied for their foreign cost."""
+        key = TargetKey.of(target)
+        out = []
+        for e in self._load():
+            other = _key(e.record)
+            if e.record.ok and other != key and same_isa(other, key):
+                out.append((e.record, e.where, other))
+        return out
+
     def save(self, records: Iterable[Record]) -> None:
         """Append records to the user store (also when reading the stores is disabled)."""
         append_to_store(self.user_store, records)
@@ -204,6 +216,12 @@ class RecordSources:
 
 def _key(rec: Record) -> TargetKey:
     return TargetKey.of_record(rec.target, rec.host)
+
+
+def same_isa(a: TargetKey, b: TargetKey) -> bool:
+    """Both CPU targets of one architecture (x86_64, aarch64, ...): a schedule of one replays, compiles
+    and runs on the other, however their CPU models, features or core counts differ."""
+    return a.kind == b.kind == "llvm" and bool(a.arch) and a.arch == b.arch
 
 
 def _same_workload(a: str, b: str) -> bool:

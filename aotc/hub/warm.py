@@ -20,25 +20,31 @@ def warm_start(
     target: Target,
     dags: dict[str, ComputeDAG],
     max_per_workload: int = 512,
+    transfer: bool = False,
 ) -> int:
     """Train `model` on the stored records of `target` whose fingerprint is one of `dags` (the tasks of
     the model being built; a record's features need its DAG). Returns how many programs were added.
 
-    Each workload contributes its `max_per_workload` fastest records; records that no longer replay are
+    With `transfer`, records of other CPUs of the same ISA count too, each CPU class as a task of its own:
+    the model's labels are normalized per task, so foreign costs only rank schedules among themselves.
+    Each group contributes its `max_per_workload` fastest records; records that no longer replay are
     skipped. The model trains once, at the end, if it then holds more than its warm-up sample.
     """
     from aotc.search.features import state_features
 
     by_fingerprint = {dag.fingerprint: dag for dag in dags.values()}
-    groups: dict[str, list[Record]] = {}
+    groups: dict[tuple[str, str], list[Record]] = {}
     for rec in sources.records_for(target):
         if rec.fingerprint in by_fingerprint:
-            groups.setdefault(rec.fingerprint, []).append(rec)
+            groups.setdefault((rec.fingerprint, ""), []).append(rec)
+    for rec, _, key in sources.records_across(target) if transfer else ():
+        if rec.fingerprint in by_fingerprint:
+            groups.setdefault((rec.fingerprint, key.text), []).append(rec)
     added = 0
     warmup = model.num_warmup_sample
     model.num_warmup_sample = sys.maxsize  # no retraining after each workload: once, below
     try:
-        for fingerprint, recs in groups.items():
+        for (fingerprint, origin), recs in groups.items():
             dag = by_fingerprint[fingerprint]
             feats, costs = [], []
             for rec in sorted(recs, key=lambda r: r.mean_cost)[:max_per_workload]:
@@ -50,7 +56,9 @@ def warm_start(
                 if len(f):
                     feats.append(f)
                     costs.append(rec.mean_cost)
-            model.add_training_data(dag.workload_key, feats, costs)
+            model.add_training_data(
+                f"{dag.workload_key}@{origin}" if origin else dag.workload_key, feats, costs
+            )
             added += len(feats)
     finally:
         model.num_warmup_sample = warmup
