@@ -19,7 +19,8 @@ from aotc import __version__
 from aotc.graph.ir import Graph, Value
 from aotc.graph.partition import FusedGroup, Task, extract_tasks, group_dag, partition
 from aotc.graph.passes import optimize
-from aotc.hub import Lookup, RecordSources, open_sources
+from aotc.hub import Lookup, RecordSources, Transfer, find_transfers, open_sources
+from aotc.hub.transfer import describe_outcome, transfer_outcome
 from aotc.ir.stmt import PrimFunc
 from aotc.memory import Lifetime, plan_memory
 from aotc.recipe import Recipe
@@ -105,6 +106,21 @@ def lookup_kernels(sources: RecordSources, tasks: list[Task], target: Target) ->
     return [sources.lookup(task.dag, target) for task in tasks]
 
 
+def transfer_candidates(
+    sources: RecordSources, tasks: list[Task], lookups: list[Lookup], target: Target, enabled: bool
+) -> list[Transfer | None]:
+    """Per task without a hit, the schedules of other CPUs of the target's ISA to measure here."""
+    if not enabled:
+        return [None] * len(tasks)
+    todo = [i for i, found in enumerate(lookups) if found.status != "hit"]
+    defaults = [default_schedule(tasks[i].dag, target) for i in todo]
+    found = find_transfers(sources, [tasks[i].dag for i in todo], target, defaults=defaults)
+    out: list[Transfer | None] = [None] * len(tasks)
+    for i, transfer in zip(todo, found):
+        out[i] = transfer
+    return out
+
+
 def tune_tasks(
     tasks: list[Task],
     target: Target,
@@ -118,6 +134,7 @@ def tune_tasks(
     callbacks: Sequence[Callable] = (),
     options: TuningOptions | None = None,
     log: Callable[[str], None] = print,
+    transfers: Sequence[Transfer | None] = (),
 ) -> TuningRun:
     """Tune the tasks with the gradient task scheduler until `trials` or the `deadline` (time.monotonic()).
 
@@ -125,15 +142,20 @@ def tune_tasks(
     others; with `resume`, every task goes on and the trials already in `records` count toward the budget.
     Nothing already in `records` is measured again. The shared cost model starts from the stored
     records of these tasks (every source of the chain).
+
+    `transfers[i]` (schedules of other CPUs) join the default schedule in task i's first round, measured
+    here, and then seed its search; their records warm-start the cost model too. `trials=0` measures
+    only those first rounds: the tasks that have transferred schedules, nothing else.
     """
     from aotc.hub import warm_start
     from aotc.search.cost_model import XGBCostModel
 
     options = options or TuningOptions()
     measure = options.measure or MeasureOptions(repeat=3, min_repeat_ms=20)
-    defaults = [[default_schedule(t.dag, target)] for t in tasks]
+    seeds = [tr.seeds if tr else [] for tr in transfers or [None] * len(tasks)]
+    initial = [[default_schedule(t.dag, target), *seed] for t, seed in zip(tasks, seeds)]
     model = XGBCostModel()
-    rounds = SearchRounds(tasks, target, model, records, measure, defaults, options.seed, options.population)
+    rounds = SearchRounds(tasks, target, model, records, measure, initial, options.seed, options.population)
     scheduler = TaskScheduler(
         tasks,
         rounds,
@@ -142,9 +164,10 @@ def tune_tasks(
         seed=options.seed,
         callbacks=callbacks,
         log=log,
-        baseline_trials=1,
+        baseline_trials=[1] * len(tasks),  # set per task below, once resumed records are known
     )
     restored = [0] * len(tasks)
+    only_seeds = trials == 0
     for i, (search, found) in enumerate(zip(rounds.searches, lookups)):
         if found.status == "hit" and not resume:
             scheduler.restore(i, 0, found.record.mean_cost, dead="cached")
@@ -153,14 +176,25 @@ def tune_tasks(
         if resume and done:
             scheduler.restore(i, done, search.result.best_cost)
             restored[i] = done
+        scheduler.baseline_trials[i] = search.pending_initial()
+        if only_seeds and not (seeds[i] and scheduler.baseline_trials[i]):
+            scheduler.restore(i, 0, search.result.best_cost, dead="no transferred schedule to measure")
     todo = len(scheduler.live())
     if not todo:
         log(f"all {len(tasks)} tasks have tuned records: nothing to tune")
         summary = TuneSummary(0, 0, 0.0, "every task is done")
         return TuningRun(scheduler, summary, [0] * len(tasks))
-    warm_start(model, sources, target, {t.workload_key: t.dag for t in tasks})
-    limits = [f"{trials} trials" if trials is not None else "", "a deadline" if deadline else ""]
-    log(f"tuning {todo} of {len(tasks)} tasks with {' and '.join(x for x in limits if x)}")
+    if only_seeds:
+        trials = sum(scheduler.baseline_trials[i] for i in scheduler.live())
+        log(
+            f"measuring {sum(len(seeds[i]) for i in scheduler.live())} schedule(s) transferred from other "
+            f"CPUs next to the default schedules of {todo} of {len(tasks)} tasks"
+        )
+    else:
+        dags = {t.workload_key: t.dag for t in tasks}
+        warm_start(model, sources, target, dags, transfer=any(tr is not None for tr in transfers))
+        limits = [f"{trials} trials" if trials is not None else "", "a deadline" if deadline else ""]
+        log(f"tuning {todo} of {len(tasks)} tasks with {' and '.join(x for x in limits if x)}")
     summary = scheduler.tune(trials, deadline)
     return TuningRun(scheduler, summary, [p.trials - r for p, r in zip(scheduler.progress, restored)])
 
@@ -208,14 +242,18 @@ def build(
     known = _load(records)
     sources = open_sources(records, tuning.tophub)
     lookups = lookup_kernels(sources, tasks, target)
+    transfers = transfer_candidates(sources, tasks, lookups, target, tuning.transfer)
     if explain_cache:
-        for i, (task, found) in enumerate(zip(tasks, lookups)):
-            log(f"task {i} {task.name} (weight {task.weight}): {found}")
+        for i, (task, found, transfer) in enumerate(zip(tasks, lookups, transfers)):
+            extra = "" if transfer is None else f"; {transfer}"
+            log(f"task {i} {task.name} (weight {task.weight}): {found}{extra}")
     wants_tuning = tuning.trials != 0 and (tuning.trials is not None or tuning.deadline_seconds is not None)
+    # without a budget, transferred schedules are still measured here against the default (~1 s a task)
+    seeding = not wants_tuning and any(tr is not None and tr.seeds for tr in transfers)
     run: TuningRun | None = None
-    if wants_tuning:
+    if wants_tuning or seeding:
         deadline = None
-        if tuning.deadline_seconds is not None:
+        if wants_tuning and tuning.deadline_seconds is not None:
             reserve = deadline_reserve(len(tasks), recipe.validate, tuning.deadline_seconds)
             deadline = started + tuning.deadline_seconds - reserve
         run = tune_tasks(
@@ -225,12 +263,13 @@ def build(
             sources,
             records,
             known,
-            tuning.trials,
+            tuning.trials if wants_tuning else 0,
             deadline,
             resume,
             callbacks,
             tuning_options,
             log,
+            transfers,
         )
         before = len(known)
         known = _load(records)
@@ -241,8 +280,13 @@ def build(
 
     t0 = time.perf_counter()
     defaults = [default_schedule(task.dag, target) for task in tasks]
+    outcomes = _transfer_outcomes(tasks, transfers, lookups, defaults, known, target)
+    if explain_cache:
+        for i, (task, outcome) in enumerate(zip(tasks, outcomes)):
+            if outcome is not None:
+                log(f"task {i} {task.name}: {describe_outcome(outcome)}")
     states = [found.state if found.state is not None else d for found, d in zip(lookups, defaults)]
-    sources = [_kernel_source(task, found) for task, found in zip(tasks, lookups)]
+    sources = [_kernel_source(task, found, out) for task, found, out in zip(tasks, lookups, outcomes)]
     rewritten = [rewrite_layout(state) for state in states]
     funcs = [lower(state, _symbol(i, task)) for i, (task, (state, _)) in enumerate(zip(tasks, rewritten))]
     layouts = [{layout.arg: layout for layout in task_layouts} for _, task_layouts in rewritten]
@@ -273,7 +317,9 @@ def build(
             os.unlink(tmp)
         raise
     t0 = time.perf_counter()
-    report = _build_report(recipe, target, tasks, lookups, defaults, known, records, run, timings, start)
+    report = _build_report(
+        recipe, target, tasks, lookups, defaults, known, records, run, timings, start, outcomes
+    )
     directory = write_report(report_dir(out), report)[0].parent
     timings["report"] = time.perf_counter() - t0
     result = BuildResult(out, graph, tasks, time.perf_counter() - start, timings, validation)
@@ -288,12 +334,36 @@ def _load(path: Path) -> list[Record]:
     return load_records(path) if path.exists() else []
 
 
-def _kernel_source(task: Task, found: Lookup) -> dict:
+def _transfer_outcomes(
+    tasks: list[Task],
+    transfers: list[Transfer | None],
+    lookups: list[Lookup],
+    defaults: list[State],
+    known: list[Record],
+    target: Target,
+) -> list[dict | None]:
+    """Per task with transferred schedules: what measuring them here gave (aotc.hub.transfer)."""
+    from aotc.schedule.steps import steps_to_json
+
+    out: list[dict | None] = []
+    for task, transfer, found, default in zip(tasks, transfers, lookups, defaults):
+        if transfer is None or not transfer.candidates:
+            out.append(None)
+            continue
+        mine = [r for r in known if r.fingerprint == task.dag.fingerprint and r.target == str(target)]
+        steps = json.loads(json.dumps(steps_to_json(default.steps)))
+        out.append(transfer_outcome(transfer, mine, found.record, steps))
+    return out
+
+
+def _kernel_source(task: Task, found: Lookup, transfer: dict | None = None) -> dict:
     """The manifest's account of where a kernel's schedule came from."""
     info: dict = {"fingerprint": task.dag.fingerprint}
     if found.record is None:
         return {"schedule": "default", **info}
     rec = found.record
+    if transfer is not None and transfer["kernel"] == "transferred":
+        info["transferred_from"] = transfer["from"]
     return {
         "schedule": "record",
         **info,
@@ -328,14 +398,18 @@ def _build_report(
     run: TuningRun | None,
     timings: dict[str, float],
     start: float,
+    transfers: list[dict | None],
 ) -> dict:
     counts: dict[str, int] = {}
     for r in records:
         if r.target == str(target):
             counts[r.fingerprint] = counts.get(r.fingerprint, 0) + 1
     rows = []
-    for i, (task, found, default) in enumerate(zip(tasks, lookups, defaults)):
+    for i, (task, found, default, transfer) in enumerate(zip(tasks, lookups, defaults, transfers)):
         best = found.record.mean_cost if found.record is not None else None
+        source = found.source if found.record is not None else "default schedule"
+        if transfer is not None and transfer["kernel"] == "transferred":
+            source = f"transferred from {transfer['from']} (measured here)"
         flops = task.dag.flop_count
         rows.append(
             {
@@ -350,8 +424,9 @@ def _build_report(
                 "best_latency_s": best,
                 "default_latency_s": _default_cost(task, default, records, target),
                 "gflops": flops / best / 1e9 if best else None,
-                "source": found.source if found.record is not None else "default schedule",
+                "source": source,
                 "lookup": str(found),
+                "transfer": transfer,
                 "dead": run.scheduler.progress[i].dead if run is not None else "",
             }
         )

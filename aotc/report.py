@@ -1,7 +1,8 @@
 """The build report: `<name>.report/` next to the package with report.json, report.md and curve.png.
 
 `report.json` is the data (per task: name, workload key, fingerprint, weight, FLOPs, trials, best and
-default-schedule latency, where the kernel came from; the tuning curve as [trials, wall seconds,
+default-schedule latency, where the kernel came from, and what schedules transferred from other CPUs
+measured here; the tuning curve as [trials, wall seconds,
 estimated end-to-end latency] triples). `report.md` is the same as tables; `curve.png` plots the
 estimated end-to-end latency against trials and against wall time. Every file is written atomically.
 """
@@ -78,9 +79,25 @@ def format_markdown(report: dict) -> str:
             f"| {t['id']} | {t['name']} | {t['weight']} | {t['flops'] / 1e6:.3f} | {t['trials']} "
             f"| {_ms(t.get('best_latency_s'))} | {_ms(t.get('default_latency_s'))} | {gflops} | {t['source']} |"
         )
+    transferred = [t for t in report["tasks"] if t.get("transfer")]
+    if transferred:
+        lines += ["", "## Schedules transferred from other CPUs (measured here)", ""]
+        lines += [f"- {t['id']} {t['name']}: {_transfer_line(t['transfer'])}" for t in transferred]
     if report.get("curve"):
         lines += ["", "Tuning curve: `curve.png` (estimated end-to-end latency vs trials and vs wall time)."]
     return "\n".join(lines) + "\n"
+
+
+def _transfer_line(transfer: dict) -> str:
+    cells = []
+    for c in transfer["candidates"]:
+        here = f"{_ms(c['cost_s'])} ms here" if c["cost_s"] is not None else c["problem"]
+        cells.append(f"{_ms(c['foreign_cost_s'])} ms on {c['from']} -> {here}")
+    cells += transfer["skipped"]
+    return (
+        f"transferred from {transfer['from']}: {'; '.join(cells)}; default schedule "
+        f"{_ms(transfer['default_cost_s'])} ms here; kernel: {transfer['kernel']}"
+    )
 
 
 def plot_curve(curve: list, file) -> None:

@@ -1,0 +1,134 @@
+"""Records across CPU classes in `aotc build`: records of the same workloads made for another CPU of this
+ISA are measured here against the default schedule (also without a tuning budget), the faster one is
+the kernel, and what was measured is stored as this CPU's records; `tuning.transfer: false` turns it off."""
+
+import dataclasses
+import json
+
+import pytest
+
+from aotc import models
+from aotc.build import TuningOptions, build, load_model
+from aotc.graph.partition import extract_tasks, partition
+from aotc.hub import open_sources
+from aotc.hub.store import append_to_store
+from aotc.recipe import load_recipe
+from aotc.schedule.default import default_schedule
+from aotc.search.common import ErrorCode, MeasureResult
+from aotc.search.measure import MeasureOptions
+from aotc.search.records import Record, load_records
+from aotc.target import parse_target
+
+FAST = TuningOptions(
+    measure=MeasureOptions(repeat=1, min_repeat_ms=1, n_build_workers=2), population=32, per_round=8
+)
+# Another CPU of this host's ISA: records made for it are transferable, never an exact hit here.
+OTHER = parse_target("llvm -mcpu=generic")
+FOREIGN_COST = 1e-9  # what the other CPU measured: far faster than anything here, so never trusted
+
+
+@pytest.fixture(autouse=True)
+def own_store(tmp_path, monkeypatch):
+    """A private user store (where the foreign records go) and no shipped or shared stores."""
+    monkeypatch.setenv("AOTC_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("AOTC_TOPHUB", raising=False)
+    monkeypatch.setenv("AOTC_SHIPPED_TOPHUB", "none")
+
+
+def mlp_recipe(tmp_path, tuning: str = "  trials: 0\n"):
+    models.save(models.mlp(), tmp_path / "mlp.onnx")
+    recipe = tmp_path / "mlp.yaml"
+    recipe.write_text(f"model: mlp.onnx\noutput: build/mlp.aotc\nvalidate: true\ntuning:\n{tuning}")
+    return load_recipe(recipe)
+
+
+def foreign_records(recipe, home) -> list:
+    """Per task of the recipe's model, records made for OTHER: its default schedule for OTHER (other
+    vector widths than this host's), and one whose steps do not replay."""
+    tasks = extract_tasks(partition(load_model(recipe)))
+    recs = []
+    for task in tasks:
+        state = default_schedule(task.dag, OTHER)
+        ok = MeasureResult([FOREIGN_COST], ErrorCode.NO_ERROR, "")
+        rec = Record.from_result(task.dag, OTHER, state, ok)
+        broken = dataclasses.replace(rec, steps=[["SP", 99, 0, 16, [2], 1]], costs=[FOREIGN_COST / 2])
+        recs += [rec, broken]
+    append_to_store(home / "tophub", recs)
+    return tasks
+
+
+def test_transfer_seeds_an_untuned_build_and_the_next_build_is_an_exact_hit(tmp_path):
+    recipe = mlp_recipe(tmp_path)
+    tasks = foreign_records(recipe, tmp_path / "home")
+    target = parse_target(recipe.target)
+    logs: list[str] = []
+    result = build(recipe, log=logs.append, explain_cache=True, tuning_options=FAST)
+    assert result.validation and all(r["ok"] for r in result.validation)
+    text = "\n".join(logs)
+    assert "stale: record for -mcpu=generic" in text  # the exact key still never matches
+    assert text.count("transferred from generic: 1 candidate(s) to measure here") == len(tasks)
+    assert "does not replay" in text  # the broken record: skipped with its reason, not a failed build
+    assert any(line.startswith("measuring ") for line in logs)
+    assert sum(f"task {i} {t.name}: transferred from generic: " in text for i, t in enumerate(tasks)) == len(
+        tasks
+    )
+
+    # measured here, written as this CPU's records: the default and the transferred schedule per task
+    here = load_records(tmp_path / "build" / "mlp.records.jsonl")
+    assert {r.target for r in here} == {str(target)}
+    assert all(r.mean_cost != FOREIGN_COST for r in here)
+    report = json.loads((tmp_path / "build" / "mlp.report" / "report.json").read_text())
+    for row in report["tasks"]:
+        transfer = row["transfer"]
+        assert transfer["from"] == "generic" and "does not replay" in transfer["skipped"][0]
+        assert transfer["default_cost_s"] is not None
+        (candidate,) = transfer["candidates"]
+        assert candidate["foreign_cost_s"] == FOREIGN_COST
+        assert candidate["cost_s"] is not None or candidate["same_as_default"]
+        # the kernel is whichever measured faster here, with this host's cost, never the foreign one
+        assert row["best_latency_s"] not in (None, FOREIGN_COST)
+        winner = "transferred" if row["best_latency_s"] < transfer["default_cost_s"] else "default"
+        assert transfer["kernel"] == winner
+        if winner == "transferred":
+            assert row["source"] == "transferred from generic (measured here)"
+    assert (
+        "Schedules transferred from other CPUs"
+        in (tmp_path / "build" / "mlp.report" / "report.md").read_text()
+    )
+
+    logs.clear()
+    build(recipe, log=logs.append, explain_cache=True, tuning_options=FAST)
+    assert not any(line.startswith("measuring ") for line in logs)
+    assert sum(
+        line.split(": ", 1)[1].startswith("hit: ") for line in logs if line.startswith("task ")
+    ) == len(tasks)
+    assert len(load_records(tmp_path / "build" / "mlp.records.jsonl")) == len(here)
+
+
+def test_transfer_false_turns_it_off(tmp_path):
+    recipe = mlp_recipe(tmp_path, "  trials: 0\n  transfer: false\n")
+    foreign_records(recipe, tmp_path / "home")
+    logs: list[str] = []
+    build(recipe, log=logs.append, explain_cache=True, tuning_options=FAST)
+    assert not any("transferred" in line or line.startswith("measuring ") for line in logs)
+    assert not (tmp_path / "build" / "mlp.records.jsonl").exists()
+    report = json.loads((tmp_path / "build" / "mlp.report" / "report.json").read_text())
+    assert all(row["transfer"] is None and row["source"] == "default schedule" for row in report["tasks"])
+
+
+def test_transfer_seeds_the_first_round_of_a_tuned_build(tmp_path):
+    recipe = mlp_recipe(tmp_path, "  trials: 12\n")
+    tasks = foreign_records(recipe, tmp_path / "home")
+    logs: list[str] = []
+    result = build(recipe, log=logs.append, tuning_options=FAST)
+    assert any(line.startswith("tuning ") for line in logs) and result.tuning.trials == 12
+    here = {json.dumps(r.steps) for r in load_records(tmp_path / "build" / "mlp.records.jsonl")}
+    assert 2 * len(tasks) <= 12  # room for every task's default and transferred schedule
+    sources = open_sources(None, None)
+    for task in tasks:  # the baseline round measured each task's transferred schedule next to its default
+        (rec,) = [
+            r
+            for r, _, _ in sources.records_across(parse_target(recipe.target))
+            if r.costs == [FOREIGN_COST] and r.fingerprint == task.dag.fingerprint
+        ]
+        assert json.dumps(rec.steps) in here
