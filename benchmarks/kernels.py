@@ -3,8 +3,8 @@ next to numpy/OpenBLAS on the same shapes, measured in the same run, with 1 and 
 
     python benchmarks/kernels.py [--quick]
 
-libgomp keeps its default wait policy here (spin briefly, then sleep), as a deployed runtime would;
-OpenBLAS's threads spin too. With OMP_WAIT_POLICY=passive every parallel region pays a wake-up.
+The kernels' own thread pool spins briefly after each region, then sleeps, as in a deployed package;
+OpenBLAS's threads spin too.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ import llvmlite.binding as llvm
 
 from aotc.codegen.irbuilder import CodegenError, FunctionBuilder, ModuleBuilder, string_const
 from aotc.codegen.stmtgen import StmtGen, all_buffers
+from aotc.codegen.threadpool import emit_thread_pool
 from aotc.codegen.vecmath import LIBMVEC_PATH, VecLib, veclib_for
 from aotc.ir.expr import Buffer
 from aotc.ir.stmt import PrimFunc
@@ -43,7 +44,7 @@ def build_llvm_ir(funcs: list[PrimFunc], target: Target) -> str:
         _check_name(func.name, mod)
     for func in funcs:
         _emit_kernel(mod, func, veclib)
-    _emit_runtime_helpers(mod)
+    emit_thread_pool(mod, target.isa)
     for func in funcs:
         if func.name in mod.decls:
             raise CodegenError(f"kernel name {func.name!r} clashes with the external function it calls")
@@ -93,19 +94,6 @@ def _metadata_global(func: PrimFunc) -> str:
     ]
     text, n = string_const(json.dumps({"name": func.name, "params": params}).encode())
     return f'@"{META_PREFIX}{func.name}" = constant [{n} x i8] {text}, align 1'
-
-
-def _emit_runtime_helpers(mod: ModuleBuilder) -> None:
-    mod.declare("omp_set_num_threads", "declare void @omp_set_num_threads(i32) nounwind")
-    mod.declare("omp_get_max_threads", "declare i32 @omp_get_max_threads() nounwind")
-    mod.functions.append(
-        "define weak_odr void @aotc_set_num_threads(i32 %n) #0 {\n"
-        "entry:\n  call void @omp_set_num_threads(i32 %n)\n  ret void\n}"
-    )
-    mod.functions.append(
-        "define weak_odr i32 @aotc_get_max_threads() #0 {\n"
-        "entry:\n  %n = call i32 @omp_get_max_threads()\n  ret i32 %n\n}"
-    )
 
 
 # ----------------------------------------------------------------------------- object code
@@ -182,16 +170,14 @@ def _link_inputs() -> tuple[str, list[str], dict[bytes, str]]:
     ld = "/usr/bin/ld" if os.path.exists("/usr/bin/ld") else shutil.which("ld")
     if ld is None:
         raise CodegenError("no linker: /usr/bin/ld not found")
-    gomp = _find_lib("libgomp.so.1", "libgomp.so")
-    if gomp is None:
-        raise CodegenError("libgomp not found (install gcc's OpenMP runtime)")
-    libm = _find_lib("libm.so.6")
+    # libpthread is empty on glibc >= 2.34 (its functions moved into libc) and needed before it
+    libs = [lib for lib in map(_find_lib, ("libm.so.6", "libpthread.so.0", "libc.so.6")) if lib]
     on_use = {b"_ZGV": LIBMVEC_PATH, b"hf2": _find_lib("libgcc_s.so.1")}
-    return ld, [gomp] + ([libm] if libm else []), {k: v for k, v in on_use.items() if v and os.path.exists(v)}
+    return ld, libs, {k: v for k, v in on_use.items() if v and os.path.exists(v)}
 
 
 def link_shared(objects: list[bytes], out_path: str) -> None:
-    """Link objects into a shared library at `out_path` (atomically replaced) needing libgomp and libm."""
+    """Link objects into a shared library at `out_path` (atomically replaced) needing libc and libm."""
     ld, libs, on_use = _link_inputs()
     libs = libs + [lib for marker, lib in on_use.items() if any(marker in obj for obj in objects)]
     out_dir = os.path.dirname(os.path.abspath(out_path))

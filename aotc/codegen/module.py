@@ -123,7 +123,7 @@ class KernelLibrary:
         return k
 
     def set_num_threads(self, n: int) -> None:
-        """Threads used by the parallel loops of kernels called from this thread."""
+        """Threads the parallel loops of this library's kernels use (the caller and n - 1 pool workers)."""
         if n < 1:
             raise ValueError(f"number of threads must be positive, got {n}")
         self._lib.aotc_set_num_threads(ctypes.c_int(n))

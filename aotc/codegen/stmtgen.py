@@ -1,4 +1,4 @@
-"""Statement code generation: loops (serial, unrolled, vectorized, OpenMP-parallel), allocation, control flow."""
+"""Statement code generation: loops (serial, unrolled, vectorized, parallel), allocation, control flow."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from aotc.codegen.irbuilder import (
     mem_type,
     vector_const_text,
 )
+from aotc.codegen.threadpool import MAX_TEAM, PARALLEL, TEAM_SIZE
 from aotc.codegen.vecmath import VecLib
 from aotc.ir.expr import Buffer, Expr, Load, Var, walk
 from aotc.ir.stmt import (
@@ -34,7 +35,6 @@ from aotc.ir.stmt import (
 MAX_STACK_BYTES = 256 * 1024
 MAX_UNROLL = 512
 MAX_LANES = 64
-MAX_TEAM = 64
 CACHE_LINE = 64
 CHUNKS_PER_THREAD = 8
 _MISSING = object()
@@ -340,8 +340,7 @@ class StmtGen(ExprGen):
         if self.counters is None:
             self.counters = fb.alloca("i8", MAX_TEAM * CACHE_LINE, CACHE_LINE)
         counters = self.counters
-        max_threads = self.mod.declare("omp_get_max_threads", "declare i32 @omp_get_max_threads() nounwind")
-        team = fb.op(f"call i32 {max_threads}()")
+        team = fb.op(f"call i32 {TEAM_SIZE}()")
         team = fb.op(f"call i32 @llvm.smin.i32(i32 {team}, i32 {MAX_TEAM})")
         self.mod.intrinsic("llvm.smin.i32", "i32", ["i32", "i32"])
         self.mod.intrinsic("llvm.memset.p0.i64", "void", ["ptr", "i8", "i64", "i1"])
@@ -355,8 +354,7 @@ class StmtGen(ExprGen):
             slot = fb.op(f"getelementptr i64, ptr {closure}, i64 {k}") if k else closure
             fb.emit(f"store {ty} {ref}, ptr {slot}")
         outlined = self._outline(s, vars_, bufs, [ty for ty, _ in values])
-        gomp = self.mod.declare("GOMP_parallel", "declare void @GOMP_parallel(ptr, ptr, i32, i32) nounwind")
-        fb.emit(f"call void {gomp}(ptr @{outlined}, ptr {closure}, i32 0, i32 0)")
+        fb.emit(f"call void {PARALLEL}(ptr @{outlined}, ptr {closure}, i32 {team})")
         if status:
             failed = fb.op(f"icmp ne i32 {fb.op(f'load i32, ptr {status}')}, 0")
             fail_l, ok_l = fb.label("par_fail"), fb.label("par_ok")
@@ -367,7 +365,7 @@ class StmtGen(ExprGen):
 
     def _outline(self, s: For, vars_: list[Var], bufs: list[Buffer], types: list[str]) -> str:
         name = self.mod.unique_name(f"{self.func_name}.par")
-        fb = FunctionBuilder(f'define internal void @"{name}"(ptr %closure) #0')
+        fb = FunctionBuilder(f'define internal void @"{name}"(ptr %closure, i32 %participant, i32 %team) #0')
         loaded = []
         for k, ty in enumerate(types):
             slot = fb.op(f"getelementptr i64, ptr %closure, i64 {k}") if k else "%closure"
@@ -400,11 +398,9 @@ class StmtGen(ExprGen):
         claims them in order, and a thread that ran out claims the rest. A quiet machine runs the static
         schedule; a core slowed down by another tenant no longer holds the whole region up.
         """
-        mod, fb = self.mod, self.fb
-        num = mod.declare("omp_get_num_threads", "declare i32 @omp_get_num_threads() nounwind")
-        tid = mod.declare("omp_get_thread_num", "declare i32 @omp_get_thread_num() nounwind")
-        n = Val(fb.op(f"sext i32 {fb.op(f'call i32 {num}()')} to i64"), "int64")
-        t = Val(fb.op(f"sext i32 {fb.op(f'call i32 {tid}()')} to i64"), "int64")
+        fb = self.fb
+        n = Val(fb.op("sext i32 %team to i64"), "int64")
+        t = Val(fb.op("sext i32 %participant to i64"), "int64")
         shared = self.icmp("sle", n, const_val(MAX_TEAM, "int64"))
         own = fb.alloca("i64", 1, 8)
         fb.emit(f"store i64 0, ptr {own}")

@@ -112,7 +112,7 @@ class CompiledModel:
 
     @property
     def num_threads(self) -> int:
-        """Threads the kernels' parallel loops use when run from this thread."""
+        """Threads the kernels' parallel loops use: the calling thread and n - 1 workers of the package's pool."""
         return int(self._lib.aotc_get_max_threads())
 
     @num_threads.setter
@@ -350,7 +350,7 @@ def _open_library(path: str, lib_path: str) -> ctypes.CDLL:
         return ctypes.CDLL(lib_path)
     except OSError as err:
         raise OSError(
-            f"{path}: cannot load its kernel library {lib_path} ({err}); the host needs libgomp and libm"
+            f"{path}: cannot load its kernel library {lib_path} ({err}); the host needs glibc (libc, libm)"
         ) from None
 
 

@@ -1,0 +1,122 @@
+"""The kernel library's own thread pool: no libgomp, correct team sizes, fork and unload safety."""
+
+from __future__ import annotations
+
+import _ctypes
+import ctypes
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from aotc.ir.expr import Buffer, Load, Var, cast, const
+from aotc.ir.stmt import BufferStore, PrimFunc
+from tests.concurrency import failures_in_threads
+from tests.test_codegen_llvm import P, build, loop
+
+N = 4096
+
+
+def _count_kernel(tmp_path, name="m"):
+    """`count(n, b)`: b[i] += 1 for i < n, in a parallel loop."""
+    n, b, i = Buffer("N", "int64", (1,)), Buffer("B", "int32", (N,)), Var("i")
+    body = BufferStore(b, Load(b, (i,)) + cast("int32", const(1)), (i,))
+    return build(tmp_path, PrimFunc("count", (n, b), loop(i, Load(n, (const(0),)), P, body, N)), name=name)
+
+
+def _check_counts(lib, threads: int, calls: int = 50) -> None:
+    lib.set_num_threads(threads)
+    for n in (0, 1, 7, 100, N):
+        b = np.zeros(N, np.int32)
+        for _ in range(calls):
+            lib.kernel("count")(np.array([n], np.int64), b)
+        np.testing.assert_array_equal(b, np.where(np.arange(N) < n, calls, 0))
+
+
+def _threads() -> set[int]:
+    return {int(t) for t in os.listdir("/proc/self/task")}
+
+
+def test_library_needs_no_openmp_runtime(tmp_path):
+    lib = _count_kernel(tmp_path)
+    dynamic = subprocess.run(["readelf", "-d", lib.path], capture_output=True, text=True, check=True).stdout
+    needed = [line for line in dynamic.splitlines() if "(NEEDED)" in line]
+    assert needed and not any("gomp" in line or "omp" in line.split("[")[-1] for line in needed), needed
+    symbols = subprocess.run(["readelf", "--dyn-syms", lib.path], capture_output=True, text=True).stdout
+    assert "GOMP_" not in symbols and "omp_get" not in symbols
+
+
+def test_default_team_is_the_affinity_mask(tmp_path):
+    lib = _count_kernel(tmp_path)
+    assert lib.max_threads() == len(os.sched_getaffinity(0))
+    lib._lib.aotc_set_num_threads(ctypes.c_int(0))  # clamped: a team has at least the caller
+    assert lib.max_threads() == 1
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3, 8])
+def test_every_iteration_runs_once_for_any_team(tmp_path, threads):
+    _check_counts(_count_kernel(tmp_path), threads)
+
+
+def test_concurrent_callers_share_one_pool(tmp_path):
+    """While one thread's region holds the pool, another thread's region runs alone and stays correct."""
+    lib = _count_kernel(tmp_path)
+    lib.set_num_threads(2)
+
+    def check(_):
+        b = np.zeros(N, np.int32)
+        for _ in range(200):
+            lib.kernel("count")(np.array([N], np.int64), b)
+        return bool(np.all(b == 200))
+
+    assert failures_in_threads(check, 4) == []
+
+
+def test_unloading_a_library_stops_its_workers(tmp_path):
+    """The tuner unloads every measured library: its destructor must join the workers first, or they
+    would run on in unmapped code."""
+    for k in range(3):
+        (tmp_path / str(k)).mkdir()
+        lib = _count_kernel(tmp_path / str(k), name=f"m{k}")
+        before = _threads()  # (other threads of this process may end meanwhile: compare thread ids)
+        _check_counts(lib, 3, calls=2)
+        workers = _threads() - before
+        assert len(workers) == 2
+        handle = lib._lib._handle
+        del lib
+        _ctypes.dlclose(handle)
+        assert not workers & _threads()
+
+
+def test_forked_child_starts_its_own_workers(tmp_path):
+    lib = _count_kernel(tmp_path)
+    _check_counts(lib, 2, calls=2)
+    pid = os.fork()
+    if pid == 0:  # the child has the parent's pool state but none of its threads
+        status = 1
+        try:
+            _check_counts(lib, 2, calls=20)
+            status = 0 if len(_threads()) == 2 else 2
+        finally:
+            os._exit(status)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_process_exits_cleanly_with_sleeping_workers(tmp_path):
+    """At exit the destructor wakes sleeping workers and joins them; the process must not hang."""
+    lib = _count_kernel(tmp_path)
+    code = (
+        "import ctypes, time, numpy as np\n"
+        f"lib = ctypes.CDLL({lib.path!r})\n"
+        "lib.aotc_set_num_threads(4)\n"
+        "n, b = np.array([4096], np.int64), np.zeros(4096, np.int32)\n"
+        "argv = (ctypes.c_void_p * 2)(n.ctypes.data, b.ctypes.data)\n"
+        "assert lib.count(argv) == 0\n"
+        "time.sleep(0.3)\n"  # the workers are asleep by now
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    ctypes.CDLL(lib.path)  # still loadable afresh here
