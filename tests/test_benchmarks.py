@@ -65,7 +65,10 @@ def test_contention_benchmark_runs_packages_next_to_onnxruntime(tmp_path, capsys
     with bench.private_store(tmp_path / "home"):
         package = build(load_recipe(bench.write_recipe(tmp_path / "pkg", model, "{trials: 0}"))).package
     capsys.readouterr()
-    assert _import("contention").main([str(model), str(package), "--rounds", "1"]) == 0
-    rows = {line.split()[0]: line.split()[1:] for line in capsys.readouterr().out.splitlines()[1:-1]}
+    assert _import("contention").main([str(model), str(package), "--rounds", "1", "--seconds", "0.2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    rows = {line.split()[0]: line.split()[1:] for line in lines[1:-1]}
     assert set(rows) == {"onnxruntime", str(package)}
-    assert rows["onnxruntime"][2:] == ["1.000", "1.000"]
+    assert len(rows[str(package)]) == 6  # idle, busy, side by side: latency, then ORT / latency
+    assert rows["onnxruntime"][3:] == ["1.000", "1.000", "1.000"]
+    assert "side by side" in lines[-1] and "cores)" in lines[-1]  # the CPU class
