@@ -35,7 +35,8 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument(
         "--explain-cache",
         action="store_true",
-        help="print, per task, whether a tuned record was found and why not",
+        help="print, per task, whether a tuned record was found and why not, and what records of other "
+        "CPUs (transferred) measured here",
     )
 
     r = sub.add_parser("run", help="run a package on inputs from .npy files")
