@@ -37,6 +37,10 @@ from aotc.te.dag import ComputeDAG
 INVALID = 1e10  # the cost of a task with no valid measurement (Ansor's convention)
 MIN_ROUND_TRIALS = 4  # under a deadline, a round that would have to shrink below this is not started
 ROUND_HISTORY = 3  # rounds whose timings estimate the next round's duration
+# A round's seconds per trial vary by more than its last rounds show: load from other processes comes and
+# goes, and a task's first search round compiles slower candidates than its default schedule. Under a
+# deadline a round is sized for this many times the estimate (a 90 s build overran by 23 s without it).
+DEADLINE_MARGIN = 1.5
 
 
 class SchedTask(Protocol):
@@ -376,7 +380,7 @@ class TaskScheduler:
         if not recent:
             return n
         fixed = max(f for _, f, _ in recent)
-        per_trial = max(p for _, _, p in recent)
+        per_trial = max(p for _, _, p in recent) * DEADLINE_MARGIN
         fit = n if per_trial <= 0 else int((left - fixed) / per_trial)
         return min(n, fit) if fit >= min(n, MIN_ROUND_TRIALS) else 0
 
