@@ -21,6 +21,7 @@ class TargetError(ValueError):
 class HardwareParams:
     num_cores: int
     vector_bytes: int
+    vector_registers: int = 16  # architectural SIMD registers: 16 ymm on AVX2, 32 zmm on AVX-512
     cache_line_bytes: int = 64
     max_threads_per_block: int = 1024
     warp_size: int = 32
@@ -135,7 +136,11 @@ def _default_hardware(t: Target) -> HardwareParams:
     if t.kind == "cuda":
         return HardwareParams(num_cores=1, vector_bytes=16)
     cores = t.num_cores or _host_cores()
-    return HardwareParams(num_cores=cores, vector_bytes=_vector_bytes(_arch_of(t.triple), t.mattr, t.mcpu))
+    arch = _arch_of(t.triple)
+    vector_bytes = _vector_bytes(arch, t.mattr, t.mcpu)
+    # AVX-512 doubles the register file along with the width; AArch64 has 32 NEON registers, ARMv7 16
+    registers = 32 if arch == "aarch64" or (arch == "x86_64" and vector_bytes == 64) else 16
+    return HardwareParams(num_cores=cores, vector_bytes=vector_bytes, vector_registers=registers)
 
 
 def _host_cores() -> int:

@@ -1,7 +1,8 @@
 """A deterministic rule-based schedule for any DAG: what an untuned build compiles.
 
 Strictly inlineable stages are inlined. Stages that need multi-level tiling (conv, matmul, ...) get
-SSRSRS tiles with a register block of about 16 vector accumulators, fused into their single
+SSRSRS tiles with a register block of up to 16 vector accumulators (12 where the target has 16 vector
+registers, as AVX2 has: 16 accumulators would spill their loads and broadcasts), fused into their single
 element-wise consumer or else through a cache_write stage; their outer loops run in parallel and
 their inner loops are vectorized and unrolled. Every other stage runs its outer loops in parallel
 (if it is big enough to pay for waking the threads) and vectorizes its innermost axis.
@@ -26,7 +27,8 @@ from aotc.target import Target
 from aotc.te.dag import ComputeDAG, reads_of
 from aotc.te.tensor import CONST_INDEX_AXES, LAYOUT_FREE, ComputeOp, IterVar
 
-VECTOR_REGISTERS = 16
+MAX_ACCUMULATORS = 16  # a register block's vector accumulators, at most
+SPARE_REGISTERS = 4  # registers a micro-kernel needs besides its accumulators (loads, broadcasts)
 AUTO_UNROLL = 64
 MIN_PARALLEL_POINTS = 4096  # below this a stage costs less than waking the thread pool
 # The most a parallel tile's own padded input may take: it stays on the thread's stack and in its L2.
@@ -151,8 +153,9 @@ def _tile_lengths(
         (a for a in spatial if a is not vec_axis and a.extent > 1),
         key=lambda a: (a.var in weight_vars, -a.extent),
     )
+    accumulators = min(MAX_ACCUMULATORS, target.hw.vector_registers - SPARE_REGISTERS)
     for a in others:
-        room = VECTOR_REGISTERS // regs
+        room = accumulators // regs
         if room < 2:
             break
         b = _block(a.extent, min(8, room))

@@ -1,0 +1,42 @@
+"""The untuned schedule fits the target's register file: AVX2 has 16 ymm registers, AVX-512 32 zmm."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from aotc.schedule.default import default_schedule
+from aotc.schedule.lower import infer_bound
+from aotc.target import parse_target
+from aotc.te.dag import ComputeDAG
+from aotc.te.tensor import placeholder
+from aotc.topi.nn import conv2d_nchw, matmul
+
+
+def _accumulators(dag: ComputeDAG, target) -> int:
+    """Vector accumulators of the register block: the innermost spatial tile, in registers."""
+    s = infer_bound(default_schedule(dag, target))
+    stage = next(st for st in s.stages if any(it.name.endswith(".3") for it in st.iters))
+    elements = math.prod(
+        it.extent for it in stage.iters if it.name.endswith(".3") and it.kind.name == "SPATIAL"
+    )
+    return elements // (target.hw.vector_bytes // 4)
+
+
+def _matmul(n: int) -> ComputeDAG:
+    return ComputeDAG([matmul(placeholder((n, n), "float32", "A"), placeholder((n, n), "float32", "B"))])
+
+
+def _conv(c: int, hw: int) -> ComputeDAG:
+    data = placeholder((1, c, hw, hw), "float32", "data")
+    weight = placeholder((c, c, 3, 3), "float32", "weight")
+    return ComputeDAG([conv2d_nchw(data, weight, (1, 1), (1, 1, 1, 1))])
+
+
+@pytest.mark.parametrize("dag", [_matmul(256), _matmul(384), _conv(64, 56), _conv(128, 28)], ids=str)
+@pytest.mark.parametrize(("cpu", "registers", "most"), [("znver3", 16, 12), ("znver4", 32, 16)])
+def test_register_block_fits_the_register_file(dag, cpu, registers, most):
+    target = parse_target(f"llvm -mcpu={cpu}")
+    assert target.hw.vector_registers == registers
+    assert 4 <= _accumulators(dag, target) <= most
