@@ -54,6 +54,7 @@ STARTUP_TIMEOUT = 120.0
 _MAX_NUMBER = 10**7
 _MSG_LIMIT = 4000
 SLICE_SECONDS = 1e-3  # a repeat is timed in slices this long (at least one run each)
+CUTOFF_RUNS = 4  # warm runs that may bring a candidate whose checked first run was slow under the cutoff
 REPEAT_CAP = 4.0  # a repeat stops after this many times its intended length (min_repeat_ms)
 
 
@@ -608,7 +609,9 @@ class _Bench:
                 if msg:
                     return ErrorCode.WRONG_ANSWER, msg, [], None
         if cutoff is not None and first > cutoff:
-            return ErrorCode.NO_ERROR, "", [first], None
+            first = _fastest_again(fn, cutoff)
+            if first > cutoff:
+                return ErrorCode.NO_ERROR, "", [first], None
         opts = self.opts
         retries = self.quietness.retries(opts.max_retries)
         if self.flush_buf is not None:
@@ -617,6 +620,19 @@ class _Bench:
             costs, noise = time_kernel(fn, opts, first, retries=retries)
         self.quietness.note(noise, opts.max_interference, opts.max_spread)
         return ErrorCode.NO_ERROR, "", costs, noise
+
+
+def _fastest_again(fn: Callable[[], None], cutoff: float) -> float:
+    """The fastest of up to CUTOFF_RUNS more runs, stopping at one under `cutoff` or after 0.1 s: with
+    another process on a core one cold run can wait a whole time slice, and on a busy machine most
+    candidates of a microsecond kernel were cut off by a first run ten times their speed."""
+    best, spent = math.inf, 0.0
+    for _ in range(CUTOFF_RUNS):
+        seconds = _timed(fn, 1)
+        best, spent = min(best, seconds), spent + seconds
+        if seconds <= cutoff or spent > 0.1:
+            break
+    return best
 
 
 def _unload(lib) -> None:
