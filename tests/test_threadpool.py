@@ -11,8 +11,10 @@ import sys
 import numpy as np
 import pytest
 
+from aotc.codegen.llvm import build_llvm_ir, compile_to_object
 from aotc.ir.expr import Buffer, Load, Var, cast, const
 from aotc.ir.stmt import BufferStore, PrimFunc
+from aotc.target import parse_target
 from tests.concurrency import failures_in_threads
 from tests.test_codegen_llvm import P, build, loop
 
@@ -120,3 +122,13 @@ def test_process_exits_cleanly_with_sleeping_workers(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     ctypes.CDLL(lib.path)  # still loadable afresh here
+
+
+@pytest.mark.parametrize("triple", ["aarch64-linux-gnu", "armv7a-linux-gnueabihf"])
+def test_pool_compiles_for_arm_targets(triple):
+    n, b, i = Buffer("N", "int64", (1,)), Buffer("B", "int32", (64,)), Var("i")
+    body = BufferStore(b, Load(b, (i,)) + cast("int32", const(1)), (i,))
+    target = parse_target(f"llvm -mtriple={triple}")
+    ir = build_llvm_ir([PrimFunc("count", (n, b), loop(i, Load(n, (const(0),)), P, body, 64))], target)
+    assert "@aotc.pool.parallel(" in ir and "GOMP" not in ir
+    assert compile_to_object(ir, target)[:4] == b"\x7fELF"
