@@ -7,9 +7,9 @@ import warnings
 import pytest
 
 from aotc import te
+from aotc.hub.store import best_per_key, merge_into_store, read_store_file, store_files
 from aotc.schedule.state import State
 from aotc.schedule.steps import steps_to_json
-from aotc.hub.store import best_per_key, merge_into_store, read_store_file, store_files
 from aotc.search.common import ErrorCode, MeasureResult, Noise
 from aotc.search.records import (
     DISTURBED_INTERFERENCE,
