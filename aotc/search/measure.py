@@ -81,9 +81,10 @@ class MeasureOptions:
     Interference (aotc.search.interference): a repeat set during which other processes took more than
     `max_interference` of the CPU time, or whose repeats spread by more than `max_spread`, is timed
     again, at most `max_retries` times, and the quietest set is kept with its noise figure.
-    `bind_threads` binds the runner's threads one per core (OMP_PROC_BIND): unbound, the scheduler
-    sometimes puts two of them on the core another process leaves free, where a spinning join waits a
-    whole time slice for its worker (a 0.5 ms pool took 15 ms with one core busy).
+    `bind_threads` sets OMP_PROC_BIND/OMP_PLACES for the runner, binding libgomp threads one per core:
+    unbound, libgomp kernels sometimes had two threads on the core another process left free, where a
+    spinning join waited a whole time slice (a 0.5 ms pool took 15 ms with one core busy). Kernels
+    with the package's own thread pool ignore it.
     """
 
     number: int = 0
