@@ -21,7 +21,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check aotc runtime tests benchmarks recipes
 
 test: lint
-	OMP_WAIT_POLICY=passive $(PY) -m pytest -q
+	$(PY) -m pytest -q
 
 bench: $(STAMP)
 	$(PY) benchmarks/kernels.py

@@ -7,6 +7,8 @@ import ctypes
 import os
 import subprocess
 import sys
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -132,3 +134,27 @@ def test_pool_compiles_for_arm_targets(triple):
     ir = build_llvm_ir([PrimFunc("count", (n, b), loop(i, Load(n, (const(0),)), P, body, 64))], target)
     assert "@aotc.pool.parallel(" in ir and "GOMP" not in ir
     assert compile_to_object(ir, target)[:4] == b"\x7fELF"
+
+
+def _allowed_cpus(tid: int) -> str:
+    with open(f"/proc/self/task/{tid}/status") as f:
+        return next(line.split(":")[1].strip() for line in f if line.startswith("Cpus_allowed_list"))
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 cores to bind 2 threads apart")
+def test_bound_threads_run_one_per_core(tmp_path):
+    lib = _count_kernel(tmp_path)
+    cpus = sorted(os.sched_getaffinity(0))[:2]
+    mine = threading.get_native_id()
+    try:
+        lib.bind_threads(cpus)
+        assert _allowed_cpus(mine) == str(cpus[0])
+        before = _threads()
+        _check_counts(lib, 2, calls=2)
+        (worker,) = _threads() - before
+        deadline = time.monotonic() + 5  # the worker binds itself once it first runs
+        while _allowed_cpus(worker) != str(cpus[1]) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert _allowed_cpus(worker) == str(cpus[1])
+    finally:
+        os.sched_setaffinity(0, set(range(os.cpu_count() or 1)) & set(os.sched_getaffinity(os.getpid())))

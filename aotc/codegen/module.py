@@ -131,6 +131,12 @@ class KernelLibrary:
     def max_threads(self) -> int:
         return int(self._lib.aotc_get_max_threads())
 
+    def bind_threads(self, cpus: list[int]) -> None:
+        """Pin the calling thread to cpus[0] and pool worker k to cpus[k mod len(cpus)] as it starts
+        (workers already running stay where they are); an empty list leaves new workers unbound."""
+        arr = (ctypes.c_int32 * max(1, len(cpus)))(*cpus)
+        self._lib.aotc_bind_threads(arr, ctypes.c_int(len(cpus)))
+
 
 def _param_infos(meta: bytes) -> list[ParamInfo]:
     params = json.loads(meta)["params"]

@@ -13,6 +13,8 @@ each. This pool waits for no thread that has not started:
 - Workers spin for `SPIN_NS` after their last job, then sleep on a futex; the caller pays the wake-up
   system call only when some worker sleeps.
 - One region runs at a time per library; a second thread calling in meanwhile runs its region alone.
+- `aotc_bind_threads(cpus, n)` pins participant k to cpus[k mod n] (the tuner's runner binds one
+  thread per core, so that two threads never share the core another process left free).
 - A forked child starts over without workers; the library's destructor stops and joins its workers, so
   unloading a library (the tuner does it for every candidate) never leaves a thread in unmapped code.
 
@@ -56,6 +58,9 @@ _GLOBALS = """\
 @aotc.pool.pid = internal global i32 0, align 4
 @aotc.pool.stop = internal global i32 0, align 64
 @aotc.pool.handles = internal global [{workers} x {long}] zeroinitializer, align 8
+@aotc.pool.cpus = internal global [{team} x i32] zeroinitializer, align 4
+@aotc.pool.ncpus = internal global i32 0, align 4
+@aotc.pool.born = internal global i32 0, align 4
 @llvm.global_ctors = appending global [1 x {{ i32, ptr, ptr }}] [{{ i32, ptr, ptr }} {{ i32 65535, ptr @aotc.pool.init, ptr null }}]
 @llvm.global_dtors = appending global [1 x {{ i32, ptr, ptr }}] [{{ i32, ptr, ptr }} {{ i32 65535, ptr @aotc.pool.shutdown, ptr null }}]"""
 
@@ -64,6 +69,7 @@ _DECLS = {
     "getpid": "declare i32 @getpid() nounwind",
     "sched_yield": "declare i32 @sched_yield() nounwind",
     "sched_getaffinity": "declare i32 @sched_getaffinity(i32, {long}, ptr) nounwind",
+    "sched_setaffinity": "declare i32 @sched_setaffinity(i32, {long}, ptr) nounwind",
     "clock_gettime": "declare i32 @clock_gettime(i32, ptr) nounwind",
     "pthread_create": "declare i32 @pthread_create(ptr, ptr, ptr, ptr) nounwind",
     "pthread_join": "declare i32 @pthread_join({long}, ptr) nounwind",
@@ -155,6 +161,61 @@ entry:
   ret i32 %n
 }}
 
+; Participant k runs on cpus[k mod n] from now on (n = 0: unbound). The caller is participant 0;
+; workers started later bind themselves as they start, in start order.
+define weak_odr void @aotc_bind_threads(ptr %cpus, i32 %n) #0 {{
+entry:
+  %i = alloca i32, align 4
+  %neg = icmp slt i32 %n, 0
+  %n0 = select i1 %neg, i32 0, i32 %n
+  %big = icmp sgt i32 %n0, {team}
+  %m = select i1 %big, i32 {team}, i32 %n0
+  store i32 0, ptr %i, align 4
+  br label %copy.check
+copy.check:
+  %k = load i32, ptr %i, align 4
+  %more = icmp slt i32 %k, %m
+  br i1 %more, label %copy, label %copied
+copy:
+  %src = getelementptr i32, ptr %cpus, i32 %k
+  %cpu = load i32, ptr %src, align 4
+  %dst = getelementptr i32, ptr @aotc.pool.cpus, i32 %k
+  store atomic i32 %cpu, ptr %dst monotonic, align 4
+  %k1 = add i32 %k, 1
+  store i32 %k1, ptr %i, align 4
+  br label %copy.check
+copied:
+  store atomic i32 %m, ptr @aotc.pool.ncpus release, align 4
+  call void @aotc.pool.pin(i32 0)
+  ret void
+}}
+
+define internal void @aotc.pool.pin(i32 %k) #0 {{
+entry:
+  %mask = alloca [16 x i64], align 8
+  %n = load atomic i32, ptr @aotc.pool.ncpus acquire, align 4
+  %none = icmp sle i32 %n, 0
+  br i1 %none, label %done, label %pin
+pin:
+  %slot = urem i32 %k, %n
+  %p = getelementptr i32, ptr @aotc.pool.cpus, i32 %slot
+  %cpu = load atomic i32, ptr %p monotonic, align 4
+  %valid = icmp ult i32 %cpu, 1024
+  br i1 %valid, label %set, label %done
+set:
+  call void @llvm.memset.p0.i64(ptr align 8 %mask, i8 0, i64 128, i1 false)
+  %word = lshr i32 %cpu, 6
+  %bit = and i32 %cpu, 63
+  %bit64 = zext i32 %bit to i64
+  %one = shl i64 1, %bit64
+  %w = getelementptr i64, ptr %mask, i32 %word
+  store i64 %one, ptr %w, align 8
+  call i32 @sched_setaffinity(i32 0, {long} 128, ptr %mask)
+  br label %done
+done:
+  ret void
+}}
+
 define internal void @aotc.pool.init() #0 {{
 entry:
   %p = call i32 @getpid()
@@ -171,6 +232,9 @@ entry:
   %deadline = alloca i64, align 8
   %g0 = ptrtoint ptr %arg to i64
   store i64 %g0, ptr %seen, align 8
+  %born = atomicrmw add ptr @aotc.pool.born, i32 1 monotonic, align 4
+  %participant = add i32 %born, 1
+  call void @aotc.pool.pin(i32 %participant)
   br label %idle
 idle:
   %now0 = call i64 @aotc.pool.now_ns()
@@ -298,6 +362,7 @@ owner:
   br i1 %forked, label %reset, label %start
 reset:
   store atomic i32 0, ptr @aotc.pool.started monotonic, align 4
+  store atomic i32 0, ptr @aotc.pool.born monotonic, align 4
   store atomic i32 0, ptr @aotc.pool.sleepers monotonic, align 4
   store atomic i32 %pid, ptr @aotc.pool.pid monotonic, align 4
   br label %start
@@ -387,6 +452,7 @@ join:
   br i1 %more, label %join, label %joined
 joined:
   store atomic i32 0, ptr @aotc.pool.started monotonic, align 4
+  store atomic i32 0, ptr @aotc.pool.born monotonic, align 4
   store atomic i32 0, ptr @aotc.pool.stop seq_cst, align 4
   br label %done
 done:
@@ -395,7 +461,8 @@ done:
 
 
 def emit_thread_pool(mod: ModuleBuilder, arch: str) -> None:
-    """Add the pool's state, `aotc_set_num_threads`, `aotc_get_max_threads` and the region entry to `mod`."""
+    """Add the pool's state, its exported controls (`aotc_set_num_threads`, `aotc_get_max_threads`,
+    `aotc_bind_threads`) and the region entry to `mod`."""
     if arch not in _ARCH:
         raise CodegenError(f"no thread pool for architecture {arch!r} (known: {', '.join(_ARCH)})")
     futex, pause, long = _ARCH[arch]
@@ -405,6 +472,7 @@ def emit_thread_pool(mod: ModuleBuilder, arch: str) -> None:
         "widen": "bitcast" if long == "i64" else "sext",
         "futex": futex,
         "workers": MAX_TEAM - 1,
+        "team": MAX_TEAM,
         "spin_ns": SPIN_NS,
         "join_spins": JOIN_SPINS,
     }

@@ -75,16 +75,13 @@ class MeasureOptions:
     warm-up run Ansor discards) plus filling and comparing the outputs; a mismatch beyond
     `rtol`/`atol` (atol scaled by the largest reference magnitude) is WRONG_ANSWER. Builder
     processes are recycled after `builds_per_worker` builds (llvmlite leaks memory per compile).
-    `omp_wait_policy` "" keeps libgomp's default (spin briefly, then sleep), as a deployed package runs;
-    "passive" makes every parallel region pay a thread wake-up, which misranks short kernels.
 
     Interference (aotc.search.interference): a repeat set during which other processes took more than
     `max_interference` of the CPU time, or whose repeats spread by more than `max_spread`, is timed
     again, at most `max_retries` times, and the quietest set is kept with its noise figure.
-    `bind_threads` sets OMP_PROC_BIND/OMP_PLACES for the runner, binding libgomp threads one per core:
-    unbound, libgomp kernels sometimes had two threads on the core another process left free, where a
-    spinning join waited a whole time slice (a 0.5 ms pool took 15 ms with one core busy). Kernels
-    with the package's own thread pool ignore it.
+    `bind_threads` pins the runner's kernel threads one per core (the library's `aotc_bind_threads`):
+    unbound, two of them sometimes shared the core another process left free, where a join waited a
+    whole time slice (a 0.5 ms pool took 15 ms with one core busy under libgomp).
     """
 
     number: int = 0
@@ -99,7 +96,6 @@ class MeasureOptions:
     atol: float = 1e-5
     num_threads: int = 0
     seed: int = 0
-    omp_wait_policy: str = ""
     builds_per_worker: int = 1000
     max_interference: float = 0.2
     max_spread: float = 0.1
@@ -527,10 +523,12 @@ class _Bench:
     def __init__(self, workdir: str, ref_path: str, n_inputs: int, opts: MeasureOptions, threads: int):
         from aotc.codegen.module import load_library
 
-        load_library(ref_path)  # libgomp and the kernel's libraries load before the guarded pages exist
+        load_library(ref_path)  # libc's and the kernel's libraries load before the guarded pages exist
         named = _load_reference(workdir, ref_path, n_inputs, opts.seed)
         arrays = list(named.values())
         self.opts, self.threads = opts, threads
+        # one thread per core: unbound, two threads could share the core another process left free
+        self.cpus = sorted(os.sched_getaffinity(0))[:threads] if opts.bind_threads else []
         self.originals = arrays[:n_inputs]
         self.inputs = [_page_array(a, readonly=True) for a in self.originals]
         self.relaid: dict[str, list[np.ndarray]] = {}
@@ -581,6 +579,7 @@ class _Bench:
             if sig != expected:
                 raise TypeError(f"kernel parameters {sig} differ from the task's {expected}")
             lib.set_num_threads(self.threads)
+            lib.bind_threads(self.cpus)
             fn = kernel.prepare(*inputs, *self.outputs)
         except Exception as err:
             _unload(lib)
@@ -673,7 +672,7 @@ class Measurer:
             raise
 
     def _start(self) -> None:
-        env = {"OMP_WAIT_POLICY": self.options.omp_wait_policy}
+        env: dict[str, str] = {}
         for i in range(self.options.n_build_workers):
             args = (self.dag, self.target, self.workdir, env)
             self._workers.append(_Worker(self._ctx, f"aotc-builder-{i}", _builder_main, args))
@@ -684,8 +683,6 @@ class Measurer:
                 f"the naive schedule of {self.dag} does not build ({ref.error.name}): {ref.msg}"
             )
         bench_args = (self.workdir, ref.path, len(self.dag.placeholders), self.options, self.threads)
-        if self.options.bind_threads:
-            env = env | {"OMP_PROC_BIND": "true", "OMP_PLACES": "cores"}
         self._runner = _Worker(self._ctx, "aotc-runner", _runner_main, (env, bench_args))
         self._workers.append(self._runner)
         self._await_runner()
