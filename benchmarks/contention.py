@@ -8,7 +8,8 @@ threads) is timed
 - busy: the same with a single-threaded matmul loop pinned to the last core (the median of the medians);
 - side by side: two processes of the same runner at once, each running for `--seconds` (the way a server
   runs two models, or a build measures while another job computes); the mean of the two processes'
-  median latencies.
+  median latencies;
+- both: side by side while the busy loop runs (more threads than cores, as on a loaded server).
 Prints each latency, ORT / runner per condition (> 1: the runner is faster), and the CPU class. The
 packages should be builds of MODEL.onnx.
 """
@@ -140,12 +141,12 @@ def main(argv: list[str] | None = None) -> int:
     with busy_core(cpus[-1]):
         busy = {name: statistics.median(ms) for name, ms in turns_ms(runners, args.rounds).items()}
     del runners
-    pair = {
-        name: side_by_side_ms(args.model, args.packages, name, args.seconds)
-        for name in [ORT, *map(str, args.packages)]
-    }
+    names = [ORT, *map(str, args.packages)]
+    pair = {name: side_by_side_ms(args.model, args.packages, name, args.seconds) for name in names}
+    with busy_core(cpus[-1]):
+        crowded = {name: side_by_side_ms(args.model, args.packages, name, args.seconds) for name in names}
     width = max(len(k) for k in idle)
-    conditions = {"idle": idle, "busy": busy, "side by side": pair}
+    conditions = {"idle": idle, "busy": busy, "side by side": pair, "both": crowded}
     head = "".join(f"  {c + ' ms':>15}" for c in conditions) + "".join(
         f"  {'ORT/x ' + c:>18}" for c in conditions
     )
@@ -156,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:<{width}}{cells}")
     print(
         f"{cpu_class()}; all runners at {THREADS} threads; busy: a single-threaded matmul loop pinned to cpu "
-        f"{cpus[-1]}; side by side: two processes of the same runner for {args.seconds:g} s"
+        f"{cpus[-1]}; side by side: two processes of the same runner for {args.seconds:g} s; both: side by "
+        "side with the busy loop"
     )
     return 0
 

@@ -69,6 +69,6 @@ def test_contention_benchmark_runs_packages_next_to_onnxruntime(tmp_path, capsys
     lines = capsys.readouterr().out.splitlines()
     rows = {line.split()[0]: line.split()[1:] for line in lines[1:-1]}
     assert set(rows) == {"onnxruntime", str(package)}
-    assert len(rows[str(package)]) == 6  # idle, busy, side by side: latency, then ORT / latency
-    assert rows["onnxruntime"][3:] == ["1.000", "1.000", "1.000"]
+    assert len(rows[str(package)]) == 8  # idle, busy, side by side, both: latency, then ORT / latency
+    assert rows["onnxruntime"][4:] == ["1.000"] * 4
     assert "side by side" in lines[-1] and "cores)" in lines[-1]  # the CPU class
