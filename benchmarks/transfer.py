@@ -25,47 +25,24 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
+
+from models import private_store
+from timing import cpu_class
 
 from aotc import models
 from aotc.build import TuningOptions, build, load_model
 from aotc.graph.partition import Task, extract_tasks, partition
 from aotc.recipe import load_recipe
 from aotc.search.measure import MeasureOptions, Measurer
-from aotc.search.records import Record, host_info, load_records
+from aotc.search.records import Record, load_records
 from aotc.target import Target, parse_target
 
 WITHIN = 1.05
 MODELS = {"small_cnn": models.small_cnn, "mlp": models.mlp}
 TOPHUB = Path(__file__).resolve().parent.parent / "tophub"
-
-
-@contextmanager
-def store(home: Path, shipped: str) -> Iterator[None]:
-    """Builds inside see the store under `home` and, as the shipped folder, `shipped` ("none": nothing)."""
-    saved = {k: os.environ.get(k) for k in ("AOTC_HOME", "AOTC_TOPHUB", "AOTC_SHIPPED_TOPHUB")}
-    os.environ["AOTC_HOME"] = str(home)
-    os.environ.pop("AOTC_TOPHUB", None)
-    os.environ["AOTC_SHIPPED_TOPHUB"] = shipped
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
-def cpu_class() -> str:
-    """`AMD EPYC 9R14 (LLVM host cpu znver4, 2 cores)`: the host every figure was measured on."""
-    info = host_info()
-    return f"{info['cpu_model']} (LLVM host cpu {info['cpu']}, {info['cores']} cores)"
 
 
 def run_build(
@@ -148,9 +125,9 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{args.model}: {args.trials} trials per build for {target.mcpu}, measured on {here}", flush=True
         )
-        with store(out / "home-scratch", "none"):
+        with private_store(out / "home-scratch"):
             scratch = run_build(out, "scratch", args.target, args.trials, False, options, args.reuse)
-        with store(out / "home-transfer", args.source):
+        with private_store(out / "home-transfer", args.source):
             seeded = run_build(out, "transfer", args.target, args.trials, True, options, args.reuse)
         tasks = extract_tasks(partition(load_model(load_recipe(out / "scratch.yaml"))))
 

@@ -72,3 +72,10 @@ def test_contention_benchmark_runs_packages_next_to_onnxruntime(tmp_path, capsys
     assert len(rows[str(package)]) == 8  # idle, busy, side by side, both: latency, then ORT / latency
     assert rows["onnxruntime"][4:] == ["1.000"] * 4
     assert "side by side" in lines[-1] and "cores)" in lines[-1]  # the CPU class
+
+
+def test_transfer_benchmark_quick_run(tmp_path, capsys):
+    args = ["--model", "mlp", "--trials", "6", "--per-round", "3", "--rounds", "1", "--out", str(tmp_path)]
+    assert _import("transfer").main(args) == 0
+    out = capsys.readouterr().out
+    assert "measured on" in out and "cores)" in out

@@ -445,13 +445,18 @@ def time_kernel(
             value, elapsed = _repeat(fn, number, per_slice, cap)
         return [value] + [_repeat(fn, number, per_slice, cap)[0] for _ in range(opts.repeat - 1)]
 
-    return measure_quietly(
-        repeats,
-        opts.max_interference,
-        opts.max_spread,
-        opts.max_retries if retries is None else retries,
-        sampler,
-    )
+    return _quietly(repeats, opts, sampler, retries)
+
+
+def _quietly(
+    repeats: Callable[[], list[float]],
+    opts: MeasureOptions,
+    sampler: Callable[[], CpuSample] | None,
+    retries: int | None,
+) -> tuple[list[float], Noise]:
+    """`repeats()` timed again while disturbed, within the options' limits (`retries` overrides theirs)."""
+    retries = opts.max_retries if retries is None else retries
+    return measure_quietly(repeats, opts.max_interference, opts.max_spread, retries, sampler)
 
 
 def _pilot(fn: Callable[[], None]) -> float:
@@ -486,13 +491,7 @@ def time_flushed(
             costs.append(total / number)
         return costs
 
-    return measure_quietly(
-        repeats,
-        opts.max_interference,
-        opts.max_spread,
-        opts.max_retries if retries is None else retries,
-        sampler,
-    )
+    return _quietly(repeats, opts, sampler, retries)
 
 
 def _load_reference(workdir: str, ref_path: str, n_inputs: int, seed: int) -> dict[str, np.ndarray]:
