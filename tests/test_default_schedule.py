@@ -11,7 +11,7 @@ from aotc.schedule.lower import infer_bound
 from aotc.target import parse_target
 from aotc.te.dag import ComputeDAG
 from aotc.te.tensor import placeholder
-from aotc.topi.nn import conv2d_nchw, matmul
+from aotc.topi.nn import conv2d_nchw, matmul, softmax
 
 
 def _accumulators(dag: ComputeDAG, target) -> int:
@@ -40,3 +40,12 @@ def test_register_block_fits_the_register_file(dag, cpu, registers, most):
     target = parse_target(f"llvm -mcpu={cpu}")
     assert target.hw.vector_registers == registers
     assert 4 <= _accumulators(dag, target) <= most
+
+
+def test_row_reductions_run_in_parallel():
+    """Softmax's row max and row sum (512 rows of 128) are worth a parallel loop though each has fewer
+    than MIN_PARALLEL_POINTS outputs: their threads' work includes the reduction."""
+    dag = ComputeDAG([softmax(placeholder((1, 4, 128, 128), "float32", "x"))])
+    s = default_schedule(dag, parse_target("llvm -mcpu=znver4"))
+    for name in ("softmax_maxelem", "softmax_expsum"):
+        assert s.stages[s.stage_id(name)].iters[0].annotation.name == "PARALLEL"

@@ -308,7 +308,8 @@ def _parallel_vectorize(s: State, name: str, target: Target) -> State:
     if outer > 1:
         s = s.fuse(sid, list(range(outer)))
         outer = 1
-    points = int(np.prod([it.extent or 1 for it in st.iters[:n_sp]]))
+    # the work a thread gets includes the reduction it runs per point (softmax's row max: 512 x 128)
+    points = int(np.prod([it.extent or 1 for it in st.iters]))
     if outer >= 1 and (s.stages[sid].iters[0].extent or 1) > 1 and points >= MIN_PARALLEL_POINTS:
         s = s.parallel(sid, 0)
     if vec_ok:
