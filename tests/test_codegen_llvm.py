@@ -700,3 +700,13 @@ def test_parallel_chunks_run_every_iteration_once(tmp_path):
             expected = (np.arange(4096) < n).astype(np.int32)
             np.testing.assert_array_equal(b, expected, err_msg=f"{threads} threads, extent {n}")
             np.testing.assert_array_equal(c, expected, err_msg=f"second loop: {threads} threads, extent {n}")
+
+
+def test_avx2_cpu_named_without_mattr_gets_avx2_vector_math():
+    from aotc.codegen.vecmath import veclib_for
+
+    lib = veclib_for(parse_target("llvm -mcpu=znver3"))
+    if lib is None:
+        pytest.skip("no libmvec on this host")
+    assert lib.isas == ("d", "b")  # AVX2 variants, not AVX1's
+    assert veclib_for(parse_target("llvm -mcpu=sandybridge -mattr=+avx")).isas == ("c", "b")

@@ -45,5 +45,7 @@ def veclib_for(target: Target) -> VecLib | None:
     if vb >= 64:
         return VecLib(("e", "d", "b"))
     if vb >= 32:
-        return VecLib(("d", "b") if "+avx2" in target.mattr else ("c", "b"))
+        # without -mattr the 32-byte width came from the CPU tables, which list AVX2 CPUs only
+        avx2 = "+avx2" in target.mattr or not any(a.startswith("+") for a in target.mattr)
+        return VecLib(("d", "b") if avx2 else ("c", "b"))
     return VecLib(("b",))
