@@ -158,3 +158,18 @@ def test_bound_threads_run_one_per_core(tmp_path):
         assert _allowed_cpus(worker) == str(cpus[1])
     finally:
         os.sched_setaffinity(0, set(range(os.cpu_count() or 1)) & set(os.sched_getaffinity(os.getpid())))
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 cores to bind 2 threads apart")
+def test_unbinding_restores_the_mask_the_library_was_loaded_with(tmp_path):
+    lib = _count_kernel(tmp_path)
+    everything = sorted(os.sched_getaffinity(0))
+    mine = threading.get_native_id()
+    try:
+        lib.bind_threads(everything[:1])
+        assert _allowed_cpus(mine) == str(everything[0])
+        assert lib.max_threads() == len(everything)  # the default team still counts the load-time mask
+        lib.bind_threads([])
+        assert sorted(os.sched_getaffinity(0)) == everything
+    finally:
+        os.sched_setaffinity(0, set(everything))

@@ -133,7 +133,8 @@ class KernelLibrary:
 
     def bind_threads(self, cpus: list[int]) -> None:
         """Pin the calling thread to cpus[0] and pool worker k to cpus[k mod len(cpus)] as it starts
-        (workers already running stay where they are); an empty list leaves new workers unbound."""
+        (workers already running stay where they are); an empty list moves the caller, and workers started
+        later, back to the affinity mask the library was loaded with."""
         arr = (ctypes.c_int32 * max(1, len(cpus)))(*cpus)
         self._lib.aotc_bind_threads(arr, ctypes.c_int(len(cpus)))
 

@@ -356,7 +356,9 @@ class StmtGen(ExprGen):
         outlined = self._outline(s, vars_, bufs, [ty for ty, _ in values])
         fb.emit(f"call void {PARALLEL}(ptr @{outlined}, ptr {closure}, i32 {team})")
         if status:
-            failed = fb.op(f"icmp ne i32 {fb.op(f'load i32, ptr {status}')}, 0")
+            # several participants may fail at once: atomic, so the read sees one of their stores
+            loaded = fb.op(f"load atomic i32, ptr {status} monotonic, align 4")
+            failed = fb.op(f"icmp ne i32 {loaded}, 0")
             fail_l, ok_l = fb.label("par_fail"), fb.label("par_ok")
             fb.cond_br(failed, fail_l, ok_l)
             fb.start_block(fail_l)
@@ -375,7 +377,7 @@ class StmtGen(ExprGen):
 
         def exit_failure() -> None:
             if status is not None:
-                fb.emit(f"store i32 1, ptr {status}")
+                fb.emit(f"store atomic i32 1, ptr {status} monotonic, align 4")
             fb.ret("void")
 
         gen = StmtGen(

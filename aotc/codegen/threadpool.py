@@ -2,7 +2,7 @@
 
 libgomp's fork-join waits at its barrier for every thread of the team, so a worker that another process
 has descheduled holds the whole region up; two 2-thread packages side by side on 2 cores ran 19x slower
-each. This pool waits for no thread that has not started:
+each. This pool waits for no thread that has not joined the region:
 
 - A region is published as a job word `generation << 32 | closed << 31 | joined`. The caller is
   participant 0; a worker joins by raising `joined` with a compare-and-swap while the job is open and
@@ -61,6 +61,8 @@ _GLOBALS = """\
 @aotc.pool.cpus = internal global [{team} x i32] zeroinitializer, align 4
 @aotc.pool.ncpus = internal global i32 0, align 4
 @aotc.pool.born = internal global i32 0, align 4
+@aotc.pool.mask = internal global [16 x i64] zeroinitializer, align 8
+@aotc.pool.masked = internal global i32 0, align 4
 @llvm.global_ctors = appending global [1 x {{ i32, ptr, ptr }}] [{{ i32, ptr, ptr }} {{ i32 65535, ptr @aotc.pool.init, ptr null }}]
 @llvm.global_dtors = appending global [1 x {{ i32, ptr, ptr }}] [{{ i32, ptr, ptr }} {{ i32 65535, ptr @aotc.pool.shutdown, ptr null }}]"""
 
@@ -98,23 +100,17 @@ entry:
   ret i64 %r
 }}
 
-; The cores this process may run on (its affinity mask), at least 1.
+; The cores the loading thread could run on (its affinity mask when the library was loaded), at least 1.
 define internal i32 @aotc.pool.default_size() #0 {{
 entry:
-  %mask = alloca [16 x i64], align 8
   %i = alloca i32, align 4
   %sum = alloca i64, align 8
-  call void @llvm.memset.p0.i64(ptr align 8 %mask, i8 0, i64 128, i1 false)
-  %rc = call i32 @sched_getaffinity(i32 0, {long} 128, ptr %mask)
-  %failed = icmp ne i32 %rc, 0
-  br i1 %failed, label %one, label %count.init
-count.init:
   store i32 0, ptr %i, align 4
   store i64 0, ptr %sum, align 8
   br label %count
 count:
   %k = load i32, ptr %i, align 4
-  %w = getelementptr i64, ptr %mask, i32 %k
+  %w = getelementptr i64, ptr @aotc.pool.mask, i32 %k
   %bits = load i64, ptr %w, align 8
   %c = call i64 @llvm.ctpop.i64(i64 %bits)
   %s0 = load i64, ptr %sum, align 8
@@ -161,8 +157,9 @@ entry:
   ret i32 %n
 }}
 
-; Participant k runs on cpus[k mod n] from now on (n = 0: unbound). The caller is participant 0;
-; workers started later bind themselves as they start, in start order.
+; Participant k runs on cpus[k mod n] (n = 0: on the mask the library was loaded with). The caller is
+; participant 0 and moves at once; workers started later move as they start, in start order; workers
+; already running stay where they are.
 define weak_odr void @aotc_bind_threads(ptr %cpus, i32 %n) #0 {{
 entry:
   %i = alloca i32, align 4
@@ -195,7 +192,15 @@ entry:
   %mask = alloca [16 x i64], align 8
   %n = load atomic i32, ptr @aotc.pool.ncpus acquire, align 4
   %none = icmp sle i32 %n, 0
-  br i1 %none, label %done, label %pin
+  br i1 %none, label %unbound, label %pin
+unbound:
+  ; back to the mask the library was loaded with (a worker inherits its creator's, maybe a pinned one)
+  %masked = load i32, ptr @aotc.pool.masked, align 4
+  %known = icmp ne i32 %masked, 0
+  br i1 %known, label %restore, label %done
+restore:
+  call i32 @sched_setaffinity(i32 0, {long} 128, ptr @aotc.pool.mask)
+  br label %done
 pin:
   %slot = urem i32 %k, %n
   %p = getelementptr i32, ptr @aotc.pool.cpus, i32 %slot
@@ -218,6 +223,11 @@ done:
 
 define internal void @aotc.pool.init() #0 {{
 entry:
+  ; the mask is read once, before anything binds a thread; on failure it stays empty (one thread)
+  %rc = call i32 @sched_getaffinity(i32 0, {long} 128, ptr @aotc.pool.mask)
+  %read = icmp eq i32 %rc, 0
+  %masked = zext i1 %read to i32
+  store i32 %masked, ptr @aotc.pool.masked, align 4
   %p = call i32 @getpid()
   store atomic i32 %p, ptr @aotc.pool.pid monotonic, align 4
   ret void
@@ -277,7 +287,8 @@ sleep:
   %wait = and i1 %same, %running
   br i1 %wait, label %sleep.wait, label %sleep.done
 sleep.wait:
-  call {long} ({long}, ...) @syscall({long} {futex}, ptr @aotc.pool.seq, i32 128, i32 %sq, ptr null)
+  %sq.long = {widen_u} i32 %sq to {long}
+  call {long} ({long}, ...) @syscall({long} {futex}, ptr @aotc.pool.seq, {long} 128, {long} %sq.long, ptr null)
   br label %sleep.done
 sleep.done:
   atomicrmw sub ptr @aotc.pool.sleepers, i32 1 seq_cst, align 4
@@ -336,7 +347,7 @@ create:
   br i1 %failed, label %done, label %next
 next:
   %s1 = add i32 %s, 1
-  store atomic i32 %s1, ptr @aotc.pool.started monotonic, align 4
+  store atomic i32 %s1, ptr @aotc.pool.started release, align 4
   br label %loop
 done:
   ret void
@@ -380,13 +391,12 @@ start:
   store atomic i32 %n, ptr @aotc.pool.team monotonic, align 4
   store atomic i32 0, ptr @aotc.pool.done monotonic, align 4
   store atomic i64 %word, ptr @aotc.pool.job release, align 8
-  %seq = trunc i64 %g1m to i32
-  store atomic i32 %seq, ptr @aotc.pool.seq seq_cst, align 4
+  atomicrmw add ptr @aotc.pool.seq, i32 1 seq_cst, align 4
   %sleepers = load atomic i32, ptr @aotc.pool.sleepers seq_cst, align 4
   %any = icmp sgt i32 %sleepers, 0
   br i1 %any, label %wake, label %run
 wake:
-  call {long} ({long}, ...) @syscall({long} {futex}, ptr @aotc.pool.seq, i32 129, i32 2147483647)
+  call {long} ({long}, ...) @syscall({long} {futex}, ptr @aotc.pool.seq, {long} 129, {long} 2147483647)
   br label %run
 run:
   call void %fn(ptr %closure, i32 0, i32 %n)
@@ -431,14 +441,23 @@ entry:
   %pid = call i32 @getpid()
   %known = load atomic i32, ptr @aotc.pool.pid monotonic, align 4
   %ours = icmp eq i32 %pid, %known
-  %n = load atomic i32, ptr @aotc.pool.started monotonic, align 4
+  br i1 %ours, label %lock, label %done
+lock:
+  ; a region another thread still runs (at process exit) finishes first, and no worker starts meanwhile
+  %acq = cmpxchg ptr @aotc.pool.busy, i32 0, i32 1 acquire monotonic, align 4
+  %got = extractvalue {{ i32, i1 }} %acq, 1
+  br i1 %got, label %locked, label %lock.wait
+lock.wait:
+  call i32 @sched_yield()
+  br label %lock
+locked:
+  %n = load atomic i32, ptr @aotc.pool.started acquire, align 4
   %some = icmp sgt i32 %n, 0
-  %go = and i1 %ours, %some
-  br i1 %go, label %stop, label %done
+  br i1 %some, label %stop, label %unlock
 stop:
   store atomic i32 1, ptr @aotc.pool.stop seq_cst, align 4
   atomicrmw add ptr @aotc.pool.seq, i32 1 seq_cst, align 4
-  call {long} ({long}, ...) @syscall({long} {futex}, ptr @aotc.pool.seq, i32 129, i32 2147483647)
+  call {long} ({long}, ...) @syscall({long} {futex}, ptr @aotc.pool.seq, {long} 129, {long} 2147483647)
   store i32 0, ptr %i, align 4
   br label %join
 join:
@@ -454,6 +473,9 @@ joined:
   store atomic i32 0, ptr @aotc.pool.started monotonic, align 4
   store atomic i32 0, ptr @aotc.pool.born monotonic, align 4
   store atomic i32 0, ptr @aotc.pool.stop seq_cst, align 4
+  br label %unlock
+unlock:
+  store atomic i32 0, ptr @aotc.pool.busy release, align 4
   br label %done
 done:
   ret void
@@ -470,6 +492,7 @@ def emit_thread_pool(mod: ModuleBuilder, arch: str) -> None:
         "pause": f"call void @{pause[0]}({pause[1]})",
         "long": long,
         "widen": "bitcast" if long == "i64" else "sext",
+        "widen_u": "zext" if long == "i64" else "bitcast",
         "futex": futex,
         "workers": MAX_TEAM - 1,
         "team": MAX_TEAM,
