@@ -4,6 +4,9 @@ Rules, over the registry's op patterns:
 - an anchor (OUT_ELEMWISE_FUSABLE: conv, matmul, pool) absorbs the element-wise/broadcast consumers
   that follow it; a reduction absorbs element-wise/broadcast consumers too;
 - element-wise/broadcast/injective ops fuse along injective chains;
+- element-wise/broadcast ops that read only an anchor's (or reduction's) output, through several paths
+  that meet again (GELU's x * 0.5 * (1 + erf(x / sqrt 2))), fuse into it as its consumers, as Relay's
+  post-dominator rule fuses them;
 - a subgraph of element-wise/injective ops whose only consumer is an anchor fuses into it;
 - a value read by two subgraphs, or returned by the model, is never internal to one;
 - no subgraph holds two anchors or two reductions.
@@ -66,6 +69,9 @@ def partition(graph: Graph) -> list[FusedGroup]:
     def anchors(g: FusedGroup) -> int:
         return sum(get_op(n.op).pattern >= OpPattern.COMM_REDUCE for n in g.nodes)
 
+    def diamond_source(g: FusedGroup) -> FusedGroup | None:
+        return _diamond_source(g, group_of, consumers, outputs)
+
     for node in graph.nodes:
         pattern = get_op(node.op).pattern
         target: FusedGroup | None = None
@@ -90,15 +96,21 @@ def partition(graph: Graph) -> list[FusedGroup]:
         target.nodes.append(node)
         target.master = _combined(target.master, pattern)
         group_of[node] = target
-        _merge_injective_producers(node, target, group_of, groups, single_use, anchors, consumers)
+        _merge_injective_producers(
+            node, target, group_of, groups, single_use, anchors, diamond_source, consumers
+        )
+    _fuse_consumer_diamonds(groups, diamond_source, group_of)
     _fuse_producers_into_anchors(groups, group_of, single_use, anchors, consumers)
     for g in groups:
         _set_interface(g, consumers, outputs)
     return _order_groups(groups, group_of)
 
 
-def _merge_injective_producers(node, target, group_of, groups, single_use, anchors, consumers) -> None:
-    """Other single-use producer groups of `node` join `target` while it keeps at most one anchor."""
+def _merge_injective_producers(
+    node, target, group_of, groups, single_use, anchors, diamond_source, consumers
+) -> None:
+    """Other single-use producer groups of `node` join `target` while it keeps at most one anchor (and
+    none that is rather the consumers of another anchor's output)."""
     for v in node.inputs:
         if v.producer is None or not single_use(v):
             continue
@@ -109,9 +121,44 @@ def _merge_injective_producers(node, target, group_of, groups, single_use, ancho
             continue
         if anchors(g) + anchors(target) > 1 or len(g.nodes) + len(target.nodes) > MAX_GROUP_NODES:
             continue
+        if anchors(target) and diamond_source(g) is not None:
+            continue
         if _would_cycle(g.nodes + target.nodes, consumers):
             continue
         _absorb(target, g, group_of, groups)
+
+
+def _diamond_source(g: FusedGroup, group_of, consumers, outputs) -> FusedGroup | None:
+    """The anchor or reduction group that element-wise/broadcast group `g` can join as its consumers:
+    every outside input of `g` is that group's last value and read by nothing but `g`. The main pass
+    fuses only single-use chains, so a value read twice (GELU reads x twice) starts a group of its own,
+    which would otherwise fuse into the next anchor as a producer: an expensive op (erf) recomputed per
+    tile of that anchor instead of once per element of this one's output."""
+    if g.master > OpPattern.BROADCAST:
+        return None
+    members = set(g.nodes)
+    outside = {v for n in g.nodes for v in n.inputs if v.producer is not None and v.producer not in members}
+    sources = {group_of[v.producer] for v in outside}
+    if len(sources) != 1:
+        return None
+    (anchor,) = sources
+    if not OpPattern.COMM_REDUCE <= anchor.master <= OpPattern.OUT_ELEMWISE_FUSABLE:
+        return None
+    if any(v.producer is not anchor.nodes[-1] or v in outputs for v in outside):
+        return None
+    if any(c not in members for v in outside for c in consumers.get(v, [])):
+        return None
+    if len(anchor.nodes) + len(g.nodes) > MAX_GROUP_NODES or _would_cycle(anchor.nodes + g.nodes, consumers):
+        return None
+    return anchor
+
+
+def _fuse_consumer_diamonds(groups, diamond_source, group_of) -> None:
+    """Element-wise groups that an anchor's output feeds through several paths join that anchor."""
+    for g in list(groups):
+        anchor = diamond_source(g) if g in groups else None
+        if anchor is not None:
+            _absorb(anchor, g, group_of, groups)
 
 
 def _fuse_producers_into_anchors(groups, group_of, single_use, anchors, consumers) -> None:
