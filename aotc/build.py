@@ -107,14 +107,20 @@ def lookup_kernels(sources: RecordSources, tasks: list[Task], target: Target) ->
 
 
 def transfer_candidates(
-    sources: RecordSources, tasks: list[Task], lookups: list[Lookup], target: Target, enabled: bool
+    sources: RecordSources,
+    tasks: list[Task],
+    lookups: list[Lookup],
+    defaults: list[State],
+    target: Target,
+    enabled: bool,
 ) -> list[Transfer | None]:
     """Per task without a hit, the schedules of other CPUs of the target's ISA to measure here."""
     if not enabled:
         return [None] * len(tasks)
     todo = [i for i, found in enumerate(lookups) if found.status != "hit"]
-    defaults = [default_schedule(tasks[i].dag, target) for i in todo]
-    found = find_transfers(sources, [tasks[i].dag for i in todo], target, defaults=defaults)
+    found = find_transfers(
+        sources, [tasks[i].dag for i in todo], target, defaults=[defaults[i] for i in todo]
+    )
     out: list[Transfer | None] = [None] * len(tasks)
     for i, transfer in zip(todo, found):
         out[i] = transfer
@@ -242,7 +248,8 @@ def build(
     known = _load(records)
     sources = open_sources(records, tuning.tophub)
     lookups = lookup_kernels(sources, tasks, target)
-    transfers = transfer_candidates(sources, tasks, lookups, target, tuning.transfer)
+    defaults = [default_schedule(task.dag, target) for task in tasks]
+    transfers = transfer_candidates(sources, tasks, lookups, defaults, target, tuning.transfer)
     if explain_cache:
         for i, (task, found, transfer) in enumerate(zip(tasks, lookups, transfers)):
             extra = "" if transfer is None else f"; {transfer}"
@@ -279,7 +286,6 @@ def build(
     timings["tune"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    defaults = [default_schedule(task.dag, target) for task in tasks]
     outcomes = _transfer_outcomes(tasks, transfers, lookups, defaults, known, target)
     if explain_cache:
         for i, (task, outcome) in enumerate(zip(tasks, outcomes)):

@@ -136,7 +136,7 @@ def _default_hardware(t: Target) -> HardwareParams:
     if t.kind == "cuda":
         return HardwareParams(num_cores=1, vector_bytes=16)
     cores = t.num_cores or _host_cores()
-    arch = _arch_of(t.triple)
+    arch = t.isa
     vector_bytes = _vector_bytes(arch, t.mattr, t.mcpu)
     # AVX-512 doubles the register file along with the width; AArch64 has 32 NEON registers, ARMv7 16
     registers = 32 if arch == "aarch64" or (arch == "x86_64" and vector_bytes == 64) else 16

@@ -124,7 +124,7 @@ class TaskSearch:
         # one of each schedule (the first): a transferred record may hold the default schedule's steps
         unique: dict[str, State] = {}
         for st in initial_states:
-            unique.setdefault(state_key(st) or repr(st.steps), st)
+            unique.setdefault(_measured_key(st), st)
         self._initial = list(unique.values())
 
     @property
@@ -161,19 +161,23 @@ class TaskSearch:
             self.resumed += len(states)
         return len(states)
 
+    def _fresh_initial(self) -> list[State]:
+        """The initial states not measured yet (resumed records may hold some)."""
+        return [st for st in self._initial if _measured_key(st) not in self.measured]
+
     def pending_initial(self) -> int:
-        """How many initial states are not measured yet (resumed records may hold some)."""
-        return sum((state_key(st) or "") not in self.measured for st in self._initial)
+        """How many initial states are not measured yet."""
+        return len(self._fresh_initial())
 
     def cost_of(self, state: State) -> float | None:
         """The measured cost of `state` (inf if it failed), or None if it was never measured."""
-        hit = self.measured.get(state_key(state) or repr(state.steps))
+        hit = self.measured.get(_measured_key(state))
         return None if hit is None else hit[1]
 
     def propose(self, n: int) -> list[State]:
         """Up to `n` unmeasured candidates from one search round (the initial states first); the round is
         retried once when it finds nothing new, and an empty list means the space looks exhausted."""
-        fresh = [st for st in self._initial if (state_key(st) or "") not in self.measured]
+        fresh = self._fresh_initial()
         if fresh and n <= len(fresh):
             self._initial = fresh[n:]
             return fresh[:n]
@@ -192,7 +196,7 @@ class TaskSearch:
             )
             self.seconds["search"] += time.perf_counter() - t0
             if self._initial:
-                fresh = [st for st in self._initial if (state_key(st) or "") not in self.measured]
+                fresh = self._fresh_initial()
                 states = (fresh + states)[:n]
                 self._initial = []
             if states:
@@ -234,7 +238,7 @@ class TaskSearch:
         result = self.result
         batch_best = float("inf")
         for state, res in zip(states, results):
-            key = state_key(state) or repr(state.steps)
+            key = _measured_key(state)
             cost = res.mean_cost if res.ok else float("inf")
             self.measured[key] = (state, cost)
             batch_best = min(batch_best, cost)
@@ -289,3 +293,8 @@ def tune_workload(
     task = SearchTask(make_workload(name, shape), target, name)
     result = task.tune(trials, records=records, seed=seed, log=log)
     return task, result
+
+
+def _measured_key(state: State) -> str:
+    """What identifies a schedule among the measured ones: its lowered loops, else its steps."""
+    return state_key(state) or repr(state.steps)
