@@ -6,7 +6,7 @@ loop pinned to one core, then both packages timed against onnxruntime in the sam
 Default: recipes/small_cnn.yaml with a 2-minute deadline (a few minutes in all). The full run is
 `python benchmarks/busy_tuning.py recipes/resnet18.yaml --deadline 30m` (about an hour and a quarter).
 Each build tunes from scratch in a private store (no shipped or shared records) with the recipe's model
-and inputs, `tuning: {deadline}` and validation on. The busy condition runs a single-threaded Python loop
+and inputs, `tuning: {deadline}` and validation on. The busy condition runs a single-threaded matmul loop
 pinned to the last core from before the build until its end (it also stops by itself shortly after the
 deadline). Afterwards, with the loop gone, the two packages and onnxruntime take turns at 2 threads
 (each the best of `--rounds` medians). Printed: the CPU class, how busy the machine was during each
@@ -20,17 +20,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 from models import interleaved_ms, ort_runner, package_runner, private_store
+from timing import busy_core, cpu_class
 
 from aotc.build import build
 from aotc.recipe import load_recipe, parse_duration
@@ -39,7 +36,6 @@ from aotc.search.records import DISTURBED_INTERFERENCE, load_records
 from aotc.validate import random_inputs
 
 ROOT = Path(__file__).resolve().parent.parent
-HOG = "import os, time\nos.sched_setaffinity(0, {%d})\nend = time.time() + %f\nwhile time.time() < end:\n    pass\n"
 
 
 @dataclass
@@ -55,30 +51,6 @@ class Run:
     disturbed: float
     retried: float
     cut: float
-
-
-@contextmanager
-def busy_core(cpu: int | None, seconds: float) -> Iterator[None]:
-    """A busy loop pinned to `cpu` for at most `seconds` (None: nothing)."""
-    if cpu is None:
-        yield
-        return
-    child = subprocess.Popen([sys.executable, "-c", HOG % (cpu, seconds)])
-    try:
-        time.sleep(0.3)
-        yield
-    finally:
-        child.kill()
-        child.wait()
-
-
-def cpu_class() -> str:
-    import llvmlite.binding as llvm
-
-    from aotc.search.records import host_info
-
-    info = host_info()
-    return f"{info['cpu_model']} (LLVM host cpu {llvm.get_host_cpu_name()}), {len(os.sched_getaffinity(0))} cores"
 
 
 def write_recipe(source: Path, folder: Path, deadline: str) -> Path:
@@ -168,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     print(f"onnxruntime {ms['onnxruntime']:.3f} ms; busy/idle measured latency {ms['busy'] / ms['idle']:.3f}")
     print(
-        f"busy: a Python loop pinned to cpu {cpus[-1]} during the build; others%: other processes' share "
+        f"busy: a matmul loop pinned to cpu {cpus[-1]} during the build; others%: other processes' share "
         "of all CPUs' time during the build (/proc/stat); disturbed/retried: of the fully timed records; "
         "cut: records cut off after their checked run (slower than 10x the best); packages timed afterwards "
         "at 2 threads"

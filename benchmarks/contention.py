@@ -23,39 +23,16 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 
 import aotc_runtime
 from models import THREADS, ort_runner, package_runner
-from timing import cpu_class, median_seconds
+from timing import busy_core, cpu_class, median_seconds
 
 from aotc.validate import random_inputs
 
 ORT = "onnxruntime"
-BUSY_LOOP = """
-import os, numpy as np
-os.sched_setaffinity(0, {%d})
-a = np.ones((256, 256), np.float32)
-while True:
-    a = (a @ a) * np.float32(1e-3)
-"""
-
-
-@contextmanager
-def busy_core(cpu: int) -> Iterator[None]:
-    """A child process that keeps `cpu` busy while the block runs."""
-    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    child = subprocess.Popen([sys.executable, "-c", BUSY_LOOP % cpu], env=env)
-    try:
-        time.sleep(0.5)
-        if child.poll() is not None:
-            raise RuntimeError(f"the busy process on cpu {cpu} exited with status {child.returncode}")
-        yield
-    finally:
-        child.kill()
-        child.wait()
 
 
 def runners_for(model: Path, packages: list[Path]) -> dict[str, Callable[[], object]]:

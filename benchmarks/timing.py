@@ -5,8 +5,11 @@ from __future__ import annotations
 import os
 import platform
 import statistics
+import subprocess
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 
 def median_seconds(fn: Callable[[], object], min_seconds: float = 0.5, repeat: int = 7) -> float:
@@ -41,3 +44,31 @@ def cpu_class() -> str:
     except OSError:
         pass
     return f"{llvm.get_host_cpu_name()} ({isa}, {model}, {len(os.sched_getaffinity(0))} cores)"
+
+
+BUSY_LOOP = """
+import os, time, numpy as np
+os.sched_setaffinity(0, {%d})
+a, end = np.ones((256, 256), np.float32), time.monotonic() + %f
+while time.monotonic() < end:
+    a = (a @ a) * np.float32(1e-3)
+"""
+
+
+@contextmanager
+def busy_core(cpu: int | None, seconds: float = 3600.0) -> Iterator[None]:
+    """A single-threaded matmul loop pinned to `cpu` while the block runs (None: nothing); it also stops
+    by itself after `seconds`."""
+    if cpu is None:
+        yield
+        return
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    child = subprocess.Popen([sys.executable, "-c", BUSY_LOOP % (cpu, seconds)], env=env)
+    try:
+        time.sleep(0.5)
+        if child.poll() is not None:
+            raise RuntimeError(f"the busy process on cpu {cpu} exited with status {child.returncode}")
+        yield
+    finally:
+        child.kill()
+        child.wait()

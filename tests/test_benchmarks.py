@@ -79,3 +79,11 @@ def test_transfer_benchmark_quick_run(tmp_path, capsys):
     assert _import("transfer").main(args) == 0
     out = capsys.readouterr().out
     assert "measured on" in out and "cores)" in out
+
+
+def test_busy_tuning_benchmark_quick_run(tmp_path, capsys):
+    recipe = pathlib.Path(__file__).parent.parent / "recipes" / "mlp.yaml"
+    args = [str(recipe), "--deadline", "6s", "--rounds", "1", "--out", str(tmp_path / "out")]
+    assert _import("busy_tuning").main(args) == 0
+    out = capsys.readouterr().out
+    assert "busy/idle measured latency" in out and "cores" in out
