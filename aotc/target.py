@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+import difflib
+import functools
 import os
+import re
 import shlex
+import subprocess
+import sys
+import tempfile
+import threading
 from dataclasses import dataclass, field, replace
 
 _ARCH_TRIPLES = {
@@ -14,7 +21,7 @@ _ARCH_TRIPLES = {
 
 
 class TargetError(ValueError):
-    pass
+    """A target string or target name that aotc (or LLVM) cannot compile for."""
 
 
 @dataclass(frozen=True)
@@ -215,5 +222,260 @@ def parse_target(text: str) -> Target:
         raise TargetError(f"target {text!r}: unsupported triple {triple!r}")
     if cpu == "native" and not triple:
         host = host_target()
-        return replace(host, mattr=host.mattr + mattr, num_cores=cores, hw=None)
-    return Target("llvm", mcpu=cpu, mattr=mattr, mtriple=triple, num_cores=cores)
+        target = replace(host, mattr=host.mattr + mattr, num_cores=cores, hw=None)
+    else:
+        target = Target("llvm", mcpu=cpu, mattr=mattr, mtriple=triple, num_cores=cores)
+    try:
+        check_llvm_names(target)
+    except TargetError as err:
+        raise TargetError(f"target {text!r}: {err}") from None
+    return target
+
+
+# ----------------------------------------------------------------------------- LLVM's names
+
+_HELP_LINE = re.compile(r"^  (\S+)\s+- ")
+_FD_LOCK = threading.Lock()
+
+
+def _llvm():
+    import llvmlite.binding as llvm
+
+    _init_llvm_targets(llvm)
+    return llvm
+
+
+@functools.cache
+def _init_llvm_targets(llvm) -> None:
+    llvm.initialize_all_targets()
+    llvm.initialize_all_asmprinters()
+
+
+def _captured_output(action) -> str:
+    """What `action()` writes to file descriptors 1 and 2 (LLVM prints there, past Python's streams)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    with _FD_LOCK, tempfile.TemporaryFile() as tmp:
+        saved = [os.dup(1), os.dup(2)]
+        try:
+            os.dup2(tmp.fileno(), 1)
+            os.dup2(tmp.fileno(), 2)
+            action()
+        finally:
+            for fd, copy in zip((1, 2), saved):
+                os.dup2(copy, fd)
+                os.close(copy)
+        tmp.seek(0)
+        return tmp.read().decode(errors="replace")
+
+
+_UNRECOGNIZED = re.compile(r"'([^']*)' is not a recognized (processor|feature) for this target")
+
+
+@functools.cache
+def _unrecognized_names(triple: str, cpu: str, features: str) -> tuple[str, ...]:
+    """The CPU and feature names among `cpu` and `features` that LLVM warns it does not know."""
+    llvm = _llvm()
+    try:
+        backend = llvm.Target.from_triple(triple)
+    except RuntimeError as err:
+        raise TargetError(f"LLVM has no backend for triple {triple!r}: {err}") from None
+    text = _captured_output(lambda: backend.create_target_machine(cpu=cpu, features=features, opt=0))
+    return tuple(dict.fromkeys(m.group(1) for m in _UNRECOGNIZED.finditer(text)))
+
+
+_HELP_SCRIPT = """
+import sys
+import llvmlite.binding as llvm
+llvm.initialize_all_targets()
+llvm.Target.from_triple(sys.argv[1]).create_target_machine(cpu="help", features="")
+"""
+
+
+@functools.cache
+def _llvm_catalogue(triple: str) -> tuple[frozenset[str], frozenset[str]]:
+    """The CPU and the feature names LLVM lists for `triple` (empty if it cannot be asked)."""
+    # LLVM prints its -mcpu=help listing once per process, so a fresh one is asked
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", _HELP_SCRIPT, triple], capture_output=True, text=True, timeout=120
+        )
+    except (OSError, subprocess.SubprocessError):
+        return frozenset(), frozenset()
+    cpus: set[str] = set()
+    features: set[str] = set()
+    section = None
+    for line in (proc.stderr + proc.stdout).splitlines():
+        if line.startswith("Available CPUs"):
+            section = cpus
+        elif line.startswith("Available features"):
+            section = features
+        elif section is not None and (m := _HELP_LINE.match(line)):
+            section.add(m.group(1))
+    return frozenset(cpus), frozenset(features)
+
+
+def _some_of(name: str, names: frozenset[str], fallback: list[str]) -> str:
+    if not names:
+        return "`llc -mcpu=help` lists them"
+    close = difflib.get_close_matches(name, sorted(names), n=6, cutoff=0.5)
+    return (
+        "some it knows: "
+        + ", ".join(close or [n for n in fallback if n in names] or sorted(names)[:12])
+        + ", ..."
+    )
+
+
+_COMMON_CPUS = ["x86-64-v3", "x86-64-v4", "haswell", "skylake-avx512", "znver3", "znver4", "generic"]
+_COMMON_CPUS += ["neoverse-n1", "neoverse-v1", "cortex-a72", "cortex-a53", "apple-m1"]
+
+
+def check_llvm_names(target: Target) -> None:
+    """Refuse a `-mcpu` or `-mattr` name LLVM does not know for the target's architecture.
+
+    LLVM only warns about such a name (on stderr, when a target machine is made) and ignores it; an
+    unknown x86-64 CPU then aborts the whole process later in code generation ("LLVM ERROR: 64-bit
+    code requested on a subtarget that doesn't support it"). So the warning is caught here, once per
+    (triple, CPU, features), and made a TargetError that lists known names."""
+    if not target.is_cpu:
+        return
+    cpu = "" if target.mcpu == "native" else target.mcpu
+    # `help` makes LLVM print its lists rather than warn: no CPU or feature has that name
+    listing = [name for name in (cpu, *(a[1:] for a in target.mattr)) if name in ("help", "cpuhelp")]
+    unknown = tuple(listing) or _unrecognized_names(target.triple, cpu, target.features)
+    if not unknown:
+        return
+    cpus, features = _llvm_catalogue(target.triple)
+    if cpu in unknown or cpu in listing:
+        raise TargetError(
+            f"-mcpu {cpu!r} is not a CPU LLVM knows for {target.isa} ({_some_of(cpu, cpus, _COMMON_CPUS)})"
+        )
+    attr = next(a for a in target.mattr if a in unknown or a[1:] in listing)
+    isa = sorted(CPU_FEATURES.get(target.isa, {}))
+    raise TargetError(
+        f"-mattr {attr!r} is not a feature LLVM knows for {target.isa} ({_some_of(attr[1:], features, isa)})"
+    )
+
+
+# ----------------------------------------------------------------------------- CPU features
+
+CPU_FEATURES: dict[str, dict[str, str]] = {
+    "x86_64": {
+        "sse3": "pni",
+        "ssse3": "ssse3",
+        "sse4.1": "sse4_1",
+        "sse4.2": "sse4_2",
+        "sse4a": "sse4a",
+        "popcnt": "popcnt",
+        "lzcnt": "abm",
+        "bmi": "bmi1",
+        "bmi2": "bmi2",
+        "tbm": "tbm",
+        "movbe": "movbe",
+        "f16c": "f16c",
+        "fma": "fma",
+        "fma4": "fma4",
+        "xop": "xop",
+        "avx": "avx",
+        "avx2": "avx2",
+        "avxvnni": "avx_vnni",
+        "avxifma": "avx_ifma",
+        "avxvnniint8": "avx_vnni_int8",
+        "avxneconvert": "avx_ne_convert",
+        "gfni": "gfni",
+        "avx512f": "avx512f",
+        "avx512bw": "avx512bw",
+        "avx512cd": "avx512cd",
+        "avx512dq": "avx512dq",
+        "avx512vl": "avx512vl",
+        "avx512vnni": "avx512_vnni",
+        "avx512bf16": "avx512_bf16",
+        "avx512fp16": "avx512_fp16",
+        "avx512ifma": "avx512ifma",
+        "avx512vbmi": "avx512vbmi",
+        "avx512vbmi2": "avx512_vbmi2",
+        "avx512bitalg": "avx512_bitalg",
+        "avx512vpopcntdq": "avx512_vpopcntdq",
+    },
+    "aarch64": {
+        "fp-armv8": "fp",
+        "neon": "asimd",
+        "lse": "atomics",
+        "rcpc": "lrcpc",
+        "fullfp16": "asimdhp",
+        "fp16fml": "asimdfhm",
+        "dotprod": "asimddp",
+        "i8mm": "i8mm",
+        "bf16": "bf16",
+        "cssc": "cssc",
+        "mops": "mops",
+        "sve": "sve",
+        "sve2": "sve2",
+    },
+    "arm": {
+        "vfp3": "vfpv3",
+        "vfp4": "vfpv4",
+        "d32": "vfpd32",
+        "neon": "neon",
+        "hwdiv-arm": "idiva",
+    },
+}
+"""Per architecture: the instruction-set extensions LLVM may select from the plain IR aotc emits (no
+target intrinsics beside x86's `pause`), in LLVM's spelling, each with the flag Linux shows for it in
+/proc/cpuinfo ("flags" on x86, "Features" on ARM). Extensions only intrinsics reach (AES, SHA, AMX,
+CRC32, RDRAND, ...) and the baseline of each architecture (x86-64's SSE2) are not listed: code from
+aotc cannot fault for their lack."""
+
+
+def cpu_features(target: Target) -> tuple[str, ...]:
+    """The CPU features (LLVM's names, sorted) that code generated for `target` may use.
+
+    They are the extensions of `CPU_FEATURES` that LLVM enables for the target's `-mcpu` with its
+    `-mattr`, implied features included (`+avx512bw` brings `avx512f`, `avx2`, `fma`...) and
+    disabled ones removed (`-avx2` also drops AVX-512), as LLVM itself resolves them. llvmlite exposes
+    no query for a target machine's features, so each is asked of LLVM's inliner, which inlines a
+    function into a caller only when the callee's resolved feature bits are a subset of the caller's:
+    a callee compiled for `-mattr` plus `+F` inlines into a caller compiled for `-mattr` exactly when
+    `F` (with all it implies) is already on. Other explicit `+feature`s of `-mattr` are left out:
+    the tuning flags are no CPU feature, and no other extension is reachable from aotc's IR. The
+    result is cached per (triple, CPU, features); a CUDA target needs none."""
+    if not target.is_cpu:
+        return ()
+    check_llvm_names(target)
+    cpu = _llvm().get_host_cpu_name() if target.mcpu == "native" else target.mcpu
+    return _enabled_features(target.triple, cpu, target.features)
+
+
+@functools.cache
+def _known_candidates(triple: str) -> list[str]:
+    """The extensions of `CPU_FEATURES` this LLVM knows (it would ignore others, so they seem on)."""
+    names = sorted(CPU_FEATURES.get(_arch_of(triple), {}))
+    unknown = set(_unrecognized_names(triple, "", ",".join(f"+{f}" for f in names)))
+    return [f for f in names if f"+{f}" not in unknown]
+
+
+@functools.cache
+def _enabled_features(triple: str, cpu: str, features: str) -> tuple[str, ...]:
+    llvm = _llvm()
+    candidates = _known_candidates(triple)
+    # probe 0 asks for nothing beyond the caller's own features: it must inline, or the method is broken
+    probes = ["", *(f"+{f}" for f in candidates)]
+    lines = ["@aotc.probe.sink = global i32 0"]
+    for i, extra in enumerate(probes):
+        callee = ",".join(x for x in (features, extra) if x)
+        lines += [
+            f"define internal void @callee{i}() #{2 * i} {{\n  store volatile i32 {i}, ptr @aotc.probe.sink\n"
+            "  ret void\n}",
+            f"define void @caller{i}() #{2 * i + 1} {{\n  call void @callee{i}()\n  ret void\n}}",
+            f'attributes #{2 * i} = {{ "target-cpu"="{cpu}" "target-features"="{callee}" }}',
+            f'attributes #{2 * i + 1} = {{ "target-cpu"="{cpu}" "target-features"="{features}" }}',
+        ]
+    mod = llvm.parse_assembly("\n".join(lines))
+    mod.triple = triple
+    tm = llvm.Target.from_triple(triple).create_target_machine(cpu=cpu, features=features, opt=2)
+    pb = llvm.create_pass_builder(tm, llvm.create_pipeline_tuning_options(speed_level=2))
+    pb.getModulePassManager().run(mod, pb)
+    inlined = ["call " not in str(mod.get_function(f"caller{i}")) for i in range(len(probes))]
+    if not inlined[0]:
+        raise TargetError(f"could not ask LLVM for the features of {triple} -mcpu={cpu} -mattr={features}")
+    return tuple(f for f, on in zip(candidates, inlined[1:]) if on)

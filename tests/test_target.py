@@ -1,8 +1,12 @@
+import os
 import platform
+import re
+import subprocess
+import sys
 
 import pytest
 
-from aotc.target import HOST_CPU_ENV, TargetError, host_target, parse_target
+from aotc.target import CPU_FEATURES, HOST_CPU_ENV, TargetError, cpu_features, host_target, parse_target
 
 
 def test_explicit_cpu_and_features():
@@ -104,3 +108,119 @@ def test_host_cpu_knob_refuses_unknown_or_wider_cpus(monkeypatch, value, message
     monkeypatch.setenv(HOST_CPU_ENV, value)
     with pytest.raises(TargetError, match=message):
         parse_target("llvm")
+
+
+# ----------------------------------------------------------------------------- CPU features
+
+
+def test_named_x86_cpus_have_their_features():
+    skx = cpu_features(parse_target("llvm -mcpu=skylake-avx512"))
+    assert {"avx512f", "avx512bw", "avx512dq", "avx512vl", "avx2", "fma"} <= set(skx)
+    assert "avx512vnni" not in skx and list(skx) == sorted(skx)
+    assert "avx512vnni" in cpu_features(parse_target("llvm -mcpu=cascadelake"))
+    zen3 = cpu_features(parse_target("llvm -mcpu=znver3"))
+    assert {"avx", "avx2", "fma"} <= set(zen3) and not any(f.startswith("avx512") for f in zen3)
+    assert cpu_features(parse_target("llvm -mcpu=x86-64")) == ()
+
+
+def test_mattr_is_resolved_with_what_it_implies_and_removes():
+    assert {"avx512f", "avx2", "avx", "fma"} <= set(
+        cpu_features(parse_target("llvm -mcpu=x86-64 -mattr=+avx512bw"))
+    )
+    no_avx2 = cpu_features(parse_target("llvm -mcpu=skylake-avx512 -mattr=-avx2"))
+    assert "avx" in no_avx2 and "avx2" not in no_avx2 and not any(f.startswith("avx512") for f in no_avx2)
+    # tuning flags and extensions aotc's code cannot reach are no requirement
+    assert cpu_features(parse_target("llvm -mcpu=x86-64 -mattr=+prefer-256-bit,+sha")) == ()
+
+
+def test_arm_features():
+    assert cpu_features(parse_target("llvm -mtriple=aarch64-linux-gnu")) == ("fp-armv8", "neon")
+    v1 = cpu_features(parse_target("llvm -mtriple=aarch64-linux-gnu -mcpu=neoverse-v1"))
+    assert {"neon", "dotprod", "i8mm", "sve", "lse"} <= set(v1)
+    assert "sve" in cpu_features(parse_target("llvm -mtriple=aarch64-linux-gnu -mattr=+sve"))
+    assert "neon" in cpu_features(parse_target("llvm -mtriple=armv7a-linux-gnueabihf -mcpu=cortex-a53"))
+    assert cpu_features(parse_target("cuda -arch=sm_80")) == ()
+
+
+def _cpuinfo_flags() -> set[str]:
+    with open("/proc/cpuinfo") as f:
+        line = next(line for line in f if line.startswith(("flags", "Features")))
+    return set(line.split(":", 1)[1].split())
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/cpuinfo"), reason="reads /proc/cpuinfo")
+def test_host_features_are_ones_the_host_has(monkeypatch):
+    monkeypatch.delenv(HOST_CPU_ENV, raising=False)
+    host = parse_target("llvm")
+    features = cpu_features(host)
+    flags = _cpuinfo_flags()
+    names = CPU_FEATURES[host.isa]
+    assert [f for f in features if names[f] not in flags] == []
+    if host.isa == "x86_64" and "avx2" in flags:
+        assert "avx2" in features  # the host's own features are found, not just a safe subset
+
+
+def _add_asm(target, vector_type: str) -> str:
+    """Assembly LLVM emits for `target` of a 512-bit vector add of `vector_type` (e.g. `<64 x i8>`)."""
+    import llvmlite.binding as llvm
+
+    add = "fadd" if "float" in vector_type else "add"
+    ir = (
+        f'define void @f(ptr %a, ptr %b) "min-legal-vector-width"="512" {{\n  %x = load {vector_type}, ptr %a\n'
+        f"  %y = load {vector_type}, ptr %b\n  %z = {add} {vector_type} %x, %y\n"
+        f"  store {vector_type} %z, ptr %a\n  ret void\n}}\n"
+    )
+    backend = llvm.Target.from_triple(target.triple)
+    tm = backend.create_target_machine(cpu=target.mcpu, features=target.features, opt=2)
+    return tm.emit_assembly(llvm.parse_assembly(ir))
+
+
+@pytest.mark.parametrize("cpu", ["knl", "skylake-avx512", "znver3", "sandybridge", "x86-64"])
+def test_features_agree_with_the_code_llvm_emits(cpu):
+    """knl has AVX-512F without BW: a 64-byte add is one zmm instruction there, a byte add is not."""
+    target = parse_target(f"llvm -mcpu={cpu}")
+    features = cpu_features(target)
+    floats, ints, bytes_ = (_add_asm(target, t) for t in ("<16 x float>", "<8 x i32>", "<64 x i8>"))
+    assert ("avx512f" in features) == bool(re.search(r"vaddps[^\n]*%zmm", floats))
+    assert ("avx" in features) == bool(re.search(r"vaddps[^\n]*%[yz]mm", floats))
+    assert ("avx2" in features) == bool(re.search(r"vpaddd[^\n]*%[yz]mm", ints))
+    assert ("avx512bw" in features) == bool(re.search(r"vpaddb[^\n]*%zmm", bytes_))
+
+
+# ----------------------------------------------------------------------------- names LLVM does not know
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        (
+            "llvm -mcpu=pentium9000",
+            r"'pentium9000' is not a CPU LLVM knows for x86_64 \(some it knows: pentium",
+        ),
+        ("llvm -mtriple=aarch64-linux-gnu -mcpu=skylake", "'skylake' is not a CPU LLVM knows for aarch64"),
+        ("llvm -mcpu=znver3 -mattr=+foo", r"-mattr '\+foo' is not a feature LLVM knows for x86_64"),
+        ("llvm -mattr=+avx2,-bar", r"'llvm -mattr=\+avx2,-bar': -mattr '-bar' is not a feature"),
+        ("llvm -mattr=+avx5l2f", r"some it knows: avx512f"),
+        ("llvm -mcpu=help", "'help' is not a CPU"),
+    ],
+)
+def test_unknown_llvm_names_are_target_errors(text, message):
+    with pytest.raises(TargetError, match=message):
+        parse_target(text)
+
+
+def test_unknown_cpu_no_longer_aborts_code_generation(tmp_path):
+    """LLVM warned about the name, then ended the process with `LLVM ERROR: 64-bit code requested on a
+    subtarget that doesn't support it`; a Target made without parse_target is refused by codegen."""
+    code = (
+        "from aotc.codegen.llvm import CodegenError, compile_to_object\n"
+        "from aotc.target import Target\n"
+        "try:\n"
+        "    compile_to_object('define i32 @f(i32 %x) {\\n  ret i32 %x\\n}\\n', Target('llvm', mcpu='pentium9000'))\n"
+        "except CodegenError as err:\n"
+        "    print('refused:', err)\n"
+    )
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, timeout=120)
+    assert "LLVM ERROR" not in proc.stderr and proc.returncode == 0, proc.stderr
+    assert "refused:" in proc.stdout and "'pentium9000' is not a CPU" in proc.stdout

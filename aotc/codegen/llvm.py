@@ -26,7 +26,7 @@ from aotc.codegen.threadpool import emit_thread_pool
 from aotc.codegen.vecmath import LIBMVEC_PATH, VecLib, veclib_for
 from aotc.ir.expr import Buffer
 from aotc.ir.stmt import PrimFunc
-from aotc.target import Target
+from aotc.target import Target, TargetError, check_llvm_names
 
 __all__ = ["CodegenError", "build_llvm_ir", "compile_to_object", "link_shared", "META_PREFIX"]
 
@@ -114,6 +114,10 @@ def _target_machine(target: Target, opt_level: int) -> llvm.TargetMachine:
     tm = _MACHINES.get(key)
     if tm is None:
         _init_llvm()
+        try:  # LLVM ignores an unknown name with a warning, then may abort the process
+            check_llvm_names(target)
+        except TargetError as err:
+            raise CodegenError(f"cannot compile for target {target}: {err}") from None
         cpu = llvm.get_host_cpu_name() if target.mcpu == "native" else target.mcpu
         try:
             llvm_target = llvm.Target.from_triple(target.triple)
