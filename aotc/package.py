@@ -28,12 +28,13 @@ from aotc_runtime.package import (
     read_manifest,
     verify_package,
 )
+from aotc_runtime.plan import DTYPES, PLAN_VERSION, encode_plan
 
 from aotc import __version__
 from aotc.codegen.entry import ENTRY_SYMBOL, BufferRef, KernelCall, build_entry_ir
 from aotc.codegen.llvm import build_llvm_ir, compile_to_object, link_shared
 from aotc.ir.stmt import PrimFunc
-from aotc.target import Target
+from aotc.target import Target, cpu_features
 
 __all__ = [
     "WEIGHT_ALIGNMENT",
@@ -43,6 +44,7 @@ __all__ = [
     "PackageSpec",
     "describe_package",
     "layout_weights",
+    "plan_document",
     "weight_refs",
     "write_package",
 ]
@@ -149,6 +151,10 @@ def _validate(spec: PackageSpec) -> tuple[list[_WeightEntry], int]:
         )
     _check_unique("input/output", [t.name for t in spec.inputs + spec.outputs])
     _check_unique("kernel", [f.name for f in spec.kernels])
+    for f in spec.kernels:
+        for b in f.params:
+            if np.dtype(b.dtype).name not in DTYPES:
+                raise ValueError(f"kernel {f.name} param {b.name}: dtype {b.dtype} cannot be in a package")
     if any(f.name == ENTRY_SYMBOL for f in spec.kernels):
         raise ValueError(f"kernel name {ENTRY_SYMBOL!r} is reserved for the entry function")
     if not isinstance(spec.workspace_bytes, int) or spec.workspace_bytes < 0:
@@ -243,13 +249,49 @@ def write_package(spec: PackageSpec, path: str) -> dict:
     if not os.path.isdir(directory):
         raise FileNotFoundError(f"cannot write {path}: directory {directory} does not exist")
     table, total = _validate(spec)
-    library = _build_library(spec)
-    return _write_atomically(path, lambda f: _write_zip(f, spec, table, total, library))
+    plan = plan_document(spec, total)
+    library = _build_library(spec, encode_plan(plan))
+    return _write_atomically(path, lambda f: _write_zip(f, spec, table, plan, library))
 
 
-def _build_library(spec: PackageSpec) -> bytes:
+def plan_document(spec: PackageSpec, weights_nbytes: int) -> dict:
+    """The execution-critical facts the kernel library carries (see `aotc_runtime.plan`). Each argument's
+    nbytes is what its kernel param was compiled to access."""
+    params = {f.name: [_param_bytes(b) for b in f.params] for f in spec.kernels}
+    return {
+        "plan_version": PLAN_VERSION,
+        "entry": ENTRY_SYMBOL,
+        "target": str(spec.target),
+        "triple": spec.target.triple,
+        "requires": list(cpu_features(spec.target)),
+        "inputs": [t.to_json() for t in spec.inputs],
+        "outputs": [t.to_json() for t in spec.outputs],
+        "workspace_bytes": spec.workspace_bytes,
+        "weights_nbytes": weights_nbytes,
+        "kernels": [
+            {
+                "symbol": f.name,
+                "params": [{"dtype": np.dtype(b.dtype).name, "nbytes": _param_bytes(b)} for b in f.params],
+            }
+            for f in spec.kernels
+        ],
+        "execution_plan": [
+            {
+                "kernel": c.symbol,
+                "args": [{**a.to_json(), "nbytes": n} for a, n in zip(c.args, params[c.symbol])],
+            }
+            for c in spec.calls
+        ],
+    }
+
+
+def _param_bytes(buf) -> int:
+    return int(buf.num_elements) * np.dtype(buf.dtype).itemsize
+
+
+def _build_library(spec: PackageSpec, plan: bytes) -> bytes:
     kernels_ir = build_llvm_ir(list(spec.kernels), spec.target)
-    entry_ir = build_entry_ir(list(spec.calls), spec.target, len(spec.inputs), len(spec.outputs))
+    entry_ir = build_entry_ir(list(spec.calls), spec.target, len(spec.inputs), len(spec.outputs), plan)
     objects = [compile_to_object(kernels_ir, spec.target), compile_to_object(entry_ir, spec.target)]
     with tempfile.TemporaryDirectory(prefix="aotc-package-") as tmp:
         out = os.path.join(tmp, "model.so")
@@ -275,14 +317,14 @@ def _write_atomically(path: str, write: Callable[[BinaryIO], dict]) -> dict:
     return result
 
 
-def _write_zip(f: BinaryIO, spec: PackageSpec, table: list[_WeightEntry], total: int, library: bytes) -> dict:
+def _write_zip(f: BinaryIO, spec: PackageSpec, table: list[_WeightEntry], plan: dict, library: bytes) -> dict:
     now = datetime.now(UTC)
     with zipfile.ZipFile(f, "w", allowZip64=True) as zf:
         members = {
             LIBRARY: _write_member(zf, LIBRARY, [library], len(library), now),
-            WEIGHTS: _write_member(zf, WEIGHTS, _weight_chunks(table), total, now),
+            WEIGHTS: _write_member(zf, WEIGHTS, _weight_chunks(table), plan["weights_nbytes"], now),
         }
-        manifest = _manifest(spec, table, total, members, now)
+        manifest = _manifest(spec, table, plan, members, now)
         info = _zip_info(MANIFEST, zipfile.ZIP_DEFLATED, now)
         zf.writestr(info, json.dumps(manifest, indent=2).encode() + b"\n")
     return manifest
@@ -319,21 +361,22 @@ def _weight_chunks(table: list[_WeightEntry]) -> Iterator[bytes | np.ndarray]:
         pos = e.offset + a.nbytes
 
 
-def _manifest(spec: PackageSpec, table: list[_WeightEntry], total: int, members: dict, now: datetime) -> dict:
+def _manifest(spec: PackageSpec, table: list[_WeightEntry], plan: dict, members: dict, now: datetime) -> dict:
     info = spec.kernel_info or [{} for _ in spec.kernels]
     return {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
         "name": spec.name,
-        "target": str(spec.target),
-        "triple": spec.target.triple,
-        "entry": ENTRY_SYMBOL,
-        "inputs": [t.to_json() for t in spec.inputs],
-        "outputs": [t.to_json() for t in spec.outputs],
+        "target": plan["target"],
+        "triple": plan["triple"],
+        "requires": plan["requires"],
+        "entry": plan["entry"],
+        "inputs": plan["inputs"],
+        "outputs": plan["outputs"],
         "kernels": [
             {"symbol": f.name, "params": _params_json(f), **extra} for f, extra in zip(spec.kernels, info)
         ],
-        "execution_plan": [c.to_json() for c in spec.calls],
+        "execution_plan": plan["execution_plan"],
         "memory_plan": {
             "alignment": WEIGHT_ALIGNMENT,
             "workspace_bytes": spec.workspace_bytes,
@@ -342,7 +385,7 @@ def _manifest(spec: PackageSpec, table: list[_WeightEntry], total: int, members:
         "weights": {
             "member": WEIGHTS,
             "alignment": WEIGHT_ALIGNMENT,
-            "nbytes": total,
+            "nbytes": plan["weights_nbytes"],
             "tensors": [e.to_json() for e in table],
         },
         "members": members,
@@ -364,20 +407,33 @@ def _params_json(func: PrimFunc) -> list[dict]:
 def describe_package(path: str, verify: bool = True) -> str:
     """A human-readable summary of the package at `path` (for `aotc inspect`).
 
-    Raises PackageError when the package is damaged; `verify=False` skips the checksums."""
+    Raises PackageError when the package is damaged or its manifest differs from its kernel library's
+    plan; `verify=False` skips those checks and shows the manifest as it is."""
     path = os.fspath(path)
     if verify:
-        manifest = verify_package(path)
-        integrity = f"ok (sha256 of {len(manifest['members'])} members verified)"
+        checked = verify_package(path)
+        manifest, digest = checked.manifest, f"sha256:{checked.digest}"
+        integrity = (
+            f"ok (sha256 of {len(manifest['members'])} members, manifest matches the kernel library's plan)"
+        )
+        signature = (
+            "none (unsigned)"
+            if checked.signature is None
+            else f"present ({len(checked.signature)} bytes, not checked)"
+        )
     else:
         manifest = read_manifest(path)
-        integrity = "not checked"
+        digest = integrity = signature = "not checked"
+    requires = manifest.get("requires") or []
     lines = [
         f"package       {path} ({_size(os.path.getsize(path))}, format version {manifest['format_version']})",
+        f"digest        {digest}",
         f"integrity     {integrity}",
+        f"signature     {signature}",
         f"name          {manifest['name']}",
         f"target        {manifest['target']}",
         f"triple        {manifest['triple']}",
+        f"requires      {', '.join(requires) if requires else 'no CPU extensions'}",
     ]
     lines += _tensors("inputs", manifest["inputs"])
     lines += _tensors("outputs", manifest["outputs"])

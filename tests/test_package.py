@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import zipfile
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -127,7 +128,7 @@ def test_package_members_and_manifest(tiny_package):
             data = zf.read(name)
             assert entry == {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
         blob = zf.read("weights.bin")
-    assert manifest["format"] == "aotc-package" and manifest["format_version"] == 1
+    assert manifest["format"] == "aotc-package" and manifest["format_version"] == 2
     assert manifest["target"] == str(HOST) and manifest["triple"] == HOST.triple
     assert manifest["entry"] == "aotc_run"
     assert manifest["inputs"] == [{"name": "x", "shape": [4, 8], "dtype": "float32"}]
@@ -140,7 +141,9 @@ def test_package_members_and_manifest(tiny_package):
 def test_manifest_carries_plan_kernels_and_provenance(tiny_package):
     _, manifest = tiny_package
     spec = tiny_spec()
-    assert [KernelCall.from_json(c) for c in manifest["execution_plan"]] == spec.calls
+    # each argument's nbytes is what its kernel param was compiled for, whatever the spec said
+    sized = [KernelCall(c.symbol, [replace(a, nbytes=NBYTES) for a in c.args]) for c in spec.calls]
+    assert [KernelCall.from_json(c) for c in manifest["execution_plan"]] == sized
     assert [k["symbol"] for k in manifest["kernels"]] == ["k_add", "k_relu"]
     assert manifest["kernels"][0]["workload_key"] == "abc123"
     assert manifest["kernels"][1]["params"][0] == {"name": "p0", "shape": [4, 8], "dtype": "float32"}

@@ -309,8 +309,8 @@ def test_foreign_zip(tmp_path):
 
 
 def test_newer_format_version(tiny_path, tmp_path):
-    bad = rewrite(tiny_path, str(tmp_path / "new.aotc"), manifest={"format_version": 2})
-    message = r"package format version 2 is newer than this runtime supports \(1\); upgrade aotc-runtime"
+    bad = rewrite(tiny_path, str(tmp_path / "new.aotc"), manifest={"format_version": 3})
+    message = r"package format version 3 is newer than this runtime supports \(2\); upgrade aotc-runtime"
     with pytest.raises(PackageError, match=message):
         aotc_runtime.load(bad)
 
@@ -326,23 +326,40 @@ def test_missing_and_unlisted_members(tiny_path, tmp_path):
         aotc_runtime.load(extra)
 
 
-def test_other_architecture_is_refused(tiny_path, tmp_path):
+def test_a_manifest_claiming_another_architecture_is_refused(tiny_path, tmp_path):
     other = "aarch64-unknown-linux-gnu" if rtpackage.host_arch() != "aarch64" else "x86_64-unknown-linux-gnu"
     bad = rewrite(tiny_path, str(tmp_path / "arm.aotc"), manifest={"triple": other})
     with pytest.raises(
-        PackageError, match=rf"arm.aotc was compiled for {other.split('-')[0]} .* but this host is"
+        PackageError, match=rf"arm.aotc: its kernel library is {rtpackage.host_arch()} code but"
     ):
         aotc_runtime.load(bad)
 
 
-def test_missing_cpu_features_are_refused(tiny_path, tmp_path, monkeypatch):
-    if rtpackage.host_arch() != "x86_64" or not os.path.exists("/proc/cpuinfo"):
-        pytest.skip("CPU feature check applies to x86-64 Linux")
-    target = "llvm -mcpu=skylake-avx512 -mattr=+avx2,+avx512f"
-    bad = rewrite(tiny_path, str(tmp_path / "avx.aotc"), manifest={"target": target})
-    monkeypatch.setattr(rtpackage, "_host_cpu_flags", lambda: {"sse2", "avx2"})
-    with pytest.raises(PackageError, match="needs CPU features this host lacks: avx512f"):
-        aotc_runtime.load(bad)
+def test_missing_cpu_features_are_refused(tiny_path, monkeypatch):
+    requires = aotc_runtime.read_manifest(tiny_path)["requires"]
+    if not requires:
+        pytest.skip("the host target uses no CPU extension")
+    monkeypatch.setattr(rtpackage, "_host_cpu_flags", lambda: set())
+    with pytest.raises(
+        PackageError, match=f"needs CPU features this host lacks: {', '.join(requires)} \\(target"
+    ):
+        aotc_runtime.load(tiny_path)
+    monkeypatch.setattr(rtpackage, "_host_cpu_flags", lambda: None)
+    with pytest.raises(PackageError, match=r"this host's cannot be read"):
+        aotc_runtime.load(tiny_path)
+
+
+def test_unknown_cpu_features_are_refused(tiny_path, monkeypatch):
+    requires = aotc_runtime.read_manifest(tiny_path)["requires"]
+    if not requires:
+        pytest.skip("the host target uses no CPU extension")
+    arch = rtpackage.host_arch()
+    older = {k: v for k, v in rtpackage.CPU_FLAGS[arch].items() if k != requires[0]}
+    monkeypatch.setitem(rtpackage.CPU_FLAGS, arch, older)
+    with pytest.raises(
+        PackageError, match=f"requires CPU features this runtime does not know for {arch}: {requires[0]} "
+    ):
+        aotc_runtime.load(tiny_path)
 
 
 def test_missing_file_is_a_plain_os_error(tmp_path):

@@ -2,7 +2,8 @@
 
 `int32_t aotc_run(void **inputs, void **outputs, uint8_t *weights, uint8_t *workspace)` builds each
 kernel's `void *args[]` on the stack from those four base pointers and returns the first nonzero
-kernel status, or 0.
+kernel status, or 0. Given a plan (the canonical JSON of `aotc_runtime.plan`), the module also holds it,
+NUL-terminated, in the ELF section `.aotc_plan`, where the runtime reads it from the library's bytes.
 """
 
 from __future__ import annotations
@@ -10,6 +11,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from aotc_runtime.plan import PLAN_SECTION
+
+from aotc.codegen.irbuilder import string_const
 from aotc.target import Target
 
 __all__ = ["BUFFER_KINDS", "ENTRY_SYMBOL", "BufferRef", "KernelCall", "build_entry_ir"]
@@ -65,8 +69,11 @@ class KernelCall:
         return KernelCall(d["kernel"], tuple(BufferRef.from_json(a) for a in d["args"]))
 
 
-def build_entry_ir(calls: list[KernelCall], target: Target, num_inputs: int, num_outputs: int) -> str:
-    """LLVM IR text of a module defining `aotc_run` and declaring every kernel it calls."""
+def build_entry_ir(
+    calls: list[KernelCall], target: Target, num_inputs: int, num_outputs: int, plan: bytes = b""
+) -> str:
+    """LLVM IR text of a module defining `aotc_run` and declaring every kernel it calls; a non-empty
+    `plan` goes into the `.aotc_plan` section."""
     _check_calls(calls, num_inputs, num_outputs)
     max_args = max((len(c.args) for c in calls), default=0)
     body = ["entry:"]
@@ -82,6 +89,7 @@ def build_entry_ir(calls: list[KernelCall], target: Target, num_inputs: int, num
         [
             f'target triple = "{target.triple}"',
             "",
+            *_plan_globals(plan),
             *decls,
             "",
             header,
@@ -92,6 +100,18 @@ def build_entry_ir(calls: list[KernelCall], target: Target, num_inputs: int, num
             "",
         ]
     )
+
+
+def _plan_globals(plan: bytes) -> list[str]:
+    """The plan as an internal constant in its own section, kept by `llvm.used` though nothing reads it."""
+    if not plan:
+        return []
+    text, n = string_const(plan)
+    return [
+        f'@__aotc_plan = internal constant [{n} x i8] {text}, section "{PLAN_SECTION}", align 1',
+        '@llvm.used = appending global [1 x ptr] [ptr @__aotc_plan], section "llvm.metadata"',
+        "",
+    ]
 
 
 def _check_calls(calls: list[KernelCall], num_inputs: int, num_outputs: int) -> None:

@@ -6,7 +6,7 @@ outputs = model.run({"input": x})
 """
 
 from aotc_runtime.model import CompiledModel, KernelTime, TensorInfo, load
-from aotc_runtime.package import FORMAT_VERSION, PackageError, read_manifest, verify_package
+from aotc_runtime.package import FORMAT_VERSION, PackageError, VerifiedPackage, read_manifest, verify_package
 
 __version__ = "0.1.0"
 
@@ -16,6 +16,7 @@ __all__ = [
     "KernelTime",
     "PackageError",
     "TensorInfo",
+    "VerifiedPackage",
     "load",
     "read_manifest",
     "verify_package",

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from aotc_runtime.cache import install_library
-from aotc_runtime.package import LIBRARY, PackageError, aligned_empty, read_package
+from aotc_runtime.package import LIBRARY, PackageContents, PackageError, aligned_empty, read_package
+from aotc_runtime.plan import PlanTensor
 
 __all__ = ["CompiledModel", "KernelTime", "TensorInfo", "load"]
 
@@ -30,8 +31,8 @@ class TensorInfo:
         return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
 
     @staticmethod
-    def from_json(d: dict) -> TensorInfo:
-        return TensorInfo(d["name"], tuple(d["shape"]), np.dtype(d["dtype"]))
+    def from_plan(t: PlanTensor) -> TensorInfo:
+        return TensorInfo(t.name, t.shape, np.dtype(t.dtype))
 
 
 @dataclass(frozen=True)
@@ -54,49 +55,46 @@ class KernelTime:
 
 
 def load(path: str, num_threads: int | None = None) -> CompiledModel:
-    """Verify the package at `path` (format, version, checksums, host) and load it."""
+    """Verify the package at `path` (format, version, checksums, the manifest against the kernel
+    library's own plan, the host) and only then load its library."""
     contents = read_package(path)
     sha = contents.manifest["members"][LIBRARY]["sha256"]
     lib_path = install_library(memoryview(contents.library), sha)
-    model = CompiledModel(str(path), contents.manifest, lib_path, contents.weights)
+    model = CompiledModel(str(path), contents, lib_path)
     if num_threads is not None:
         model.num_threads = num_threads
     return model
 
 
 class CompiledModel:
-    """A model ready to run. `run` is thread-safe; concurrent calls are serialized (one workspace)."""
+    """A model ready to run. `run` is thread-safe; concurrent calls are serialized (one workspace).
 
-    def __init__(self, path: str, manifest: dict, lib_path: str, weights: np.ndarray) -> None:
+    Everything it calls and every buffer it passes come from the checked plan of `contents`."""
+
+    def __init__(self, path: str, contents: PackageContents, lib_path: str) -> None:
         self.path = path
-        self._manifest = manifest
-        self.inputs = [TensorInfo.from_json(t) for t in manifest["inputs"]]
-        self.outputs = [TensorInfo.from_json(t) for t in manifest["outputs"]]
+        self._manifest = contents.manifest
+        self._plan = plan = contents.plan
+        self.digest = contents.digest
+        self.inputs = [TensorInfo.from_plan(t) for t in plan.inputs]
+        self.outputs = [TensorInfo.from_plan(t) for t in plan.outputs]
         self._input_names = [t.name for t in self.inputs]
         self._output_names = [t.name for t in self.outputs]
-        self._check_weights(weights)
+        weights = contents.weights
+        if weights.size != plan.weights_nbytes:
+            raise PackageError(f"{path}: {weights.size} bytes of weights for a plan of {plan.weights_nbytes}")
         self._weights = weights
-        self._workspace = aligned_empty(max(manifest["memory_plan"]["workspace_bytes"], 1))
+        self._workspace = aligned_empty(max(plan.workspace_bytes, 1))
         self._lib = _open_library(path, lib_path)
-        self._fn = self._entry(manifest["entry"])
+        self._fn = self._entry(plan.entry)
         self._in_argv = (ctypes.c_void_p * max(len(self.inputs), 1))()
         self._out_argv = (ctypes.c_void_p * max(len(self.outputs), 1))()
         self._weights_ptr = ctypes.c_void_p(weights.__array_interface__["data"][0])
         self._workspace_ptr = ctypes.c_void_p(self._workspace.__array_interface__["data"][0])
         self._lock = threading.Lock()
 
-    def _check_weights(self, weights: np.ndarray) -> None:
-        expected = self._manifest["weights"].get("nbytes", weights.size)
-        if weights.size != expected:
-            raise PackageError(
-                f"{self.path}: weights.bin holds {weights.size} bytes, manifest says {expected}"
-            )
-
     def _entry(self, symbol: str) -> ctypes._CFuncPtr:
-        try:
-            fn = self._lib[symbol]
-        except AttributeError:
-            raise PackageError(f"{self.path}: its kernel library has no entry function {symbol!r}") from None
+        fn = self._lib[symbol]  # the package check found it among the library's own defined functions
         fn.restype = ctypes.c_int32
         fn.argtypes = [_VoidPtrArray, _VoidPtrArray, ctypes.c_void_p, ctypes.c_void_p]
         return fn
@@ -280,18 +278,18 @@ class CompiledModel:
                     if i >= warmup:
                         spent.append((end - start) * 1e3)
             alone_ms = [self._time_alone(fn, argv, max(repeat, 1)) for fn, argv in calls] if alone else None
-        kernels = {k["symbol"]: k for k in self._manifest["kernels"]}
+        info = _kernel_info(self._manifest)
         timed = []
-        for i, (call, spent) in enumerate(zip(self._manifest["execution_plan"], times)):
-            info = kernels.get(call["kernel"], {})
+        for i, (call, spent) in enumerate(zip(self._plan.calls, times)):
+            task, flops = info.get(call.kernel, ("", 0))
             timed.append(
                 KernelTime(
                     i,
-                    call["kernel"],
-                    info.get("task", ""),
+                    call.kernel,
+                    task,
                     statistics.median(spent),
                     min(spent),
-                    int(info.get("flops", 0)),
+                    flops,
                     None if alone_ms is None else alone_ms[i],
                 )
             )
@@ -312,7 +310,7 @@ class CompiledModel:
     def _plan_calls(
         self, in_ptrs: list[int], out_ptrs: list[int]
     ) -> list[tuple[ctypes._CFuncPtr, ctypes.Array]]:
-        """Each call of the execution plan as (kernel function, its argument array)."""
+        """Each call of the checked execution plan as (kernel function, its argument array)."""
         bases = {
             "input": in_ptrs,
             "output": out_ptrs,
@@ -320,21 +318,12 @@ class CompiledModel:
             "workspace": [self._workspace_ptr.value or 0],
         }
         calls = []
-        for call in self._manifest["execution_plan"]:
-            try:
-                fn = self._lib[call["kernel"]]
-            except AttributeError:
-                raise PackageError(
-                    f"{self.path}: its kernel library has no kernel {call['kernel']!r}"
-                ) from None
+        for call in self._plan.calls:
+            fn = self._lib[call.kernel]  # checked: one of the library's own defined functions
             fn.restype = ctypes.c_int32
             fn.argtypes = [ctypes.c_void_p]
-            args = call["args"]
-            ptrs = [
-                bases[a["kind"]][a.get("index", 0) if a["kind"] in ("input", "output") else 0] for a in args
-            ]
-            argv = (ctypes.c_void_p * max(len(args), 1))(
-                *(p + a.get("offset", 0) for p, a in zip(ptrs, args))
+            argv = (ctypes.c_void_p * max(len(call.args), 1))(
+                *(bases[a.kind][a.index] + a.offset for a in call.args)
             )
             calls.append((fn, argv))
         return calls
@@ -343,6 +332,16 @@ class CompiledModel:
         """Seeded inputs: standard normal floats, 0/1 integers and booleans."""
         rng = np.random.default_rng(seed)
         return [_random_array(rng, t) for t in self.inputs]
+
+
+def _kernel_info(manifest: dict) -> dict[str, tuple[str, int]]:
+    """Each kernel's task name and flops as the manifest describes them (informational: 0 and '' when odd)."""
+    info = {}
+    for k in manifest["kernels"]:
+        task, flops = k.get("task", ""), k.get("flops", 0)
+        valid_flops = isinstance(flops, int) and not isinstance(flops, bool) and flops >= 0
+        info[k["symbol"]] = (task if isinstance(task, str) else "", flops if valid_flops else 0)
+    return info
 
 
 def _open_library(path: str, lib_path: str) -> ctypes.CDLL:

@@ -1,4 +1,12 @@
-"""Reading and verifying aotc packages: a zip of manifest.json, lib/model.so and weights.bin."""
+"""Reading and verifying aotc packages: a zip of manifest.json, lib/model.so and weights.bin.
+
+Nothing in a package is believed before it is checked, and no code of it runs before that: the manifest
+lists the sha256 and size of every other member, the kernel library carries its own execution plan in an
+ELF section (read from its bytes, see `plan` and `elf`), every execution-critical manifest field must equal
+that plan, and the plan must be self-consistent. The package digest is the sha256 of manifest.json's bytes,
+which therefore covers the whole package; `signature.json`, the one member the manifest does not list,
+is returned uninterpreted.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +14,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import sys
 import zipfile
 import zlib
@@ -15,14 +24,21 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from aotc_runtime.elf import ElfError, read_elf
+from aotc_runtime.plan import PLAN_SECTION, ModelPlan, PlanError, check_manifest_matches, parse_plan
+
 __all__ = [
+    "CPU_FLAGS",
     "FORMAT",
     "FORMAT_VERSION",
     "LIBRARY",
     "MANIFEST",
+    "RUNTIME_SYMBOLS",
+    "SIGNATURE",
     "WEIGHTS",
     "PackageContents",
     "PackageError",
+    "VerifiedPackage",
     "aligned_empty",
     "check_host",
     "host_arch",
@@ -32,13 +48,19 @@ __all__ = [
 ]
 
 FORMAT = "aotc-package"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 MANIFEST = "manifest.json"
 LIBRARY = "lib/model.so"
 WEIGHTS = "weights.bin"
+SIGNATURE = "signature.json"
+# functions of the package's thread pool that CompiledModel calls besides the plan's
+RUNTIME_SYMBOLS = ("aotc_get_max_threads", "aotc_set_num_threads")
 ALIGNMENT = 64
 _CHUNK = 1 << 20
 _MAX_MANIFEST_BYTES = 64 << 20
+_MAX_SIGNATURE_BYTES = 1 << 20
+_MAX_DEFLATE_RATIO = 1100  # deflate never expands data more than ~1032x
+_SHA256_RE = re.compile(r"[0-9a-f]{64}\Z")
 
 
 class PackageError(ValueError):
@@ -46,12 +68,27 @@ class PackageError(ValueError):
 
 
 @dataclass(frozen=True)
+class VerifiedPackage:
+    """A package whose members, checksums and plan were checked (not yet against this host).
+    `digest` is the sha256 of manifest.json; `signature` the raw bytes of signature.json, if any."""
+
+    manifest: dict
+    digest: str
+    plan: ModelPlan
+    signature: bytes | None
+
+
+@dataclass(frozen=True)
 class PackageContents:
-    """A verified package: its manifest, library image and 64-byte aligned weights blob."""
+    """A package verified for this host: its manifest, checked plan, library image and 64-byte aligned
+    weights blob, digest and signature bytes."""
 
     manifest: dict
     library: np.ndarray
     weights: np.ndarray
+    digest: str
+    plan: ModelPlan
+    signature: bytes | None = None
 
 
 def aligned_empty(nbytes: int, alignment: int = ALIGNMENT) -> np.ndarray:
@@ -64,31 +101,93 @@ def aligned_empty(nbytes: int, alignment: int = ALIGNMENT) -> np.ndarray:
 def read_manifest(path: str) -> dict:
     """The manifest of the package at `path`, after checking format and version (not checksums)."""
     with _open_zip(path) as zf:
-        return _load_manifest(zf, path)
+        return _load_manifest(zf, path)[0]
 
 
-def verify_package(path: str) -> dict:
-    """Check format, version and the sha256 of every member; return the manifest."""
+def verify_package(path: str) -> VerifiedPackage:
+    """Check format, version, every member's size and sha256, and the manifest against the kernel
+    library's plan. Runs no code of the package and needs no particular host."""
     with _open_zip(path) as zf:
-        manifest = _load_manifest(zf, path)
-        _check_member_list(zf, manifest, path)
-        for name, entry in manifest["members"].items():
-            _read_member(zf, name, path, entry["sha256"], keep=False)
-        return manifest
+        manifest, digest, plan, _ = _check_library(zf, path)
+        _read_member(zf, WEIGHTS, path, manifest["members"][WEIGHTS]["sha256"], keep=False)
+        _check_other_members(zf, manifest, path)
+        return VerifiedPackage(manifest, digest, plan, _read_signature(zf, path))
 
 
 def read_package(path: str) -> PackageContents:
-    """Verify the package at `path` for this host and read its library and weights into memory."""
+    """Verify the package at `path` completely and for this host; read its library and weights."""
     with _open_zip(path) as zf:
-        manifest = _load_manifest(zf, path)
+        manifest, digest, plan, library = _check_library(zf, path)
         check_host(manifest, path)
-        _check_member_list(zf, manifest, path)
-        members = manifest["members"]
-        library = _read_member(zf, LIBRARY, path, members[LIBRARY]["sha256"])
-        weights = _read_member(zf, WEIGHTS, path, members[WEIGHTS]["sha256"])
-        for name in members.keys() - {LIBRARY, WEIGHTS}:
-            _read_member(zf, name, path, members[name]["sha256"], keep=False)
-    return PackageContents(manifest, library, weights)
+        weights = _read_member(zf, WEIGHTS, path, manifest["members"][WEIGHTS]["sha256"])
+        _check_other_members(zf, manifest, path)
+        signature = _read_signature(zf, path)
+    return PackageContents(manifest, library, weights, digest, plan, signature)
+
+
+def _check_library(zf: zipfile.ZipFile, path: str) -> tuple[dict, str, ModelPlan, np.ndarray]:
+    manifest, digest = _load_manifest(zf, path)
+    _check_member_list(zf, manifest, path)
+    library = _read_member(zf, LIBRARY, path, manifest["members"][LIBRARY]["sha256"])
+    plan = _library_plan(library.tobytes(), manifest, path)
+    if zf.getinfo(WEIGHTS).file_size != plan.weights_nbytes:
+        raise PackageError(
+            f"{path}: member {WEIGHTS} holds {zf.getinfo(WEIGHTS).file_size} bytes "
+            f"but the kernel library was compiled for {plan.weights_nbytes}"
+        )
+    return manifest, digest, plan, library
+
+
+def _library_plan(library: bytes, manifest: dict, path: str) -> ModelPlan:
+    """The kernel library's own plan, after checking it and the manifest against it."""
+    try:
+        image = read_elf(library)
+        raw = image.section(PLAN_SECTION)
+        defined = image.defined_functions()
+    except ElfError as err:
+        raise PackageError(
+            f"{path}: its kernel library {LIBRARY} is not a well-formed ELF file ({err})"
+        ) from None
+    triple = manifest["triple"]
+    if image.arch != _arch(triple.split("-")[0]):
+        raise PackageError(
+            f"{path}: its kernel library is {image.arch} code but manifest.json triple is {triple!r}"
+        )
+    if raw is None:
+        raise PackageError(
+            f"{path}: its kernel library carries no execution plan ({PLAN_SECTION} section); rebuild it with this aotc"
+        )
+    try:
+        if not raw.endswith(b"\0"):
+            raise PlanError(f"the {PLAN_SECTION} section is not NUL-terminated")
+        plan = parse_plan(raw[:-1])
+    except PlanError as err:
+        raise PackageError(f"{path}: its kernel library's plan is unusable: {err}") from None
+    try:
+        check_manifest_matches(manifest, plan)
+    except PlanError as err:
+        raise PackageError(f"{path}: {err}") from None
+    wanted = dict.fromkeys((*plan.symbols, *plan.kernels, *RUNTIME_SYMBOLS))
+    missing = [s for s in wanted if s not in defined]
+    if missing:
+        raise PackageError(
+            f"{path}: its kernel library does not define {', '.join(missing)}, which the plan calls"
+        )
+    return plan
+
+
+def _check_other_members(zf: zipfile.ZipFile, manifest: dict, path: str) -> None:
+    for name, entry in manifest["members"].items():
+        if name not in (LIBRARY, WEIGHTS):
+            _read_member(zf, name, path, entry["sha256"], keep=False)
+
+
+def _read_signature(zf: zipfile.ZipFile, path: str) -> bytes | None:
+    if SIGNATURE not in zf.NameToInfo:
+        return None
+    if zf.getinfo(SIGNATURE).file_size > _MAX_SIGNATURE_BYTES:
+        raise PackageError(f"{path}: member {SIGNATURE} is implausibly large")
+    return _read_member(zf, SIGNATURE, path).tobytes()
 
 
 # ----------------------------------------------------------------------------- zip access
@@ -115,6 +214,13 @@ def _read_member(
 ) -> np.ndarray:
     """The member's bytes (64-byte aligned), checking the zip CRC and, if given, its sha256."""
     info = zf.getinfo(name)
+    stored = info.compress_type == zipfile.ZIP_STORED
+    if (stored and info.file_size != info.compress_size) or (
+        info.file_size > _MAX_DEFLATE_RATIO * info.compress_size + _CHUNK
+    ):
+        raise PackageError(f"{path}: member {name} is damaged (implausible size {info.file_size})")
+    if info.header_offset + info.compress_size > _archive_size(zf):
+        raise PackageError(f"{path}: member {name} is truncated")
     buf = aligned_empty(info.file_size if keep else min(info.file_size, _CHUNK))
     view = memoryview(buf)
     digest = hashlib.sha256()
@@ -140,10 +246,19 @@ def _read_member(
     return buf
 
 
+def _archive_size(zf: zipfile.ZipFile) -> int:
+    fp = zf.fp
+    here = fp.tell()
+    size = fp.seek(0, os.SEEK_END)
+    fp.seek(here)
+    return size
+
+
 # ----------------------------------------------------------------------------- manifest
 
 
-def _load_manifest(zf: zipfile.ZipFile, path: str) -> dict:
+def _load_manifest(zf: zipfile.ZipFile, path: str) -> tuple[dict, str]:
+    """The checked manifest and its digest (the sha256 of its bytes)."""
     try:
         info = zf.getinfo(MANIFEST)
     except KeyError:
@@ -154,8 +269,8 @@ def _load_manifest(zf: zipfile.ZipFile, path: str) -> dict:
         raise PackageError(f"{path}: {MANIFEST} is implausibly large ({info.file_size} bytes)")
     raw = _read_member(zf, MANIFEST, path).tobytes()
     try:
-        manifest = json.loads(raw)
-    except ValueError as err:
+        manifest = json.loads(raw, object_pairs_hook=_unique_keys)
+    except (ValueError, RecursionError) as err:
         raise PackageError(f"{path}: {MANIFEST} is not valid JSON ({err})") from None
     fmt = manifest.get("format") if isinstance(manifest, dict) else None
     if fmt != FORMAT:
@@ -164,7 +279,14 @@ def _load_manifest(zf: zipfile.ZipFile, path: str) -> dict:
         )
     _check_version(manifest.get("format_version"), path)
     _check_schema(manifest, path)
-    return manifest
+    return manifest, hashlib.sha256(raw).hexdigest()
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    keys = [k for k, _ in pairs]
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"a key appears twice among {sorted(keys)}")
+    return dict(pairs)
 
 
 def _check_version(version: object, path: str) -> None:
@@ -175,6 +297,10 @@ def _check_version(version: object, path: str) -> None:
             f"{path}: package format version {version} is newer than this runtime supports "
             f"({FORMAT_VERSION}); upgrade aotc-runtime"
         )
+    if version < FORMAT_VERSION:
+        raise PackageError(
+            f"{path}: package format {version} predates plan checks; rebuild it with this aotc"
+        )
 
 
 _FIELDS = {
@@ -182,6 +308,7 @@ _FIELDS = {
     "target": str,
     "triple": str,
     "entry": str,
+    "requires": list,
     "inputs": list,
     "outputs": list,
     "kernels": list,
@@ -194,21 +321,69 @@ _FIELDS = {
 
 
 def _check_schema(manifest: dict, path: str) -> None:
+    """The types of the fields readers of the manifest use; their values are checked against the plan."""
     for key, kind in _FIELDS.items():
         if not isinstance(manifest.get(key), kind):
             raise PackageError(f"{path}: {MANIFEST} lacks {key!r} (or it is not a {kind.__name__})")
     for group in ("inputs", "outputs"):
         for i, t in enumerate(manifest[group]):
             _check_tensor(t, f"{group}[{i}]", path)
+    if not all(isinstance(f, str) for f in manifest["requires"]):
+        raise PackageError(f"{path}: {MANIFEST} requires must list CPU feature names")
     workspace = manifest["memory_plan"].get("workspace_bytes")
-    if not isinstance(workspace, int) or workspace < 0:
+    if not isinstance(workspace, int) or isinstance(workspace, bool) or workspace < 0:
         raise PackageError(f"{path}: {MANIFEST} memory_plan.workspace_bytes is {workspace!r}")
+    for i, k in enumerate(manifest["kernels"]):
+        if not (isinstance(k, dict) and isinstance(k.get("symbol"), str)):
+            raise PackageError(f"{path}: {MANIFEST} kernels[{i}] has no symbol")
+    _check_weight_tensors(manifest["weights"], path)
     for name in (LIBRARY, WEIGHTS):
         if name not in manifest["members"]:
             raise PackageError(f"{path}: {MANIFEST} does not list the member {name}")
     for name, entry in manifest["members"].items():
-        if not (isinstance(entry, dict) and isinstance(entry.get("sha256"), str)):
-            raise PackageError(f"{path}: {MANIFEST} has no sha256 for member {name}")
+        _check_member_name(name, path)
+        if name in (MANIFEST, SIGNATURE):
+            raise PackageError(f"{path}: {MANIFEST} must not list {name} among its members")
+        ok = (
+            isinstance(entry, dict)
+            and isinstance(entry.get("sha256"), str)
+            and _SHA256_RE.match(entry["sha256"])
+            and _is_count(entry.get("size"))
+        )
+        if not ok:
+            raise PackageError(f"{path}: {MANIFEST} needs the sha256 and size of member {name}")
+
+
+def _is_count(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def _check_weight_tensors(weights: dict, path: str) -> None:
+    """The weights table `aotc inspect` shows: names, dtypes, shapes and places inside the blob."""
+    tensors, nbytes = weights.get("tensors", []), weights.get("nbytes")
+    if not (isinstance(tensors, list) and _is_count(nbytes)):
+        raise PackageError(f"{path}: {MANIFEST} weights must have a byte count and a list of tensors")
+    for i, t in enumerate(tensors):
+        ok = (
+            isinstance(t, dict)
+            and isinstance(t.get("name"), str)
+            and isinstance(t.get("dtype"), str)
+            and isinstance(t.get("shape"), list)
+            and _is_count(t.get("offset"))
+            and _is_count(t.get("nbytes"))
+            and t["offset"] + t["nbytes"] <= nbytes
+        )
+        if not ok:
+            raise PackageError(
+                f"{path}: {MANIFEST} weights.tensors[{i}] must have a name, dtype, shape, and an offset "
+                "and nbytes inside the weights blob"
+            )
+
+
+def _check_member_name(name: str, path: str) -> None:
+    parts = name.split("/")
+    if name.startswith("/") or "\\" in name or "\0" in name or any(p in ("", ".", "..") for p in parts):
+        raise PackageError(f"{path}: member name {name!r} is not a plain relative path")
 
 
 def _check_tensor(t: object, where: str, path: str) -> None:
@@ -231,34 +406,83 @@ def _check_member_list(zf: zipfile.ZipFile, manifest: dict, path: str) -> None:
     names = zf.namelist()
     if len(names) != len(set(names)):
         raise PackageError(f"{path} is damaged: it holds a member name twice")
-    present, listed = set(names) - {MANIFEST}, set(manifest["members"])
+    for name in names:
+        _check_member_name(name, path)
+    present, listed = set(names) - {MANIFEST, SIGNATURE}, set(manifest["members"])
     for name in sorted(listed - present):
         raise PackageError(f"{path}: member {name} is missing")
     for name in sorted(present - listed):
         raise PackageError(f"{path}: member {name} is not listed in {MANIFEST}")
     for name in sorted(listed):
-        size = manifest["members"][name].get("size")
-        if size is not None and zf.getinfo(name).file_size != size:
+        if zf.getinfo(name).file_size != manifest["members"][name]["size"]:
             raise PackageError(f"{path}: member {name} is corrupted (size mismatch)")
 
 
 # ----------------------------------------------------------------------------- host compatibility
 
 _ARCH_ALIASES = {"amd64": "x86_64", "x64": "x86_64", "arm64": "aarch64"}
-_X86_FLAGS = {
-    "avx": "avx",
-    "avx2": "avx2",
-    "fma": "fma",
-    "f16c": "f16c",
-    "avx512f": "avx512f",
-    "avx512bw": "avx512bw",
-    "avx512dq": "avx512dq",
-    "avx512vl": "avx512vl",
-    "avx512cd": "avx512cd",
-    "avx512vnni": "avx512_vnni",
-    "avx512bf16": "avx512_bf16",
-    "avx512fp16": "avx512_fp16",
-    "avxvnni": "avx_vnni",
+# CPU feature (LLVM's name, as `requires` lists it) -> the flag /proc/cpuinfo shows for it, per architecture.
+# aotc.target.CPU_FEATURES holds the same table for the compiler; a test keeps the two equal.
+CPU_FLAGS: dict[str, dict[str, str]] = {
+    "x86_64": {
+        "sse3": "pni",
+        "ssse3": "ssse3",
+        "sse4.1": "sse4_1",
+        "sse4.2": "sse4_2",
+        "sse4a": "sse4a",
+        "popcnt": "popcnt",
+        "lzcnt": "abm",
+        "bmi": "bmi1",
+        "bmi2": "bmi2",
+        "tbm": "tbm",
+        "movbe": "movbe",
+        "f16c": "f16c",
+        "fma": "fma",
+        "fma4": "fma4",
+        "xop": "xop",
+        "avx": "avx",
+        "avx2": "avx2",
+        "avxvnni": "avx_vnni",
+        "avxifma": "avx_ifma",
+        "avxvnniint8": "avx_vnni_int8",
+        "avxneconvert": "avx_ne_convert",
+        "gfni": "gfni",
+        "avx512f": "avx512f",
+        "avx512bw": "avx512bw",
+        "avx512cd": "avx512cd",
+        "avx512dq": "avx512dq",
+        "avx512vl": "avx512vl",
+        "avx512vnni": "avx512_vnni",
+        "avx512bf16": "avx512_bf16",
+        "avx512fp16": "avx512_fp16",
+        "avx512ifma": "avx512ifma",
+        "avx512vbmi": "avx512vbmi",
+        "avx512vbmi2": "avx512_vbmi2",
+        "avx512bitalg": "avx512_bitalg",
+        "avx512vpopcntdq": "avx512_vpopcntdq",
+    },
+    "aarch64": {
+        "fp-armv8": "fp",
+        "neon": "asimd",
+        "lse": "atomics",
+        "rcpc": "lrcpc",
+        "fullfp16": "asimdhp",
+        "fp16fml": "asimdfhm",
+        "dotprod": "asimddp",
+        "i8mm": "i8mm",
+        "bf16": "bf16",
+        "cssc": "cssc",
+        "mops": "mops",
+        "sve": "sve",
+        "sve2": "sve2",
+    },
+    "arm": {
+        "vfp3": "vfpv3",
+        "vfp4": "vfpv4",
+        "d32": "vfpd32",
+        "neon": "neon",
+        "hwdiv-arm": "idiva",
+    },
 }
 
 
@@ -275,7 +499,8 @@ def host_arch() -> str:
 
 
 def check_host(manifest: dict, path: str) -> None:
-    """Refuse a package built for another architecture, OS or for CPU features this host lacks."""
+    """Refuse a package built for another architecture, OS or for CPU features this host lacks.
+    The manifest must already have been checked against the kernel library's plan."""
     triple = manifest["triple"]
     arch, host = _arch(triple.split("-")[0]), host_arch()
     if arch != host:
@@ -285,32 +510,37 @@ def check_host(manifest: dict, path: str) -> None:
         )
     if "linux" in triple and not sys.platform.startswith("linux"):
         raise PackageError(f"{path} was compiled for Linux ({triple}) but this host runs {sys.platform}")
-    missing = _missing_cpu_features(manifest["target"], arch)
+    target = manifest["target"]
+    known = CPU_FLAGS.get(arch, {})
+    unknown = [f for f in manifest["requires"] if f not in known]
+    if unknown:
+        raise PackageError(
+            f"{path} requires CPU features this runtime does not know for {arch}: {', '.join(unknown)} "
+            f"(target {target!r}; built by a newer aotc? upgrade aotc-runtime)"
+        )
+    if not manifest["requires"]:
+        return
+    flags = _host_cpu_flags()
+    if flags is None:
+        raise PackageError(
+            f"{path} requires CPU features {', '.join(manifest['requires'])} (target {target!r}) "
+            "and this host's cannot be read (/proc/cpuinfo)"
+        )
+    missing = [f for f in manifest["requires"] if known[f] not in flags]
     if missing:
         raise PackageError(
-            f"{path} needs CPU features this host lacks: {', '.join(missing)} (target {manifest['target']!r})"
+            f"{path} needs CPU features this host lacks: {', '.join(missing)} (target {target!r})"
         )
 
 
-def _missing_cpu_features(target: str, arch: str) -> list[str]:
-    if arch != "x86_64" or not os.path.exists("/proc/cpuinfo"):
-        return []
-    wanted = [
-        f[1:]
-        for word in target.split()
-        if word.startswith("-mattr=")
-        for f in word[len("-mattr=") :].split(",")
-        if f.startswith("+") and f[1:] in _X86_FLAGS
-    ]
-    if not wanted:
-        return []
-    flags = _host_cpu_flags()
-    return [f for f in wanted if _X86_FLAGS[f] not in flags]
-
-
-def _host_cpu_flags() -> set[str]:
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
+def _host_cpu_flags() -> set[str] | None:
+    """The CPU flags /proc/cpuinfo lists (x86 `flags`, Arm `Features`), or None where it cannot be read."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key = line.split(":", 1)[0].strip()
+                if key in ("flags", "Features"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        return None
     return set()

@@ -1,0 +1,366 @@
+"""The execution plan a kernel library carries in its `.aotc_plan` ELF section, and its checks.
+
+aotc writes, at build, one canonical JSON document holding everything execution-critical: the entry
+symbol, inputs and outputs, workspace and weights sizes, the CPU features the code needs, every kernel
+with the byte size of each param it was compiled for, and every kernel call with its arguments. The
+runtime believes that document only after checking it is self-consistent (every buffer inside what it
+refers to), and believes the manifest only where it equals the document.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+__all__ = [
+    "BUFFER_KINDS",
+    "DTYPES",
+    "PLAN_SECTION",
+    "PLAN_VERSION",
+    "ModelPlan",
+    "PlanArg",
+    "PlanCall",
+    "PlanError",
+    "PlanTensor",
+    "check_manifest_matches",
+    "encode_plan",
+    "parse_plan",
+]
+
+PLAN_SECTION = ".aotc_plan"
+PLAN_VERSION = 1
+BUFFER_KINDS = ("input", "output", "weight", "workspace")
+# dtype -> itemsize: the element types a package may use (never object or structured dtypes)
+DTYPES = {
+    "bool": 1,
+    "int8": 1,
+    "uint8": 1,
+    "int16": 2,
+    "uint16": 2,
+    "float16": 2,
+    "int32": 4,
+    "uint32": 4,
+    "float32": 4,
+    "int64": 8,
+    "uint64": 8,
+    "float64": 8,
+}
+MAX_BYTES = 1 << 48  # no tensor, workspace or weights blob is larger: a larger number is damage
+_SYMBOL_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_FIELDS = (
+    "plan_version",
+    "entry",
+    "target",
+    "triple",
+    "requires",
+    "inputs",
+    "outputs",
+    "workspace_bytes",
+    "weights_nbytes",
+    "kernels",
+    "execution_plan",
+)
+
+
+class PlanError(ValueError):
+    """The plan is malformed or inconsistent, or the manifest differs from it; the message says where."""
+
+
+@dataclass(frozen=True)
+class PlanTensor:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class PlanArg:
+    kind: str
+    index: int
+    offset: int
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class PlanCall:
+    kernel: str
+    args: tuple[PlanArg, ...]
+
+
+@dataclass(frozen=True)
+class ModelPlan:
+    """A checked plan: every argument lies inside the buffer it refers to."""
+
+    entry: str
+    target: str
+    triple: str
+    requires: tuple[str, ...]
+    inputs: tuple[PlanTensor, ...]
+    outputs: tuple[PlanTensor, ...]
+    workspace_bytes: int
+    weights_nbytes: int
+    kernels: dict[str, tuple[tuple[str, int], ...]]  # symbol -> (dtype, nbytes) of each param
+    calls: tuple[PlanCall, ...]
+    document: dict
+
+    @property
+    def symbols(self) -> tuple[str, ...]:
+        """The entry and every kernel the plan calls: the library must define each one."""
+        return (self.entry, *dict.fromkeys(c.kernel for c in self.calls))
+
+
+def encode_plan(document: dict) -> bytes:
+    """The canonical bytes of a plan document (sorted keys, no spaces, ASCII)."""
+    return json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode("ascii")
+
+
+# ----------------------------------------------------------------------------- parsing
+
+
+def parse_plan(raw: bytes) -> ModelPlan:
+    """Parse and check the bytes of a `.aotc_plan` section; raise PlanError when anything is off."""
+    try:
+        document = json.loads(raw.decode("ascii"), object_pairs_hook=_unique_keys)
+    except (UnicodeDecodeError, ValueError, RecursionError) as err:
+        raise PlanError(f"the plan is not valid JSON ({err})") from None
+    if not isinstance(document, dict):
+        raise PlanError("the plan is not a JSON object")
+    if encode_plan(document) != raw:
+        raise PlanError("the plan is not in canonical form")
+    if set(document) != set(_FIELDS):
+        raise PlanError(f"the plan has fields {sorted(document)}, expected {sorted(_FIELDS)}")
+    if document["plan_version"] != PLAN_VERSION or type(document["plan_version"]) is not int:
+        raise PlanError(
+            f"the plan has version {document['plan_version']!r}, this runtime reads {PLAN_VERSION}"
+        )
+    entry = _symbol(document["entry"], "entry")
+    target, triple = _string(document["target"], "target"), _string(document["triple"], "triple")
+    requires = tuple(
+        _string(f, f"requires[{i}]") for i, f in enumerate(_list(document["requires"], "requires"))
+    )
+    inputs = _tensors(document["inputs"], "inputs")
+    outputs = _tensors(document["outputs"], "outputs")
+    names = [t.name for t in inputs + outputs]
+    if len(set(names)) != len(names):
+        raise PlanError("the plan names an input or output twice")
+    workspace = _size(document["workspace_bytes"], "workspace_bytes")
+    weights = _size(document["weights_nbytes"], "weights_nbytes")
+    kernels = _kernels(document["kernels"], entry)
+    sizes = {"input": [t.nbytes for t in inputs], "output": [t.nbytes for t in outputs]}
+    sizes["weight"], sizes["workspace"] = [weights], [workspace]
+    calls = tuple(
+        _call(c, f"execution_plan[{i}]", kernels, sizes)
+        for i, c in enumerate(_list(document["execution_plan"], "execution_plan"))
+    )
+    return ModelPlan(
+        entry, target, triple, requires, inputs, outputs, workspace, weights, kernels, calls, document
+    )
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    keys = [k for k, _ in pairs]
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"a key appears twice among {sorted(keys)}")
+    return dict(pairs)
+
+
+def _list(v: object, where: str) -> list:
+    if not isinstance(v, list):
+        raise PlanError(f"the plan's {where} is not a list")
+    return v
+
+
+def _string(v: object, where: str) -> str:
+    if not isinstance(v, str):
+        raise PlanError(f"the plan's {where} is not a string")
+    return v
+
+
+def _symbol(v: object, where: str) -> str:
+    if not isinstance(v, str) or not _SYMBOL_RE.match(v):
+        raise PlanError(f"the plan's {where} {v!r} is not a C identifier")
+    return v
+
+
+def _size(v: object, where: str) -> int:
+    if type(v) is not int or not 0 <= v <= MAX_BYTES:
+        raise PlanError(f"the plan's {where} {v!r} is not a byte count")
+    return v
+
+
+def _object(v: object, keys: tuple[str, ...], where: str) -> dict:
+    if not isinstance(v, dict) or set(v) != set(keys):
+        raise PlanError(f"the plan's {where} must have exactly the fields {', '.join(keys)}")
+    return v
+
+
+def _dtype(v: object, where: str) -> str:
+    if not isinstance(v, str) or v not in DTYPES:
+        raise PlanError(f"the plan's {where} has the unsupported dtype {v!r}")
+    return v
+
+
+def _tensors(v: object, where: str) -> tuple[PlanTensor, ...]:
+    tensors = []
+    for i, t in enumerate(_list(v, where)):
+        at = f"{where}[{i}]"
+        t = _object(t, ("name", "shape", "dtype"), at)
+        name, dtype = _string(t["name"], f"{at}.name"), _dtype(t["dtype"], at)
+        shape = tuple(_size(d, f"{at}.shape") for d in _list(t["shape"], f"{at}.shape"))
+        nbytes = DTYPES[dtype]
+        for d in shape:
+            nbytes = _size(nbytes * d, f"{at} size")
+        tensors.append(PlanTensor(name, shape, dtype, nbytes))
+    return tuple(tensors)
+
+
+def _kernels(v: object, entry: str) -> dict[str, tuple[tuple[str, int], ...]]:
+    kernels: dict[str, tuple[tuple[str, int], ...]] = {}
+    for i, k in enumerate(_list(v, "kernels")):
+        k = _object(k, ("symbol", "params"), f"kernels[{i}]")
+        symbol = _symbol(k["symbol"], f"kernels[{i}].symbol")
+        if symbol in kernels or symbol == entry:
+            raise PlanError(f"the plan names the kernel {symbol} twice")
+        params = []
+        for j, p in enumerate(_list(k["params"], f"kernels[{i}].params")):
+            at = f"kernels[{i}].params[{j}]"
+            p = _object(p, ("dtype", "nbytes"), at)
+            params.append((_dtype(p["dtype"], at), _size(p["nbytes"], f"{at}.nbytes")))
+        kernels[symbol] = tuple(params)
+    return kernels
+
+
+def _call(v: object, where: str, kernels: dict, sizes: dict[str, list[int]]) -> PlanCall:
+    c = _object(v, ("kernel", "args"), where)
+    kernel = _symbol(c["kernel"], f"{where}.kernel")
+    params = kernels.get(kernel)
+    if params is None:
+        raise PlanError(f"the plan's {where} calls {kernel}, which is not one of its kernels")
+    args = _list(c["args"], f"{where}.args")
+    if len(args) != len(params):
+        raise PlanError(
+            f"the plan's {where} passes {len(args)} arguments to {kernel} of {len(params)} params"
+        )
+    checked = []
+    for j, (a, (_, param_bytes)) in enumerate(zip(args, params)):
+        at = f"{where}.args[{j}]"
+        a = _object(a, ("kind", "index", "offset", "nbytes"), at)
+        kind = a["kind"]
+        if not isinstance(kind, str) or kind not in BUFFER_KINDS:
+            raise PlanError(f"the plan's {at}.kind {kind!r} is not one of {', '.join(BUFFER_KINDS)}")
+        index, offset = _size(a["index"], f"{at}.index"), _size(a["offset"], f"{at}.offset")
+        nbytes = _size(a["nbytes"], f"{at}.nbytes")
+        if nbytes != param_bytes:
+            raise PlanError(f"the plan's {at} is {nbytes} bytes but {kernel} was compiled for {param_bytes}")
+        if index >= len(sizes[kind]):
+            raise PlanError(f"the plan's {at} refers to {kind} {index} of {len(sizes[kind])}")
+        bound = sizes[kind][index]
+        if offset + nbytes > bound:
+            raise PlanError(
+                f"the plan's {at} covers bytes [{offset}, {offset + nbytes}) of a {bound}-byte {kind}"
+            )
+        checked.append(PlanArg(kind, index, offset, nbytes))
+    return PlanCall(kernel, tuple(checked))
+
+
+# ----------------------------------------------------------------------------- manifest vs plan
+
+
+def check_manifest_matches(manifest: dict, plan: ModelPlan) -> None:
+    """Raise PlanError naming the first manifest field that differs from what the library was compiled for."""
+    doc = plan.document
+    _same(manifest.get("entry"), doc["entry"], "entry")
+    _same(manifest.get("target"), doc["target"], "target")
+    _same(manifest.get("triple"), doc["triple"], "triple")
+    _same(manifest.get("requires"), doc["requires"], "requires")
+    _same(manifest.get("inputs"), doc["inputs"], "inputs")
+    _same(manifest.get("outputs"), doc["outputs"], "outputs")
+    _same(
+        _get(manifest, "memory_plan", "workspace_bytes"),
+        doc["workspace_bytes"],
+        "memory_plan.workspace_bytes",
+    )
+    _same(_get(manifest, "weights", "nbytes"), doc["weights_nbytes"], "weights.nbytes")
+    _same(manifest.get("execution_plan"), doc["execution_plan"], "execution_plan")
+    kernels = manifest.get("kernels")
+    if not isinstance(kernels, list) or len(kernels) != len(doc["kernels"]):
+        _same(kernels, doc["kernels"], "kernels")
+    for i, (got, want) in enumerate(zip(kernels, doc["kernels"])):
+        where = f"kernels[{i}]"
+        if not isinstance(got, dict):
+            _same(got, want, where)
+        _same(got.get("symbol"), want["symbol"], f"{where}.symbol")
+        params = got.get("params")
+        if not isinstance(params, list) or len(params) != len(want["params"]):
+            _same(params, want["params"], f"{where}.params")
+        for j, (p, q) in enumerate(zip(params, want["params"])):
+            at = f"{where}.params[{j}]"
+            if not isinstance(p, dict):
+                _same(p, q, at)
+            _same(p.get("dtype"), q["dtype"], f"{at}.dtype")
+            _same(_nbytes(p.get("shape"), q["dtype"]), q["nbytes"], f"{at}.shape", shown=p.get("shape"))
+
+
+def _get(d: object, *keys: str) -> object:
+    for k in keys:
+        d = d.get(k) if isinstance(d, dict) else None
+    return d
+
+
+def _nbytes(shape: object, dtype: str) -> int | None:
+    if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
+        return None
+    n = DTYPES[dtype]
+    for d in shape:
+        n *= d
+    return n
+
+
+def _same(got: object, want: object, where: str, shown: object = None) -> None:
+    """Equal as JSON values, types included (1 is not 1.0 nor true); the message names the first difference."""
+    if isinstance(want, dict):
+        if not isinstance(got, dict):
+            _differ(got, want, where)
+        for key in want:
+            if key not in got:
+                raise PlanError(
+                    f"manifest.json {where} lacks {key!r} (the kernel library has {_show(want[key])})"
+                )
+            _same(got[key], want[key], f"{where}.{key}")
+        return
+    if isinstance(want, list) and any(isinstance(w, (dict, list)) for w in want):
+        if not isinstance(got, list):
+            _differ(got, want, where)
+        if len(got) != len(want):
+            raise PlanError(
+                f"manifest.json {where} has {len(got)} entries but the kernel library was compiled for {len(want)}"
+            )
+        for i, (g, w) in enumerate(zip(got, want)):
+            _same(g, w, f"{where}[{i}]")
+        return
+    if not _equal(got, want):
+        _differ(got if shown is None else shown, want, where, bytes_=shown is not None)
+
+
+def _equal(a: object, b: object) -> bool:
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, list):
+        return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
+    return a == b
+
+
+def _differ(got: object, want: object, where: str, bytes_: bool = False) -> None:
+    unit = " bytes" if bytes_ else ""
+    raise PlanError(
+        f"manifest.json {where} is {_show(got)} but the kernel library was compiled for {_show(want)}{unit}"
+    )
+
+
+def _show(v: object) -> str:
+    text = json.dumps(v, sort_keys=True)
+    return text if len(text) <= 200 else text[:200] + "..."
