@@ -294,7 +294,7 @@ def _lines_of(members):
         (lambda m: {"records.jsonl": m["records.jsonl"]}, "missing member manifest.json"),
         (_old_manifest, "records of format v0, this aotc reads v1"),
         (lambda m: m | {"extra.bin": b"x"}, "member extra.bin is not listed"),
-        (_lines_of, "records.jsonl line 2 is not a valid record"),
+        (_lines_of, "records.jsonl line 2: not a valid record"),
     ],
 )
 def test_corrupt_bundle_is_refused_with_the_reason_and_nothing_written(
@@ -377,7 +377,10 @@ def test_prune_while_builds_append_loses_nothing(home):
     dag = matmul()
     base = record(dag, split_state(dag, 4), 1e-5)
     batches = [
-        [dataclasses.replace(base, fingerprint=f"{w}{i:063x}").to_json() for i in range(200)]
+        [
+            dataclasses.replace(base, fingerprint=f"{i:063x}{w}", workload_key=f"{i:063x}{w}"[:32]).to_json()
+            for i in range(200)
+        ]
         for w in range(2)
     ]
     ctx = mp.get_context("fork")
@@ -412,10 +415,10 @@ def test_prune_keeps_the_best(tmp_path, home, capsys):
     with open(file, "a") as f:
         f.write(json.dumps(json.loads(recs[0].to_json()) | {"v": 0}) + "\n")
         f.write('{"v": 1, "workload_key": "cut off\n')
-    assert hub("verify") == 1 and "1 CORRUPT: line 9" in capsys.readouterr().out
+    assert hub("verify") == 1 and f"1 BAD line(s):\n  {file}:9: not JSON" in capsys.readouterr().out
     assert hub("prune", "--keep", "2") == 0
     out = capsys.readouterr().out
-    assert "kept 3 record(s); dropped 3 slower, 1 failed, 1 of another format version, 1 corrupt" in out
+    assert "kept 3 record(s); dropped 3 slower, 1 failed, 1 of another format version, 1 corrupt or invalid" in out
     kept = read_store_file(file)
     assert not kept.corrupt and not kept.foreign
     assert sorted((r.fingerprint == dag.fingerprint, r.mean_cost) for r in kept.records) == [
@@ -488,6 +491,7 @@ def test_shared_bundles_by_file_and_http_url(tmp_path, home):
             assert open_sources(None, [url + "#sha256=" + "0" * 64]).lookup(dag, SKX).status == "miss"
         with pytest.warns(HubWarning, match="cannot download tophub bundle .*missing.tophub.*offline"):
             assert open_sources(None, [url.replace("team", "missing")]).lookup(dag, SKX).status == "miss"
+        assert open_sources(None, [url]).lookup(dag, SKX).status == "hit"  # an unpinned copy, cached too
     finally:
         server.shutdown()
         server.server_close()

@@ -5,6 +5,11 @@ sha256, size and line count of every member, who exported it (user@host, host CP
 workload the record's provenance: where and when it was measured, the trials spent on that workload
 and the measurement noise (relative standard deviation of the record's repeated costs). A bundle is
 only ever read whole and verified first; a damaged one is refused with the reason.
+
+Bundles come from other teams and servers, so their size is bounded before anything is decompressed:
+at most `MAX_BUNDLE_MEMBERS` members and `MAX_BUNDLE_BYTES` in all (as the zip's infos declare them,
+and as read), each member compressed at most `MAX_COMPRESSION_RATIO` : 1 (records compress about 10:1;
+a zip bomb, thousands). A URL pinned with `#sha256=` is only ever satisfied by bytes with that hash.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import json
 import math
 import os
 import platform
+import re
 import time
 import urllib.error
 import urllib.parse
@@ -36,6 +42,9 @@ BUNDLE_VERSION = 1
 MANIFEST = "manifest.json"
 RECORDS = "records.jsonl"
 DOWNLOAD_TIMEOUT_S = 30
+MAX_BUNDLE_BYTES = 64 << 20
+MAX_BUNDLE_MEMBERS = 16
+MAX_COMPRESSION_RATIO = 200
 
 
 class BundleError(HubError):
@@ -135,25 +144,56 @@ def export_bundle(records: Iterable[Record], target: TargetKey, out: str | os.Pa
 
 
 def _members(path: Path) -> dict[str, bytes]:
-    """Every member of a zip or directory bundle."""
+    """Every member of a zip or directory bundle, refused (BundleError) past the size bounds."""
     if path.is_dir():
-        return {
-            p.name: p.read_bytes()
-            for p in sorted(path.iterdir())
-            if p.is_file() and not p.name.startswith(".")
-        }
+        files = [p for p in sorted(path.iterdir()) if p.is_file() and not p.name.startswith(".")]
+        _check_bounds(path, [(p.name, p.stat().st_size, None) for p in files])
+        return {p.name: p.read_bytes() for p in files}
+    if path.stat().st_size > MAX_BUNDLE_BYTES:
+        raise BundleError(
+            f"{path}: {path.stat().st_size} bytes, more than a bundle may hold ({MAX_BUNDLE_BYTES})"
+        )
     try:
         with zipfile.ZipFile(path) as zf:
+            infos = [info for info in zf.infolist() if not info.is_dir()]
+            _check_bounds(path, [(i.filename, i.file_size, i.compress_size) for i in infos])
             out = {}
-            for info in zf.infolist():
-                if info.is_dir():
-                    continue
-                out[info.filename] = zf.read(info)
+            for info in infos:
+                if info.filename in out:
+                    raise BundleError(f"{path}: member {info.filename} appears twice")
+                with zf.open(info) as member:
+                    data = member.read(info.file_size + 1)
+                if len(data) != info.file_size:
+                    raise BundleError(
+                        f"{path}: member {info.filename} holds {len(data)} bytes, its header says {info.file_size}"
+                    )
+                out[info.filename] = data
             return out
+    except BundleError:
+        raise
     except zipfile.BadZipFile as err:
         raise BundleError(f"{path}: not a bundle zip, or a damaged one ({err})") from None
     except Exception as err:  # noqa: BLE001 - zipfile raises many types on damaged input; all mean refuse
         raise BundleError(f"{path}: a zip member is damaged ({type(err).__name__}: {err})") from None
+
+
+def _check_bounds(path: Path, members: list[tuple[str, int, int | None]]) -> None:
+    """Refuse a bundle with too many members, too many bytes, or a member compressed like a zip bomb."""
+    if len(members) > MAX_BUNDLE_MEMBERS:
+        raise BundleError(
+            f"{path}: {len(members)} members, more than a bundle may hold ({MAX_BUNDLE_MEMBERS})"
+        )
+    total = sum(size for _, size, _ in members)
+    if total > MAX_BUNDLE_BYTES:
+        raise BundleError(
+            f"{path}: members of {total} bytes in all, more than a bundle may hold ({MAX_BUNDLE_BYTES})"
+        )
+    for name, size, packed in members:
+        if packed is not None and size > MAX_COMPRESSION_RATIO * max(packed, 1):
+            raise BundleError(
+                f"{path}: member {name} expands {packed} bytes to {size} (more than "
+                f"{MAX_COMPRESSION_RATIO}:1; a zip bomb?)"
+            )
 
 
 def read_bundle(path: str | os.PathLike) -> Bundle:
@@ -200,14 +240,12 @@ def read_bundle(path: str | os.PathLike) -> Bundle:
     except UnicodeDecodeError as err:
         raise BundleError(f"{path}: {RECORDS} is not UTF-8 ({err})") from None
     content = parse_lines(text.splitlines(), f"{path}/{RECORDS}")
-    if content.corrupt:
-        lineno, why = content.corrupt[0]
-        raise BundleError(f"{path}: {RECORDS} line {lineno} is not a valid record ({why})")
-    if content.foreign:
-        line = content.foreign[0]
-        raise BundleError(
-            f"{path}: {RECORDS} line {line.lineno} has record format v{line.version}, expected v{RECORD_VERSION}"
-        )
+    bad = [(n, f"not a valid record ({why})") for n, why in content.corrupt]
+    bad += [(f.lineno, f"record format v{f.version}, expected v{RECORD_VERSION}") for f in content.foreign]
+    if bad:
+        bad.sort()
+        lines = "".join(f"\n  {RECORDS} line {n}: {why}" for n, why in bad)
+        raise BundleError(f"{path}: {len(bad)} bad line(s) in {RECORDS}:{lines}")
     expected = listed[RECORDS].get("lines")
     if expected != len(content.records):
         raise BundleError(
@@ -238,15 +276,19 @@ def fetch_bundle(url: str) -> Path:
     pin = ""
     if parts.fragment.startswith("sha256="):
         pin = parts.fragment[len("sha256=") :].lower()
+        if not re.fullmatch(r"[0-9a-f]{64}", pin):
+            raise HubError(f"tophub source {url!r}: #sha256= needs 64 hex digits")
     clean = urllib.parse.urlunsplit(parts._replace(fragment=""))
     name = os.path.basename(parts.path) or "bundle.tophub"
-    cached = download_cache_dir() / f"{hashlib.sha256(clean.encode()).hexdigest()[:16]}-{name}"
+    # a pinned URL has its own cache entry: an unpinned (or otherwise pinned) copy never stands in for it
+    keyed = clean + (f"#sha256={pin}" if pin else "")
+    cached = download_cache_dir() / f"{hashlib.sha256(keyed.encode()).hexdigest()[:16]}-{name}"
     try:
         with urllib.request.urlopen(clean, timeout=DOWNLOAD_TIMEOUT_S) as resp:
-            data = resp.read()
+            data = resp.read(MAX_BUNDLE_BYTES + 1)
     except (urllib.error.URLError, OSError) as err:
         reason = getattr(err, "reason", err)
-        if cached.exists():
+        if cached.exists() and (not pin or _sha256_file(cached) == pin):
             warnings.warn(
                 f"cannot download tophub bundle {clean} ({reason}); using the copy from {cached}",
                 HubWarning,
@@ -257,6 +299,10 @@ def fetch_bundle(url: str) -> Path:
             f"cannot download tophub bundle {clean} ({reason}); are we offline? "
             "Remove it from tuning.tophub / AOTC_TOPHUB, or set AOTC_TOPHUB=none"
         ) from None
+    if len(data) > MAX_BUNDLE_BYTES:
+        raise BundleError(
+            f"tophub bundle {clean}: more than {MAX_BUNDLE_BYTES} bytes, more than a bundle may hold"
+        )
     digest = hashlib.sha256(data).hexdigest()
     if pin and digest != pin:
         raise BundleError(f"tophub bundle {clean}: sha256 {digest} does not match the pinned {pin}")
@@ -269,3 +315,7 @@ def fetch_bundle(url: str) -> Path:
         raise BundleError(f"tophub bundle {clean}: {str(err).split(': ', 1)[-1]}") from None
     os.replace(staging, cached)
     return cached
+
+
+def _sha256_file(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()

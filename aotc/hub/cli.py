@@ -17,6 +17,7 @@ from aotc.hub.lookup import RecordSources, explain_package, open_sources, source
 from aotc.hub.store import (
     HubError,
     TargetKey,
+    check_store_dir,
     merge_into_store,
     prune_store,
     read_store_file,
@@ -47,7 +48,9 @@ def add_hub_parser(subparsers) -> None:
         "prune", help="keep the best records per workload; drop failed and unknown-version lines"
     )
     prune.add_argument("path", nargs="?", help="store directory (default: the user store)")
-    prune.add_argument("--keep", type=int, default=3, help="records kept per workload and target (default 3)")
+    prune.add_argument(
+        "--keep", type=_keep_count, default=3, help="records kept per workload and target (default 3)"
+    )
 
     export = sub.add_parser("export", help="write the best record per workload for a target as a bundle")
     export.add_argument("--target", required=True, help="target string, e.g. 'llvm -mcpu=znver4'")
@@ -67,6 +70,17 @@ def add_hub_parser(subparsers) -> None:
     explain.add_argument("--records", help="the recipe's records file, first in the chain")
 
     hub.set_defaults(hub_parser=hub)
+
+
+def _keep_count(text: str) -> int:
+    """An argparse type: records kept per key, 1 to 1000000."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if not 1 <= value <= 1_000_000:
+        raise argparse.ArgumentTypeError(f"expected an integer from 1 to 1000000, got {value}")
+    return value
 
 
 def cmd_hub(args: argparse.Namespace) -> int:
@@ -158,6 +172,8 @@ def _verify(args) -> int:
             f"exported by {m.get('exported_by', '?')} at {m.get('created_utc', '?')}; sha256 of every member verified"
         )
         return 0
+    if path.is_dir():
+        check_store_dir(path)
     files = [path] if path.is_file() else store_files(path)
     bad = 0
     for file in files:
@@ -168,11 +184,13 @@ def _verify(args) -> int:
             line += f", {len(content.foreign)} line(s) of format version {'/'.join(versions)} (not used)"
         if content.corrupt:
             bad += len(content.corrupt)
-            shown = ", ".join(f"line {n} ({why})" for n, why in content.corrupt[:5])
-            line += f", {len(content.corrupt)} CORRUPT: {shown}"
+            line += f", {len(content.corrupt)} BAD line(s):"
+            line += "".join(f"\n  {file}:{n}: {why}" for n, why in content.corrupt)
         print(line)
     if bad:
-        print(f"aotc hub verify: {bad} corrupt line(s); `aotc hub prune` drops them", file=sys.stderr)
+        print(
+            f"aotc hub verify: {bad} corrupt or invalid line(s); `aotc hub prune` drops them", file=sys.stderr
+        )
         return 1
     print(f"ok: {len(files)} file(s) verified")
     return 0

@@ -32,7 +32,7 @@ from aotc.hub.store import (
     user_store_dir,
 )
 from aotc.schedule.state import State
-from aotc.search.records import RECORD_VERSION, Record, rank_cost
+from aotc.search.records import RECORD_VERSION, Record, implausible_for, rank_cost
 from aotc.target import Target
 from aotc.te.dag import ComputeDAG
 
@@ -126,6 +126,14 @@ class RecordSources:
             steps = json.dumps(entry.record.steps)
             if steps in tried:
                 continue
+            implausible = implausible_for(entry.record, dag.flop_count, hw)
+            if implausible:
+                warnings.warn(
+                    f"a record of workload {dag.workload_key} from {entry.where} skipped: {implausible}",
+                    HubWarning,
+                    stacklevel=2,
+                )
+                continue
             tried.add(steps)
             try:
                 state = entry.record.state(dag)
@@ -171,6 +179,23 @@ class RecordSources:
     def save(self, records: Iterable[Record]) -> None:
         """Append records to the user store (also when reading the stores is disabled)."""
         append_to_store(self.user_store, records)
+
+    def save_missing(self, records: Iterable[Record]) -> int:
+        """Append the valid records that the user store does not hold yet; returns how many.
+
+        A build saves every measured record this way, not only those of its own run: records measured
+        by a build that was killed (and then resumed) reach the store too."""
+        have = {
+            record_identity(r) for path in store_files(self.user_store) for r in read_store_file(path).records
+        }
+        missing = []
+        for rec in records:
+            ident = record_identity(rec)
+            if rec.ok and ident not in have:
+                have.add(ident)
+                missing.append(rec)
+        append_to_store(self.user_store, missing)
+        return len(missing)
 
     # ---- matching ----
 

@@ -8,6 +8,12 @@ Shared stores often live on network filesystems, where SQLite's locking is docum
 aotc only ever reads those. Whole-file rewrites (prune) go to a temporary file and `os.replace`, and
 take an exclusive `flock` on the store directory that every appender takes shared, so no append is
 lost to a concurrent rewrite.
+
+A store file is recognised by its name (`TargetKey.file_name`: `<kind>-<cpu>-<12 hex>.jsonl`); every
+reader and writer of a store touches only such files, so a directory of other JSON-lines files (a
+training set) is never read as records, pruned or appended to, and `prune` refuses it. Records are
+validated on the way in (`aotc.search.records.record_problem`): an invalid line is reported and
+dropped, never ranked, and an import is all-or-nothing.
 """
 
 from __future__ import annotations
@@ -24,10 +30,11 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from aotc.search.records import RECORD_VERSION, Record, append_records, rank_cost
+from aotc.search.records import RECORD_VERSION, Record, append_records, rank_cost, record_problem
 from aotc.target import Target, TargetError, parse_target
 
 STORE_SUFFIX = ".jsonl"
+STORE_FILE_NAME = re.compile(r"[A-Za-z0-9_.-]+-[0-9a-f]{12}" + re.escape(STORE_SUFFIX))
 
 
 class HubError(ValueError):
@@ -205,10 +212,32 @@ def read_store_file(path: str | os.PathLike) -> StoreFile:
         return parse_lines(f, path)
 
 
+def is_store_file_name(name: str) -> bool:
+    """True for a name a store gives its files (`TargetKey.file_name`)."""
+    return STORE_FILE_NAME.fullmatch(name) is not None
+
+
 def store_files(directory: str | os.PathLike) -> list[Path]:
-    """The record files of a store directory, sorted by name."""
+    """The record files of a store directory (named as `TargetKey.file_name` names them), sorted by name."""
     d = Path(directory)
-    return sorted(p for p in d.glob(f"*{STORE_SUFFIX}") if p.is_file()) if d.is_dir() else []
+    if not d.is_dir():
+        return []
+    return sorted(p for p in d.glob(f"*{STORE_SUFFIX}") if p.is_file() and is_store_file_name(p.name))
+
+
+def check_store_dir(directory: Path) -> None:
+    """Raise HubError unless `directory` is a store: it holds store files, or nothing visible at all."""
+    if not directory.is_dir():
+        raise HubError(f"{directory} is not a store directory")
+    if store_files(directory):
+        return
+    others = sorted(p.name for p in directory.iterdir() if not p.name.startswith("."))
+    if others:
+        shown = ", ".join(others[:5]) + (", ..." if len(others) > 5 else "")
+        raise HubError(
+            f"{directory} is not a tophub store: none of its files ({shown}) is a store file "
+            f"(named <kind>-<cpu>-<12 hex digits>{STORE_SUFFIX}); nothing was changed"
+        )
 
 
 # ----------------------------------------------------------------------------- writing
@@ -246,6 +275,28 @@ def append_to_store(directory: str | os.PathLike, records: Iterable[Record], _lo
         for name, recs in groups.items():
             append_records(directory / name, recs)
     return sum(len(r) for r in groups.values())
+
+
+def write_all_atomic(files: dict[Path, bytes]) -> None:
+    """Write every file to a temporary beside it, then rename them all into place: a failure while
+    writing (a full disk) changes none of them."""
+    staged: list[tuple[str, Path]] = []
+    try:
+        for path, data in files.items():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+            staged.append((tmp, path))
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+        for tmp, path in staged:
+            os.replace(tmp, path)
+    except BaseException:
+        for tmp, _ in staged:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        raise
 
 
 def write_atomic(path: Path, data: bytes) -> None:
@@ -301,25 +352,36 @@ class PruneReport:
     dropped_versions: int = 0
     dropped_corrupt: int = 0
     dropped_slower: int = 0
+    skipped: list[str] = field(default_factory=list)
 
     def __str__(self) -> str:
-        return (
+        text = (
             f"{self.files} file(s): kept {self.kept} record(s); dropped {self.dropped_slower} slower, "
             f"{self.dropped_errors} failed, {self.dropped_versions} of another format version, "
-            f"{self.dropped_corrupt} corrupt"
+            f"{self.dropped_corrupt} corrupt or invalid"
         )
+        if self.skipped:
+            text += f"; left alone (no record in them): {', '.join(self.skipped)}"
+        return text
 
 
 def prune_store(directory: str | os.PathLike, keep: int = 3) -> PruneReport:
-    """Keep the `keep` best records per (workload, target); drop failed, foreign-version and corrupt
-    lines. Each file is rewritten atomically while no one appends."""
+    """Keep the `keep` best records per (workload, target); drop failed, foreign-version, corrupt and
+    invalid lines. Each file is rewritten atomically while no one appends. Refuses (HubError) a
+    directory that is not a store; a store-named file without a single record line is left alone."""
     if keep < 1:
         raise HubError(f"prune: keep must be at least 1, got {keep}")
     directory = Path(directory)
     report = PruneReport()
+    if not directory.exists():
+        return report
+    check_store_dir(directory)
     with store_lock(directory, exclusive=True):
         for path in store_files(directory):
             content = read_store_file(path)
+            if content.corrupt and not content.records and not content.foreign:
+                report.skipped.append(path.name)
+                continue
             best = best_per_key(content.records, keep)
             kept = sorted(
                 (r for recs in best.values() for r in recs), key=lambda r: (r.fingerprint, rank_cost(r))
@@ -335,9 +397,17 @@ def prune_store(directory: str | os.PathLike, keep: int = 3) -> PruneReport:
 
 
 def merge_into_store(directory: str | os.PathLike, records: Iterable[Record]) -> tuple[int, int]:
-    """Append each record that ranks better (`rank_cost`) than the store's best for its (workload,
-    target), or whose key the store lacks. Returns (appended, not appended)."""
+    """Add each record that ranks better (`rank_cost`) than the store's best for its (workload,
+    target), or whose key the store lacks. Returns (added, not added).
+
+    All or nothing: every record is validated first (HubError names the first invalid one), and the
+    changed store files are staged and renamed into place together."""
     directory = Path(directory)
+    records = list(records)
+    for i, rec in enumerate(records):
+        problem = record_problem(rec)
+        if problem:
+            raise HubError(f"record {i + 1} (workload {rec.workload_key[:32]}) is invalid: {problem}")
     incoming = best_per_key(records)
     with store_lock(directory, exclusive=True):
         current: list[Record] = []
@@ -349,5 +419,12 @@ def merge_into_store(directory: str | os.PathLike, records: Iterable[Record]) ->
             for key, recs in incoming.items()
             if key not in have or rank_cost(recs[0]) < rank_cost(have[key][0])
         ]
-        append_to_store(directory, new, _locked=True)
+        files = {}
+        for name, recs in group_by_target(new).items():
+            path = directory / name
+            old = path.read_bytes() if path.exists() else b""
+            if old and not old.endswith(b"\n"):
+                old += b"\n"
+            files[path] = old + "".join(r.to_json() + "\n" for r in recs).encode()
+        write_all_atomic(files)
     return len(new), len(incoming) - len(new)

@@ -17,6 +17,13 @@ inflated by the record's relative uncertainty, the spread (max - min) / min of i
 it was timed. A noisy record must beat a quiet one by its noise to rank first, so a lucky noisy
 timing does not displace a schedule measured quietly; among records measured alike, the cost decides.
 Records without a noise field get the spread of their costs and no margin.
+
+Records are data from other teams, so every reader validates them (`record_problem`, called by
+`Record.from_json`): a successful record's costs are finite, at least `MIN_COST_S` and at most
+`MAX_COST_S`; steps parse; the workload key is its fingerprint's prefix. A record also claims no more
+FLOP/s than its target could compute (`peak_flops`): checked against its own `flops` field where it has
+one (records written since aotc recorded it, an optional field), and, at lookup, against the DAG's FLOPs
+and the target being built (`implausible_for`), which also covers records without the field.
 """
 
 from __future__ import annotations
@@ -40,6 +47,8 @@ from aotc.te.dag import ComputeDAG
 __all__ = [
     "DISTURBED_INTERFERENCE",
     "DISTURBED_MARGIN",
+    "MAX_COST_S",
+    "MIN_COST_S",
     "RECORD_VERSION",
     "Record",
     "RecordWarning",
@@ -48,8 +57,11 @@ __all__ = [
     "apply_best",
     "best_records",
     "host_info",
+    "implausible_for",
     "load_records",
+    "peak_flops",
     "rank_cost",
+    "record_problem",
 ]
 
 RECORD_VERSION = 1
@@ -57,6 +69,16 @@ _ERROR_MSG_LIMIT = 1000
 _LINES_NAMED = 20
 DISTURBED_INTERFERENCE = 0.2  # the measurer's default max_interference
 DISTURBED_MARGIN = 0.05
+# No kernel call returns in less than a nanosecond (the call alone costs several), and no candidate
+# is timed for an hour: costs outside these bounds are forged or corrupt, not measured.
+MIN_COST_S = 1e-9
+MAX_COST_S = 3600.0
+# A generous ceiling on a CPU's arithmetic rate: per core, one lane per byte of the vector register
+# (int8 lanes, 4x float32's, so quantized kernels fit too), 2 FMA units, 2 FLOPs per FMA, at 6 GHz
+# (above any shipping CPU's boost clock). A record claiming more FLOP/s than this was not measured.
+CLOCK_CEILING_HZ = 6e9
+FMA_UNITS = 2
+_STEP_INT_LIMIT = 2**31
 
 
 class RecordWarning(UserWarning):
@@ -80,6 +102,7 @@ class Record:
     host: dict = field(default_factory=dict)
     version: int = RECORD_VERSION
     noise: Noise | None = None  # None: measured before aotc recorded noise, or not timed
+    flops: int | None = None  # the DAG's FLOPs; None in records written before aotc recorded it
 
     @property
     def ok(self) -> bool:
@@ -106,6 +129,7 @@ class Record:
             timestamp=float(result.timestamp),
             host=host_info(),
             noise=result.noise,
+            flops=int(dag.flop_count),
         )
 
     def to_json(self) -> str:
@@ -130,11 +154,14 @@ class Record:
                 "spread": round(self.noise.spread, 4),
                 "retries": self.noise.retries,
             }
+        if self.flops is not None:
+            obj["flops"] = self.flops
         return json.dumps(obj, separators=(",", ":"), allow_nan=False)
 
     @staticmethod
     def from_json(line: str) -> Record:
-        """Parse one line; raises ValueError on anything malformed (the version is not checked here)."""
+        """Parse and validate one line (`record_problem`); raises ValueError on anything malformed or
+        implausible (the version is not checked here)."""
         obj = json.loads(line)
         if not isinstance(obj, dict):
             raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
@@ -153,9 +180,13 @@ class Record:
                 host=_typed(obj, "host", dict),
                 version=_typed(obj, "v", int),
                 noise=_noise(obj["noise"]) if obj.get("noise") is not None else None,
+                flops=_typed(obj, "flops", int) if obj.get("flops") is not None else None,
             )
-        except TypeError as err:
+        except (TypeError, OverflowError) as err:
             raise ValueError(str(err)) from None
+        problem = record_problem(rec)
+        if problem:
+            raise ValueError(problem)
         return rec
 
     def state(self, dag: ComputeDAG) -> State:
@@ -174,6 +205,85 @@ def _noise(obj) -> Noise:
     if not (0 <= interference <= 1 and spread_ >= 0 and retries >= 0):
         raise ValueError(f"field 'noise' out of range: {obj}")
     return Noise(interference, spread_, retries)
+
+
+def record_problem(rec: Record) -> str:
+    """Why `rec` is not a record to store or use, or "" when it is valid (module docstring)."""
+    if not rec.workload_key or not rec.fingerprint.startswith(rec.workload_key):
+        return f"workload_key {rec.workload_key[:40]!r} is not a prefix of the fingerprint"
+    if not rec.target.strip():
+        return "empty target"
+    if not 0 <= rec.error < 256:
+        return f"error code {rec.error} out of range"
+    if not (math.isfinite(rec.timestamp) and rec.timestamp >= 0):
+        return f"timestamp {rec.timestamp} is not a finite time"
+    if any(not math.isfinite(c) for c in rec.costs):
+        return f"cost {_first(c for c in rec.costs if not math.isfinite(c))} is not finite"
+    if rec.error == 0:
+        if not rec.costs:
+            return "a successful record without costs"
+        low, high = min(rec.costs), max(rec.costs)
+        if low < MIN_COST_S:
+            return f"cost {low:g} s is below {MIN_COST_S:g} s (not a measured time)"
+        if high > MAX_COST_S:
+            return f"cost {high:g} s is above {MAX_COST_S:g} s (not a measured time)"
+    for name in ("num_cores", "vector_bytes"):
+        value = rec.hw.get(name)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+            return f"hw.{name} {value!r} is not a count"
+    if rec.flops is not None:
+        if rec.flops < 0:
+            return f"flops {rec.flops} is negative"
+        problem = implausible_for(rec, rec.flops, rec.hw)
+        if problem:
+            return problem
+    problem = _steps_problem(rec.steps)
+    return f"steps: {problem}" if problem else ""
+
+
+def _first(values: Iterable):
+    return next(iter(values))
+
+
+def _steps_problem(steps: list) -> str:
+    from aotc.schedule.steps import steps_from_json
+
+    try:
+        steps_from_json(steps)
+    except Exception as err:  # noqa: BLE001 - any failure to parse means the steps are garbage
+        return f"{type(err).__name__}: {str(err)[:200]}"
+    stack = [steps]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, float) and not math.isfinite(item):
+            return f"non-finite number {item}"
+        elif isinstance(item, int | float) and abs(item) >= _STEP_INT_LIMIT:
+            return f"number {item:g} out of range"
+    return ""
+
+
+def peak_flops(hw: dict) -> float:
+    """The generous FLOP/s ceiling (`CLOCK_CEILING_HZ`) of a CPU target's hardware parameters."""
+    cores = max(int(hw.get("num_cores") or 1), 1)
+    vector_bytes = max(int(hw.get("vector_bytes") or 64), 1)
+    return cores * vector_bytes * FMA_UNITS * 2 * CLOCK_CEILING_HZ
+
+
+def implausible_for(rec: Record, flops: float, hw: dict) -> str:
+    """Why `rec` (a successful CPU record) claims a rate no CPU of `hw` reaches for a task of `flops`
+    FLOPs, or "". Only llvm (CPU) targets are checked: GPUs have no ceiling here yet."""
+    if not rec.ok or not rec.target.startswith("llvm") or flops <= 0:
+        return ""
+    rate = flops / min(rec.costs)
+    peak = peak_flops(hw)
+    if rate > peak:
+        return (
+            f"cost {min(rec.costs):g} s for {flops:g} FLOPs is {rate / 1e9:.4g} GFLOP/s, more than the "
+            f"target's ceiling of {peak / 1e9:.4g} GFLOP/s (not a measured time)"
+        )
+    return ""
 
 
 def rank_cost(rec: Record) -> float:
@@ -231,14 +341,20 @@ def append_records(path: str | os.PathLike, records: Iterable[Record], fsync: bo
     """Append records, one `os.write` per line on an O_APPEND descriptor (concurrent writers never
     interleave lines); creates parent directories."""
     path = os.fspath(path)
+    lines = []
+    for rec in records:
+        problem = record_problem(rec)
+        if problem:
+            raise ValueError(f"{path}: refusing to write an invalid record of {rec.workload_key}: {problem}")
+        lines.append(rec.to_json().encode() + b"\n")
     parent = os.path.dirname(path)
     if parent:
         os.makedirs(parent, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         lead = b"\n" if _ends_mid_line(fd) else b""
-        for rec in records:
-            data = lead + rec.to_json().encode() + b"\n"
+        for line in lines:
+            data = lead + line
             lead = b""
             written = os.write(fd, data)
             if written != len(data):
@@ -359,7 +475,14 @@ def apply_best(
     if isinstance(records, str | os.PathLike):
         records = load_records(records)
     target_str, hw = str(target), asdict(target.hw)
-    matching = [r for r in records if r.ok and r.target == target_str and r.fingerprint == dag.fingerprint]
+    matching = [
+        r
+        for r in records
+        if r.ok
+        and r.target == target_str
+        and r.fingerprint == dag.fingerprint
+        and not _warn_implausible(r, dag, hw)
+    ]
     matching.sort(key=lambda r: (r.hw != hw, rank_cost(r)))
     for rec in matching:
         try:
@@ -375,3 +498,13 @@ def apply_best(
             continue
         return state, rec
     return None
+
+
+def _warn_implausible(rec: Record, dag: ComputeDAG, hw: dict) -> bool:
+    """True (with a warning) when `rec` claims more FLOP/s on `dag` than the target `hw` computes."""
+    problem = implausible_for(rec, dag.flop_count, hw)
+    if problem:
+        warnings.warn(
+            f"a record of workload {rec.workload_key} skipped: {problem}", RecordWarning, stacklevel=3
+        )
+    return bool(problem)
