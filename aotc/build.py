@@ -242,6 +242,7 @@ def build(
     log(
         f"{graph.name}: {len(graph.nodes)} nodes -> {len(groups)} kernels calls of {len(tasks)} distinct tasks"
     )
+    check_memory(graph, groups, recipe.memory_limit)
 
     t0 = time.perf_counter()
     records = records_path(recipe)
@@ -278,11 +279,14 @@ def build(
             log,
             transfers,
         )
-        before = len(known)
         known = _load(records)
-        sources.save(r for r in known[before:] if r.ok)
+        # every record of the build's log, not only this run's: a build killed before it got here
+        # (kill -9) left measured records that only the log holds, and --resume goes on from them
+        sources.save_missing(known)
         sources = open_sources(records, tuning.tophub)
         lookups = lookup_kernels(sources, tasks, target)
+    elif known:
+        sources.save_missing(known)
     timings["tune"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -317,17 +321,19 @@ def build(
             from aotc.validate import validate_package
 
             validation = validate_package(tmp, recipe.model, input_shapes=spec_inputs(spec))
+        # the report is written before the package is moved into place: a build that fails to write
+        # it (a full disk) fails as a whole and leaves the previous package where it was
+        t0 = time.perf_counter()
+        report = _build_report(
+            recipe, target, tasks, lookups, defaults, known, records, run, timings, start, outcomes
+        )
+        directory = write_report(report_dir(out), report)[0].parent
+        timings["report"] = time.perf_counter() - t0
         os.replace(tmp, out)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
-    t0 = time.perf_counter()
-    report = _build_report(
-        recipe, target, tasks, lookups, defaults, known, records, run, timings, start, outcomes
-    )
-    directory = write_report(report_dir(out), report)[0].parent
-    timings["report"] = time.perf_counter() - t0
     result = BuildResult(out, graph, tasks, time.perf_counter() - start, timings, validation)
     result.report = directory
     result.tuning = None if run is None else run.summary
@@ -477,6 +483,72 @@ def _build_report(
     }
 
 
+def intermediate_lifetimes(
+    calls: list[list[Value]], graph: Graph
+) -> tuple[dict[Value, int], dict[Value, int]]:
+    """The first and last call using each value that lives in the workspace (neither a constant nor a
+    graph input or output), given the values each kernel call reads and writes."""
+    outside = set(graph.inputs) | set(graph.outputs)
+    first: dict[Value, int] = {}
+    last: dict[Value, int] = {}
+    for step, values in enumerate(calls):
+        for v in values:
+            if v.is_constant or v in outside:
+                continue
+            first.setdefault(v, step)
+            last[v] = step
+    return first, last
+
+
+def _buffer_key(v: Value) -> str:
+    return v.name + f"#{id(v)}"
+
+
+def physical_memory() -> int:
+    """This machine's physical memory in bytes (os.sysconf), or 0 where it cannot be read."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def check_memory(graph: Graph, groups: list[FusedGroup], limit: int | None) -> dict[str, int]:
+    """The bytes a run of the model needs (workspace, weights, inputs and outputs); raises BuildError,
+    before any tuning or code generation, when they pass `limit` (None: this machine's physical memory).
+
+    The workspace is the memory plan of the partitioned graph, which the package uses as is; weights
+    are the constants the kernels read, before their layout rewrite (which pads a little at most)."""
+    calls = [[*g.inputs, *g.outputs] for g in groups]
+    first, last = intermediate_lifetimes(calls, graph)
+    _, workspace = plan_memory([Lifetime(_buffer_key(v), v.type.nbytes, first[v], last[v]) for v in first])
+    constants = {v for g in groups for v in g.inputs if v.is_constant and v.type.num_elements > 1}
+    need = {
+        "workspace": workspace,
+        "weights": sum(v.type.nbytes for v in constants),
+        "inputs and outputs": sum(v.type.nbytes for v in {*graph.inputs, *graph.outputs}),
+    }
+    bound = limit if limit is not None else physical_memory()
+    total = sum(need.values())
+    if bound and total > bound:
+        parts = ", ".join(f"{what} {_size(n)}" for what, n in need.items())
+        if limit is not None:
+            over = f"more than its memory_limit of {_size(bound)}"
+        else:
+            over = (
+                f"more than this machine's physical memory ({_size(bound)}); raise the limit with "
+                "`memory_limit:` in the recipe or --memory-limit"
+            )
+        raise BuildError(f"{graph.name}: a run needs {_size(total)} ({parts}), {over}")
+    return need
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
 def spec_inputs(spec) -> dict[str, tuple[tuple[int, ...], str]]:
     return {io.name: (tuple(io.shape), io.dtype) for io in spec.inputs}
 
@@ -520,17 +592,11 @@ def _package_spec(
     weight_offsets = layout_weights(weight_list)
     weight_bytes = {name: data.nbytes for name, data in weight_list}
 
-    first: dict[Value, int] = {}
-    last: dict[Value, int] = {}
-    for step, (_, values, _) in enumerate(bindings):
-        for v in values:
-            if v.is_constant or v in inputs or v in outputs:
-                continue
-            first.setdefault(v, step)
-            last[v] = step
-    lifetimes = [Lifetime(v.name + f"#{id(v)}", v.type.nbytes, first[v], last[v]) for v in first]
-    offsets, workspace = plan_memory(lifetimes)
-    key_of = {v: v.name + f"#{id(v)}" for v in first}
+    first, last = intermediate_lifetimes([values for _, values, _ in bindings], graph)
+    offsets, workspace = plan_memory(
+        [Lifetime(_buffer_key(v), v.type.nbytes, first[v], last[v]) for v in first]
+    )
+    key_of = {v: _buffer_key(v) for v in first}
 
     def ref(v: Value, layout: WeightLayout | None = None) -> BufferRef:
         if v.is_constant:

@@ -6,13 +6,79 @@ Exit codes: 0 ok, 1 build or runtime error, 2 usage or recipe error, 3 validatio
 from __future__ import annotations
 
 import argparse
+import math
+import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 OK, BUILD_ERROR, USAGE_ERROR, MISMATCH = 0, 1, 2, 3
+MAX_THREADS = 4096  # a sanity bound; the runtime bounds the team to the cores it may use
+MAX_REPEAT = 100_000
+MAX_SEED = 2**32 - 1
+
+
+# ----------------------------------------------------------------------------- argument types
+# Numbers are checked as argparse parses them, like recipe fields: a bad value is a usage error
+# (exit 2) before any work, never a failure after hours of tuning.
+
+
+def bounded_int(low: int, high: int) -> Callable[[str], int]:
+    """An argparse type: an integer in [low, high]."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"expected an integer from {low} to {high}, got {value}")
+        return value
+
+    return parse
+
+
+def finite_float(low: float, high: float = math.inf) -> Callable[[str], float]:
+    """An argparse type: a finite number in [low, high]."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not (math.isfinite(value) and low <= value <= high):
+            raise argparse.ArgumentTypeError(
+                f"expected a finite number from {low:g} to {high:g}, got {text!r}"
+            )
+        return value
+
+    return parse
+
+
+def deadline_seconds(text: str) -> float:
+    """An argparse type: a tuning deadline (`90s`, `30m`, `1h30m`), positive, finite and bounded."""
+    from aotc.recipe import duration_problem, parse_duration
+
+    seconds = parse_duration(text)
+    problem = duration_problem(seconds)
+    if problem:
+        raise argparse.ArgumentTypeError(f"{text!r}: {problem}")
+    return seconds
+
+
+def memory_size(text: str) -> int:
+    """An argparse type: a size in bytes (`64GB`, `512GiB`, a number of bytes)."""
+    from aotc.recipe import MAX_MEMORY_LIMIT, parse_size
+
+    size = parse_size(text)
+    if size is None or not 0 < size <= MAX_MEMORY_LIMIT:
+        raise argparse.ArgumentTypeError(f"expected a positive size like 64GB or 512GiB, got {text!r}")
+    return size
 
 
 def _parser() -> argparse.ArgumentParser:
+    from aotc.recipe import MAX_TRIALS
+
     ap = argparse.ArgumentParser(
         prog="aotc", description="Ahead-of-time compiler for trained neural networks."
     )
@@ -21,11 +87,24 @@ def _parser() -> argparse.ArgumentParser:
     b = sub.add_parser("build", help="compile the model of a recipe into a package")
     b.add_argument("recipe", type=Path)
     b.add_argument("--print-config", action="store_true", help="print the resolved recipe and exit")
-    b.add_argument("--trials", type=int, metavar="N", help="total tuning trials (overrides tuning.trials)")
+    b.add_argument(
+        "--trials",
+        type=bounded_int(0, MAX_TRIALS),
+        metavar="N",
+        help="total tuning trials (overrides tuning.trials)",
+    )
     b.add_argument(
         "--deadline",
+        type=deadline_seconds,
         metavar="DURATION",
         help="tuning wall-clock limit, e.g. 90s, 30m, 1h30m (overrides tuning.deadline)",
+    )
+    b.add_argument(
+        "--memory-limit",
+        type=memory_size,
+        metavar="SIZE",
+        help="most memory a run of the model may need, e.g. 256GB (overrides memory_limit; "
+        "default: this machine's physical memory)",
     )
     b.add_argument(
         "--resume",
@@ -43,29 +122,34 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("package", type=Path)
     r.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy")
     r.add_argument("--output", type=Path, help="directory to write each output as NAME.npy")
-    r.add_argument("--threads", type=int)
+    r.add_argument("--threads", type=bounded_int(1, MAX_THREADS))
 
     t = sub.add_parser("tune-op", help="tune one named operator and print its best GFLOP/s")
     t.add_argument("op", help="matmul, dense, conv2d, conv2d_relu, depthwise, softmax")
     t.add_argument("--shape", help="comma-separated shape parameters (see the operator's defaults)")
-    t.add_argument("--trials", type=int, default=200)
+    t.add_argument("--trials", type=bounded_int(1, MAX_TRIALS), default=200)
     t.add_argument("--records", type=Path, help="JSON-lines record log to append to (and resume from)")
     t.add_argument("--target", default="llvm -mcpu=native")
-    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--seed", type=bounded_int(0, MAX_SEED), default=0)
 
     pr = sub.add_parser(
         "profile",
         help="time every kernel call of a package where it runs in the model (seeded random inputs)",
     )
     pr.add_argument("package", type=Path)
-    pr.add_argument("--threads", type=int)
-    pr.add_argument("--repeat", type=int, default=20, help="profiled runs of the whole plan (default 20)")
+    pr.add_argument("--threads", type=bounded_int(1, MAX_THREADS))
+    pr.add_argument(
+        "--repeat",
+        type=bounded_int(1, MAX_REPEAT),
+        default=20,
+        help="profiled runs of the whole plan (default 20)",
+    )
     pr.add_argument(
         "--alone",
         action="store_true",
         help="also time each call back to back (warm, as tuned) and show what the sequence costs it",
     )
-    pr.add_argument("--seed", type=int, default=0)
+    pr.add_argument("--seed", type=bounded_int(0, MAX_SEED), default=0)
 
     i = sub.add_parser("inspect", help="describe a package: inputs, outputs, kernels, sizes, provenance")
     i.add_argument("package", type=Path)
@@ -75,9 +159,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     v.add_argument("package", type=Path)
     v.add_argument("--model", type=Path, required=True)
-    v.add_argument("--seed", type=int, default=0)
-    v.add_argument("--rtol", type=float, default=None)
-    v.add_argument("--atol", type=float, default=None)
+    v.add_argument("--seed", type=bounded_int(0, MAX_SEED), default=0)
+    v.add_argument("--rtol", type=finite_float(0.0), default=None)
+    v.add_argument("--atol", type=finite_float(0.0), default=None)
 
     from aotc.hub.cli import add_hub_parser
 
@@ -125,7 +209,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     from aotc.recipe import format_recipe, load_recipe
     from aotc.validate import format_report_row
 
-    recipe = with_overrides(load_recipe(args.recipe), args.trials, args.deadline)
+    recipe = with_overrides(load_recipe(args.recipe), args.trials, args.deadline, args.memory_limit)
     if args.print_config:
         print(format_recipe(recipe))
         return OK
@@ -138,22 +222,25 @@ def cmd_build(args: argparse.Namespace) -> int:
     return OK
 
 
-def with_overrides(recipe, trials: int | None, deadline: str | None):
-    """The recipe with `--trials` / `--deadline` in place of its tuning values."""
+def with_overrides(recipe, trials: int | None, deadline: float | None, memory_limit: int | None = None):
+    """The recipe with `--trials` / `--deadline` (seconds) / `--memory-limit` (bytes) in place of its
+    values; they are checked again here for callers that bypass argparse."""
     from dataclasses import replace
 
-    from aotc.recipe import parse_duration
+    from aotc.recipe import MAX_TRIALS, duration_problem
 
     tuning = recipe.tuning
     if trials is not None:
-        if trials < 0:
-            raise ValueError(f"--trials {trials}: expected an integer >= 0 (0 = no tuning)")
+        if not 0 <= trials <= MAX_TRIALS:
+            raise ValueError(f"--trials {trials}: expected an integer from 0 (no tuning) to {MAX_TRIALS}")
         tuning = replace(tuning, trials=trials)
     if deadline is not None:
-        seconds = parse_duration(deadline)
-        if seconds is None or not seconds > 0:
-            raise ValueError(f"--deadline {deadline!r}: expected a positive duration like 90s, 30m, 1h30m")
-        tuning = replace(tuning, deadline_seconds=seconds)
+        problem = duration_problem(deadline)
+        if problem:
+            raise ValueError(f"--deadline {deadline!r}: {problem}")
+        tuning = replace(tuning, deadline_seconds=deadline)
+    if memory_limit is not None:
+        recipe = replace(recipe, memory_limit=memory_limit)
     return replace(recipe, tuning=tuning)
 
 
@@ -162,7 +249,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     import numpy as np
 
     model = aotc_runtime.load(str(args.package))
-    if args.threads:
+    if args.threads is not None:
         model.num_threads = args.threads
     inputs = {}
     for item in args.input:
@@ -171,13 +258,36 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise ValueError(f"--input {item!r}: expected NAME=FILE.npy")
         inputs[name] = np.load(path, allow_pickle=False)
     outputs = model.run(inputs)
+    files = output_files(list(outputs)) if args.output else {}
     if args.output:
         args.output.mkdir(parents=True, exist_ok=True)
     for name, value in outputs.items():
         print(f"{name}: {value.dtype}{list(value.shape)}  min {value.min():.6g}  max {value.max():.6g}")
         if args.output:
-            np.save(args.output / f"{name}.npy", value)
+            file = files[name]
+            if file != f"{name}.npy":
+                print(f"  output {name!r} written as {file} (a file name inside {args.output})")
+            np.save(args.output / file, value)
     return OK
+
+
+def output_files(names: list[str]) -> dict[str, str]:
+    """A file name inside the output directory per output name: `NAME.npy` where the name is a plain
+    file name, else the name with every character other than letters, digits, `_`, `-` and `.` (and
+    leading dots) replaced by `_`, numbered where two collide. A package's output names are data from
+    its author: `../x` or `/etc/x` must not write outside the directory."""
+    out: dict[str, str] = {}
+    taken: set[str] = set()
+    for name in names:
+        stem = re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:200]
+        stem = "_" + stem.lstrip(".") if stem.startswith(".") or not stem else stem
+        file, n = f"{stem}.npy", 1
+        while file.lower() in taken:
+            n += 1
+            file = f"{stem}_{n}.npy"
+        taken.add(file.lower())
+        out[name] = file
+    return out
 
 
 def cmd_tune_op(args: argparse.Namespace) -> int:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,13 +24,20 @@ DEFAULT_TARGET = "llvm -mcpu=native"
 DTYPES = ("float32", "float16", "float64", "int8", "uint8", "int16", "int32", "int64", "bool")
 MODEL_SUFFIXES = (".onnx", ".tflite")
 
-_TOP_KEYS = ("model", "inputs", "target", "output", "tuning", "validate", "winograd", "nhwc")
+_TOP_KEYS = ("model", "inputs", "target", "output", "tuning", "validate", "winograd", "nhwc", "memory_limit")
 _INPUT_KEYS = ("shape", "dtype")
 _TUNING_KEYS = ("trials", "deadline", "records", "tophub", "transfer")
 _TAG = "tag:yaml.org,2002:"
 _TYPE_NAMES = {"str": "a string", "int": "an integer", "float": "a number", "bool": "a boolean"}
 _TYPE_NAMES |= {"null": "null", "seq": "a list", "map": "a mapping", "timestamp": "a date"}
 _DURATION = re.compile(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?")
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?", re.IGNORECASE)
+_SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+_SIZE_UNITS |= {"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+# Bounds on tuning values, so a typo (or `inf`) fails before any work, not after hours of tuning.
+MAX_TRIALS = 10_000_000
+MAX_DEADLINE_SECONDS = 30 * 24 * 3600.0
+MAX_MEMORY_LIMIT = 2**60
 
 
 class RecipeError(ValueError):
@@ -70,6 +78,7 @@ class Recipe:
     validate: bool
     winograd: bool = True
     nhwc: bool = True
+    memory_limit: int | None = None  # bytes a run may need (workspace + weights + I/O); None: physical memory
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved recipe: absolute paths, defaults filled, the target made concrete for this host."""
@@ -91,6 +100,7 @@ class Recipe:
             "validate": self.validate,
             "winograd": self.winograd,
             "nhwc": self.nhwc,
+            "memory_limit": self.memory_limit,
         }
 
 
@@ -107,17 +117,38 @@ def load_recipe(path: str | Path) -> Recipe:
 
 
 def parse_duration(text: str) -> float | None:
-    """Seconds in ``90s``, ``45m``, ``1h30m``, ``2h`` or a plain number; None when unparsable."""
+    """Seconds in ``90s``, ``45m``, ``1h30m``, ``2h`` or a plain number; None when unparsable or not
+    finite (``inf``, ``nan``)."""
     text = text.strip().replace(" ", "")
     try:
-        return float(text)
+        value = float(text)
     except ValueError:
-        pass
-    m = _DURATION.fullmatch(text)
-    if not text or m is None:
+        m = _DURATION.fullmatch(text)
+        if not text or m is None:
+            return None
+        h, mins, s = (float(g) if g else 0.0 for g in m.groups())
+        value = h * 3600 + mins * 60 + s
+    return value if math.isfinite(value) else None
+
+
+def duration_problem(seconds: float | None) -> str:
+    """Why `seconds` is not a usable tuning deadline, or ""."""
+    if seconds is None or not math.isfinite(seconds) or seconds <= 0:
+        return "expected a positive duration like 90s, 30m, 1h30m"
+    if seconds > MAX_DEADLINE_SECONDS:
+        return f"more than {MAX_DEADLINE_SECONDS / 86400:g} days"
+    return ""
+
+
+def parse_size(text: str | int) -> int | None:
+    """Bytes in ``512MB``, ``64GiB``, ``1.5TB`` or a plain number of bytes; None when unparsable."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        return text
+    m = _SIZE.fullmatch(str(text).strip())
+    if m is None:
         return None
-    h, mins, s = (float(g) if g else 0.0 for g in m.groups())
-    return h * 3600 + mins * 60 + s
+    value = float(m.group(1)) * _SIZE_UNITS[(m.group(2) or "").lower()]
+    return int(value) if math.isfinite(value) else None
 
 
 class _Loader:
@@ -138,7 +169,7 @@ class _Loader:
         if "model" not in entries or _is_null(entries["model"]):
             raise self.fail(entries.get("model", root), "model", "required key is missing")
         model = self.model(entries["model"], "model")
-        return Recipe(
+        recipe = Recipe(
             path=self.path.resolve(),
             model=model,
             inputs=self.optional(entries, "inputs", self.inputs, {}),
@@ -150,7 +181,31 @@ class _Loader:
             validate=self.optional(entries, "validate", self.boolean, True),
             winograd=self.optional(entries, "winograd", self.boolean, True),
             nhwc=self.optional(entries, "nhwc", self.boolean, True),
+            memory_limit=self.optional(entries, "memory_limit", self.memory_limit, None),
         )
+        self.check_outputs(recipe, entries, root)
+        return recipe
+
+    def check_outputs(self, recipe: Recipe, entries: dict[str, Node], root: Node) -> None:
+        """The files a build writes (package, records) must not be a file it reads: writing the package
+        over the model would destroy it."""
+        reads = {"model": recipe.model, "the recipe itself": recipe.path}
+        tuning = entries.get("tuning")
+        tuning_entries = (
+            self.mapping(tuning, "tuning", _TUNING_KEYS) if isinstance(tuning, MappingNode) else {}
+        )
+        for i, entry in enumerate(recipe.tuning.tophub or []):
+            if "://" not in entry:
+                reads[f"tuning.tophub[{i}]"] = Path(entry)
+        writes = [("output", recipe.output, entries.get("output", root))]
+        if recipe.tuning.records is not None:
+            writes.append(("tuning.records", recipe.tuning.records, tuning_entries.get("records", root)))
+        for key, path, node in writes:
+            for what, read in reads.items():
+                if same_file(path, read):
+                    raise self.fail(node, key, f"{path} is also {what}: the build would overwrite it")
+        if recipe.tuning.records is not None and same_file(recipe.output, recipe.tuning.records):
+            raise self.fail(entries.get("output", root), "output", f"{recipe.output} is also tuning.records")
 
     def compose(self) -> Node:
         try:
@@ -280,19 +335,30 @@ class _Loader:
 
     def trials(self, node: Node, key: str) -> int:
         value = self.scalar(node, key, "an integer >= 0", "int")
-        if value < 0:
-            raise self.fail(node, key, f"expected an integer >= 0 (0 = no tuning), got {value}")
+        if not 0 <= value <= MAX_TRIALS:
+            raise self.fail(
+                node, key, f"expected an integer >= 0 (0 = no tuning) and <= {MAX_TRIALS}, got {value}"
+            )
         return value
 
     def deadline(self, node: Node, key: str) -> float:
         hint = "use e.g. 90s, 45m, 1h30m, 2h, or a number of seconds"
         value = self.scalar(node, key, f"a duration ({hint})", "str", "int", "float")
         seconds = parse_duration(value) if isinstance(value, str) else float(value)
-        if seconds is None:
+        if seconds is None and isinstance(value, str):
             raise self.fail(node, key, f"cannot parse duration '{value}' ({hint})")
-        if not math.isfinite(seconds) or seconds <= 0:
-            raise self.fail(node, key, f"the deadline must be a positive duration, got '{value}'")
+        problem = duration_problem(seconds)
+        if problem:
+            raise self.fail(node, key, f"the deadline must be a positive duration, got '{value}' ({problem})")
         return seconds
+
+    def memory_limit(self, node: Node, key: str) -> int:
+        hint = "use e.g. 64GB, 512GiB, or a number of bytes"
+        value = self.scalar(node, key, f"a size ({hint})", "str", "int")
+        size = parse_size(value)
+        if size is None or not 0 < size <= MAX_MEMORY_LIMIT:
+            raise self.fail(node, key, f"expected a positive size ({hint}), got '{value}'")
+        return size
 
     def tophub(self, node: Node, key: str) -> list[str]:
         if isinstance(node, ScalarNode) and node.tag == _TAG + "str" and node.value.strip().lower() == "none":
@@ -304,6 +370,16 @@ class _Loader:
     def tophub_entry(self, node: Node, key: str) -> str:
         value = self.string(node, key).strip()
         return value if "://" in value else str(self.path_value(node, key))
+
+
+def same_file(a: Path, b: Path) -> bool:
+    """True when `a` and `b` name one file: the same resolved path, or (both existing) the same inode."""
+    if a.resolve() == b.resolve():
+        return True
+    try:
+        return a.exists() and b.exists() and os.path.samefile(a, b)
+    except OSError:
+        return False
 
 
 def _join(where: str, key: str) -> str:

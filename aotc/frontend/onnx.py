@@ -281,7 +281,18 @@ def _model_dims(vi: onnx.ValueInfoProto, source: str) -> list[int | str | None] 
         raise ConversionError(f"{source}: input {vi.name} has unsupported element type {tt.elem_type}")
     if not tt.HasField("shape"):
         return None
-    return [d.dim_value if d.dim_value > 0 else (d.dim_param or None) for d in tt.shape.dim]
+    dims = [d.dim_value if d.dim_value > 0 else (d.dim_param or None) for d in tt.shape.dim]
+    # a dim_value of 0 that the model sets is a zero-size dimension, not an unknown one
+    zero = [
+        i for i, d in enumerate(tt.shape.dim) if d.WhichOneof("value") == "dim_value" and d.dim_value == 0
+    ]
+    if zero:
+        raise InputShapeError(
+            f"{source}: input '{vi.name}' has zero-size dimension {', '.join(map(str, zero))} "
+            f"(shape {[d.dim_value if d.WhichOneof('value') == 'dim_value' else '?' for d in tt.shape.dim]}); "
+            "aotc compiles tensors with at least one element"
+        )
+    return dims
 
 
 def _is_static(dims: list[int | str | None] | None) -> bool:

@@ -393,6 +393,13 @@ class Converter:
                 f"{self.source}: input {t.name} is {t.dtype} in the model; input_shapes gives {dtype}"
             )
         signature = t.signature if t.signature is not None else t.shape
+        # a 0 in the shape signature is a fixed zero-size dimension (-1 is the dynamic one); without a
+        # signature, older converters wrote 0 for an unknown batch, so it stays "dynamic" below
+        if t.signature is not None and any(s == 0 for s in t.signature):
+            raise InputShapeError(
+                f"{self.source}: input '{t.name}' {list(signature)} has a zero-size dimension; aotc "
+                "compiles tensors with at least one element"
+            )
         if shape is None:
             if any(s < 1 for s in t.shape):
                 dims = "[" + ", ".join("?" if s < 1 else str(s) for s in signature) + "]"
