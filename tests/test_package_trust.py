@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import struct
 import zipfile
 
 import aotc_runtime
@@ -14,8 +15,13 @@ import aotc_runtime.package as rtpackage
 import numpy as np
 import pytest
 from aotc_runtime import PackageError
+from aotc_runtime.elf import ElfError, read_elf
+from aotc_runtime.plan import PlanError, encode_plan, parse_plan
 
-from aotc.package import describe_package, write_package
+from aotc.codegen.entry import build_entry_ir
+from aotc.codegen.llvm import compile_to_object
+from aotc.package import describe_package, plan_document, write_package
+from aotc.target import CPU_FEATURES, parse_target
 from tests.package_runner import PackageRunner, fingerprint
 from tests.test_package import SHAPE, tiny_spec
 
@@ -180,3 +186,214 @@ def test_signature_json_is_the_one_unlisted_member_allowed(tiny, tmp_path):
     other = rezip(path, str(tmp_path / "other.aotc"), extra=[("signature.txt", b"x")])
     with pytest.raises(PackageError, match="member signature.txt is not listed"):
         aotc_runtime.verify_package(other)
+
+
+# ----------------------------------------------------------------------------- the library's own plan and symbols
+
+
+def library_of(path: str) -> bytes:
+    with zipfile.ZipFile(path) as zf:
+        return zf.read("lib/model.so")
+
+
+def with_library(src: str, dst: str, library: bytes, edit=None) -> str:
+    return rezip(src, dst, edit, members={"lib/model.so": library}, rehash=True)
+
+
+def test_the_library_defines_what_the_plan_calls(tiny):
+    image = read_elf(library_of(tiny[0]))
+    assert image.arch == rtpackage.host_arch()
+    defined = image.defined_functions()
+    assert {"aotc_run", "k_add", "k_relu", "aotc_get_max_threads", "aotc_set_num_threads"} <= defined
+    assert "abort" not in defined and "malloc" not in defined  # imported, not defined
+    assert json.loads(image.section(".aotc_plan")[:-1])["entry"] == "aotc_run"
+
+
+def test_a_library_without_a_plan_is_refused(tiny, tmp_path):
+    path = tiny[0]
+    library = library_of(path).replace(b".aotc_plan", b".aotc_junk")
+    bad = with_library(path, str(tmp_path / "noplan.aotc"), library)
+    with pytest.raises(PackageError, match=r"noplan.aotc: its kernel library carries no execution plan"):
+        aotc_runtime.load(bad)
+
+
+def test_a_plan_calling_a_symbol_the_library_only_imports_is_refused(tiny, tmp_path):
+    """Plan and manifest name `free` as a kernel the library imports: dlsym would find libc's."""
+    doc = plan_document(tiny_spec(), aotc_runtime.read_manifest(tiny[0])["weights"]["nbytes"])
+    doc["kernels"][1]["symbol"] = doc["execution_plan"][1]["kernel"] = "free"
+    own = ["aotc_run", "k_add", "aotc_get_max_threads", "aotc_set_num_threads"]
+    library = synthetic_library(62, 64, encode_plan(doc), own, imported=["free"])
+
+    def edit(m: dict) -> None:
+        m["kernels"][1]["symbol"] = m["execution_plan"][1]["kernel"] = "free"
+
+    bad = with_library(tiny[0], str(tmp_path / "free.aotc"), library, edit)
+    with pytest.raises(
+        PackageError, match="free.aotc: its kernel library does not define free, which the plan calls"
+    ):
+        aotc_runtime.load(bad)
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        (
+            ("workspace_bytes",),
+            100,
+            r"execution_plan\[0\].args\[2\] covers bytes \[64, 192\) of a 100-byte workspace",
+        ),
+        (
+            ("execution_plan", 1, "args", 1, "index"),
+            1,
+            r"execution_plan\[1\].args\[1\] refers to output 1 of 1",
+        ),
+        (
+            ("execution_plan", 0, "args", 0, "nbytes"),
+            64,
+            r"args\[0\] is 64 bytes but k_add was compiled for 128",
+        ),
+        (("execution_plan", 0, "kernel"), "k_nope", "calls k_nope, which is not one of its kernels"),
+        (("inputs", 0, "dtype"), "object", "unsupported dtype 'object'"),
+        (("entry",), "k_add", "names the kernel k_add twice"),
+        (("plan_version",), 2, "this runtime reads 1"),
+    ],
+)
+def test_an_inconsistent_plan_is_refused(field, value, message):
+    doc = plan_document(tiny_spec(), 192)
+    parse_plan(encode_plan(doc))
+    target = doc
+    for key in field[:-1]:
+        target = target[key]
+    target[field[-1]] = value
+    with pytest.raises(PlanError, match=message):
+        parse_plan(encode_plan(doc))
+
+
+def test_the_runtime_knows_every_cpu_feature_aotc_may_require():
+    assert rtpackage.CPU_FLAGS == CPU_FEATURES
+
+
+# ----------------------------------------------------------------------------- ELF reader
+
+
+def test_elf_reader_reads_aarch64_and_armv7_objects():
+    plan = encode_plan(plan_document(tiny_spec(), 192))
+    for triple, bits, arch in [("aarch64-linux-gnu", 64, "aarch64"), ("armv7a-linux-gnueabihf", 32, "arm")]:
+        target = parse_target(f"llvm -mtriple={triple}")
+        obj = compile_to_object(build_entry_ir(tiny_spec().calls, target, 1, 1, plan), target)
+        image = read_elf(obj)
+        assert (image.bits, image.arch) == (bits, arch)
+        assert image.section(".aotc_plan") == plan + b"\0"
+
+
+def test_malformed_elf_is_an_elf_error_never_a_crash(tiny):
+    library = library_of(tiny[0])
+    rng = np.random.default_rng(3)
+    header_end = 64 + 4096
+    shoff = int.from_bytes(library[0x28:0x30], "little")
+    cases = [library[:n] for n in (0, 3, 16, 40, 63, 64, len(library) // 2, len(library) - 1)]
+    for _ in range(300):
+        at = int(rng.choice([rng.integers(header_end), rng.integers(shoff, len(library))]))
+        flipped = bytearray(library)
+        flipped[at] ^= 1 << int(rng.integers(8))
+        cases.append(bytes(flipped))
+    errors = 0
+    for data in cases:
+        try:
+            image = read_elf(data)
+            image.section(".aotc_plan")
+            image.defined_functions()
+        except ElfError:
+            errors += 1
+    assert errors >= 8
+
+
+# ----------------------------------------------------------------------------- packages for other machines
+
+
+def synthetic_library(
+    machine: int, bits: int, plan: bytes, functions: list[str], imported: tuple[str, ...] = ()
+) -> bytes:
+    """A minimal ELF shared object: an executable .text, the plan section and a dynamic symbol table
+    defining `functions` in .text and importing `imported` (what a linker would give, for the parts
+    the checks read)."""
+    little = "<"
+    shstr = b"\0.text\0.aotc_plan\0.dynstr\0.dynsym\0.shstrtab\0"
+    names_all = [*functions, *imported]
+    dynstr = b"\0" + b"".join(f.encode() + b"\0" for f in names_all)
+    name_at = [1 + sum(len(f) + 1 for f in names_all[:i]) for i in range(len(names_all))]
+    sym = "IBBHQQ" if bits == 64 else "IIIBBH"
+    entsize = struct.calcsize(little + sym)
+    syms = bytes(entsize)
+    for k, n in enumerate(name_at):
+        shndx = 1 if k < len(functions) else 0  # .text, or undefined
+        fields = (n, 0x12, 0, shndx, 0, 4) if bits == 64 else (n, 0, 4, 0x12, 0, shndx)
+        syms += struct.pack(little + sym, *fields)
+    ehsize = 64 if bits == 64 else 52
+    blobs = [b"\xc3" * 16, plan + b"\0", dynstr, syms, shstr]
+    offsets, pos = [], ehsize
+    for b in blobs:
+        offsets.append(pos)
+        pos += len(b)
+    shoff = pos
+    sh = "IIQQQQIIQQ" if bits == 64 else "IIIIIIIIII"
+    names = [
+        shstr.index(n) for n in (b".text\0", b".aotc_plan\0", b".dynstr\0", b".dynsym\0", b".shstrtab\0")
+    ]
+    types, flags = [1, 1, 3, 11, 3], [0x6, 0x2, 0x2, 0x2, 0]
+    links, ents = [0, 0, 0, 3, 0], [0, 0, 0, entsize, 0]
+    headers = bytes(struct.calcsize(little + sh))
+    for i, b in enumerate(blobs):
+        headers += struct.pack(
+            little + sh, names[i], types[i], flags[i], 0, offsets[i], len(b), links[i], 0, 1, ents[i]
+        )
+    ident = b"\x7fELF" + bytes([2 if bits == 64 else 1, 1, 1]) + bytes(9)
+    hdr = "HHIQQQIHHHHHH" if bits == 64 else "HHIIIIIHHHHHH"
+    header = ident + struct.pack(
+        little + hdr, 3, machine, 1, 0, 0, shoff, 0, ehsize, 0, 0, struct.calcsize(little + sh), 6, 5
+    )
+    return header + b"".join(blobs) + headers
+
+
+@pytest.mark.parametrize(
+    "triple, machine, bits",
+    [("aarch64-unknown-linux-gnu", 183, 64), ("armv7a-unknown-linux-gnueabihf", 40, 32)],
+)
+def test_a_package_for_another_machine_is_inspected_but_not_loaded(tiny, tmp_path, triple, machine, bits):
+    if rtpackage.host_arch() == triple.split("-")[0][:5].replace("armv7", "arm"):
+        pytest.skip("the host is that machine")
+    target = parse_target(f"llvm -mtriple={triple}")
+    spec = tiny_spec(target=target)
+    doc = plan_document(spec, aotc_runtime.read_manifest(tiny[0])["weights"]["nbytes"])
+    symbols = ["aotc_run", "k_add", "k_relu", "aotc_get_max_threads", "aotc_set_num_threads"]
+    library = synthetic_library(machine, bits, encode_plan(doc), symbols)
+
+    def edit(m: dict) -> None:
+        m.update(target=doc["target"], triple=doc["triple"], requires=doc["requires"])
+
+    path = with_library(tiny[0], str(tmp_path / "cross.aotc"), library, edit)
+    text = describe_package(path)
+    assert "integrity     ok" in text and f"triple        {triple}" in text
+    assert f"requires      {', '.join(doc['requires']) or 'no CPU extensions'}" in text
+    arch = "aarch64" if machine == 183 else "arm"
+    with pytest.raises(
+        PackageError, match=rf"cross.aotc was compiled for {arch} \({triple}\) but this host is"
+    ):
+        aotc_runtime.load(path)
+    wrong = with_library(
+        tiny[0], str(tmp_path / "wrong.aotc"), synthetic_library(62, 64, encode_plan(doc), symbols), edit
+    )
+    with pytest.raises(
+        PackageError, match=rf"its kernel library is x86_64 code but manifest.json triple is '{triple}'"
+    ):
+        describe_package(wrong)
+    missing = with_library(
+        tiny[0],
+        str(tmp_path / "missing.aotc"),
+        synthetic_library(machine, bits, encode_plan(doc), symbols[:2]),
+        edit,
+    )
+    with pytest.raises(
+        PackageError, match="does not define k_relu, aotc_get_max_threads, aotc_set_num_threads"
+    ):
+        describe_package(missing)
