@@ -103,6 +103,8 @@ def zip_bytes(members: dict[str, bytes]) -> bytes:
         ([1e9], "above"),
         ([], "without costs"),
         ([1e-12, 1e-5], "below"),
+        (["1e-5"], "not a number"),
+        ([True], "not a number"),
     ],
 )
 def test_record_with_impossible_costs_is_refused(costs, reason):

@@ -172,7 +172,7 @@ class Record:
                 target=_typed(obj, "target", str),
                 hw=_typed(obj, "hw", dict),
                 steps=_typed(obj, "steps", list),
-                costs=[float(c) for c in _typed(obj, "costs", list)],
+                costs=[_number(c, "costs") for c in _typed(obj, "costs", list)],
                 error=_typed(obj, "error", int),
                 error_msg=_typed(obj, "error_msg", str),
                 timestamp=float(_typed(obj, "timestamp", int | float)),
@@ -194,6 +194,13 @@ class Record:
         from aotc.schedule.steps import replay, steps_from_json
 
         return replay(dag, steps_from_json(self.steps))
+
+
+def _number(value, key: str) -> float:
+    """A JSON number as a float; a string, boolean or null is refused (float() would take "1e-5")."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"field {key!r} holds {type(value).__name__} {str(value)[:20]!r}, not a number")
+    return float(value)
 
 
 def _noise(obj) -> Noise:
