@@ -24,7 +24,9 @@ FAST = TuningOptions(
 )
 # Another CPU of this host's ISA: records made for it are transferable, never an exact hit here.
 OTHER = parse_target("llvm -mcpu=generic")
-FOREIGN_COST = 1e-9  # what the other CPU measured: far faster than anything here, so never trusted
+# what the other CPU measured: faster than these kernels run here (yet under the FLOP/s ceiling that
+# records must respect), so never trusted
+FOREIGN_COST = 1e-7
 
 
 @pytest.fixture(autouse=True)

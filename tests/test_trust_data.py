@@ -43,7 +43,7 @@ from aotc.hub.store import (
 from aotc.recipe import RecipeError, load_recipe
 from aotc.schedule.state import State
 from aotc.search.common import MeasureResult
-from aotc.search.records import Record, RecordWarning, load_records
+from aotc.search.records import Record, RecordWarning, append_records, load_records
 from aotc.target import parse_target
 from aotc.topi.workloads import make_workload
 
@@ -161,6 +161,16 @@ def test_load_records_skips_invalid_lines(tmp_path):
     path.write_text(genuine().to_json() + "\n" + line_with(genuine(), costs=[0.0]) + "\n")
     with pytest.warns(RecordWarning, match="line 2"):
         assert len(load_records(path)) == 1
+
+
+def test_invalid_records_are_never_written(tmp_path, home):
+    bad = dataclasses.replace(genuine(factor=8), costs=[float("nan")])
+    with pytest.warns(RecordWarning, match="not writing an invalid record"):
+        append_records(tmp_path / "log.jsonl", [genuine(), bad])
+    assert len((tmp_path / "log.jsonl").read_text().splitlines()) == 1
+    with pytest.warns(RecordWarning, match="not writing"):
+        append_to_store(home / "tophub", [bad])
+    assert not any(p.read_text() for p in store_files(home / "tophub"))
 
 
 # ----------------------------------------------------------------------------- import

@@ -346,13 +346,19 @@ def _cpu_model() -> str:
 
 def append_records(path: str | os.PathLike, records: Iterable[Record], fsync: bool = False) -> None:
     """Append records, one `os.write` per line on an O_APPEND descriptor (concurrent writers never
-    interleave lines); creates parent directories."""
+    interleave lines); creates parent directories. An invalid record (`record_problem`) is skipped
+    with a RecordWarning, never written."""
     path = os.fspath(path)
     lines = []
     for rec in records:
         problem = record_problem(rec)
-        if problem:
-            raise ValueError(f"{path}: refusing to write an invalid record of {rec.workload_key}: {problem}")
+        if problem:  # never stored: readers would refuse it; a tuning run goes on without it
+            warnings.warn(
+                f"{path}: not writing an invalid record of {rec.workload_key}: {problem}",
+                RecordWarning,
+                stacklevel=2,
+            )
+            continue
         lines.append(rec.to_json().encode() + b"\n")
     parent = os.path.dirname(path)
     if parent:
