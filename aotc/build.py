@@ -218,9 +218,11 @@ def build(
     explain_cache: bool = False,
     callbacks: Sequence[Callable] = (),
     tuning_options: TuningOptions | None = None,
+    sign_key: Path | None = None,
 ) -> BuildResult:
     """Compile the recipe's model into its package (tuning first when the recipe asks), write the build
-    report next to it, and validate against the reference when asked.
+    report next to it, and validate against the reference when asked. With `sign_key` (an Ed25519
+    private key PEM) the package is signed; the key is checked before any work.
 
     Tuning stops at `tuning.trials` or `tuning.deadline`, whichever comes first; a deadline leaves time
     for codegen and packaging. Ctrl-C during tuning stops it and still writes the package (a second one
@@ -233,6 +235,10 @@ def build(
     if not target.is_cpu:
         raise BuildError(f"target {target}: only llvm (CPU) targets can be built so far")
     tuning = recipe.tuning
+    if sign_key is not None:
+        from aotc.signing import signing_key_id
+
+        log(f"signing the package with key {signing_key_id(sign_key)} ({sign_key})")
 
     t0 = time.perf_counter()
     graph = load_model(recipe)
@@ -314,7 +320,7 @@ def build(
         t0 = time.perf_counter()
         from aotc.package import write_package
 
-        write_package(spec, tmp)
+        write_package(spec, tmp, sign_key=sign_key)
         timings["codegen+package"] = time.perf_counter() - t0
         validation = None
         if recipe.validate:

@@ -76,6 +76,33 @@ def memory_size(text: str) -> int:
     return size
 
 
+def add_trust_arguments(p: argparse.ArgumentParser) -> None:
+    """`--trusted-key` and `--require-signature` for commands that load a package or bundle."""
+    p.add_argument(
+        "--trusted-key",
+        action="append",
+        type=Path,
+        metavar="PUB",
+        help="public key (PEM, or a directory of *.pub) whose signatures are trusted; repeatable "
+        "(default: $AOTC_TRUSTED_KEYS). A signature by another key is then refused",
+    )
+    p.add_argument(
+        "--require-signature",
+        action="store_true",
+        default=None,
+        help="refuse unsigned or untrusted input (default: $AOTC_REQUIRE_SIGNATURE)",
+    )
+
+
+def load_package(args: argparse.Namespace):
+    """`aotc_runtime.load` of `args.package` under the command's signature policy."""
+    import aotc_runtime
+
+    return aotc_runtime.load(
+        str(args.package), trusted_keys=args.trusted_key, require_signature=args.require_signature
+    )
+
+
 def _parser() -> argparse.ArgumentParser:
     from aotc.recipe import MAX_TRIALS
 
@@ -107,6 +134,12 @@ def _parser() -> argparse.ArgumentParser:
         "default: this machine's physical memory)",
     )
     b.add_argument(
+        "--sign",
+        type=Path,
+        metavar="KEY",
+        help="sign the package with this Ed25519 private key (PEM; see `aotc keygen`)",
+    )
+    b.add_argument(
         "--resume",
         action="store_true",
         help="continue tuning from the build's records: their trials count toward the budget, nothing is re-measured",
@@ -123,6 +156,7 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy")
     r.add_argument("--output", type=Path, help="directory to write each output as NAME.npy")
     r.add_argument("--threads", type=bounded_int(1, MAX_THREADS))
+    add_trust_arguments(r)
 
     t = sub.add_parser("tune-op", help="tune one named operator and print its best GFLOP/s")
     t.add_argument("op", help="matmul, dense, conv2d, conv2d_relu, depthwise, softmax")
@@ -150,9 +184,25 @@ def _parser() -> argparse.ArgumentParser:
         help="also time each call back to back (warm, as tuned) and show what the sequence costs it",
     )
     pr.add_argument("--seed", type=bounded_int(0, MAX_SEED), default=0)
+    add_trust_arguments(pr)
 
-    i = sub.add_parser("inspect", help="describe a package: inputs, outputs, kernels, sizes, provenance")
+    i = sub.add_parser(
+        "inspect", help="describe a package: inputs, outputs, kernels, sizes, digest, signature, provenance"
+    )
     i.add_argument("package", type=Path)
+    i.add_argument(
+        "--trusted-key",
+        action="append",
+        type=Path,
+        metavar="PUB",
+        help="public key (PEM, or a directory of *.pub) to check the signature against; repeatable "
+        "(default: $AOTC_TRUSTED_KEYS)",
+    )
+
+    k = sub.add_parser("keygen", help="make an Ed25519 key pair for signing packages and bundles")
+    k.add_argument(
+        "key", type=Path, help="private key file to create (PEM, mode 0600); KEY.pub gets the public key"
+    )
 
     v = sub.add_parser(
         "validate", help="compare a package with onnxruntime (or LiteRT for .tflite) on seeded random inputs"
@@ -162,6 +212,7 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("--seed", type=bounded_int(0, MAX_SEED), default=0)
     v.add_argument("--rtol", type=finite_float(0.0), default=None)
     v.add_argument("--atol", type=finite_float(0.0), default=None)
+    add_trust_arguments(v)
 
     from aotc.hub.cli import add_hub_parser
 
@@ -179,6 +230,7 @@ def main(argv: list[str] | None = None) -> int:
             "profile": cmd_profile,
             "validate": cmd_validate,
             "tune-op": cmd_tune_op,
+            "keygen": cmd_keygen,
             "hub": cmd_hub,
         }
         return commands[args.command](args)
@@ -193,11 +245,15 @@ def main(argv: list[str] | None = None) -> int:
 
 def _exit_code(err: Exception) -> int:
     from aotc.recipe import RecipeError
+    from aotc.signing import SigningError
     from aotc.validate import ValidationError
 
     if isinstance(err, ValidationError):
         return MISMATCH
-    if isinstance(err, RecipeError) or type(err).__name__ in ("DynamicShapeError", "InputShapeError"):
+    if isinstance(err, (RecipeError, SigningError)) or type(err).__name__ in (
+        "DynamicShapeError",
+        "InputShapeError",
+    ):
         return USAGE_ERROR
     if isinstance(err, (FileNotFoundError, KeyError)) or type(err) is ValueError:
         return USAGE_ERROR
@@ -213,7 +269,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     if args.print_config:
         print(format_recipe(recipe))
         return OK
-    result = build(recipe, resume=args.resume, explain_cache=args.explain_cache)
+    result = build(recipe, resume=args.resume, explain_cache=args.explain_cache, sign_key=args.sign)
     if result.validation is not None:
         print("validation against the reference:")
         for row in result.validation:
@@ -245,10 +301,9 @@ def with_overrides(recipe, trials: int | None, deadline: float | None, memory_li
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    import aotc_runtime
     import numpy as np
 
-    model = aotc_runtime.load(str(args.package))
+    model = load_package(args)
     if args.threads is not None:
         model.num_threads = args.threads
     inputs = {}
@@ -312,18 +367,26 @@ def cmd_tune_op(args: argparse.Namespace) -> int:
 def cmd_inspect(args: argparse.Namespace) -> int:
     from aotc.package import describe_package
 
-    print(describe_package(str(args.package)))
+    print(describe_package(str(args.package), trusted_keys=args.trusted_key))
+    return OK
+
+
+def cmd_keygen(args: argparse.Namespace) -> int:
+    from aotc.signing import generate_keypair
+
+    private, public, kid = generate_keypair(args.key)
+    print(
+        f"key {kid}: private {private} (keep it secret), public {public} (give it to those who load your packages)"
+    )
     return OK
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
-    import aotc_runtime
-
     from aotc.report import format_profile
 
     if args.repeat < 1:
         raise ValueError(f"--repeat must be >= 1, got {args.repeat}")
-    model = aotc_runtime.load(str(args.package))
+    model = load_package(args)
     if args.threads:
         model.num_threads = args.threads
     calls = model.profile(repeat=args.repeat, seed=args.seed, alone=args.alone)
@@ -333,11 +396,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    import aotc_runtime
-
     from aotc.validate import ATOL, RTOL, format_report_row, validate_package
 
-    model = aotc_runtime.load(str(args.package))
+    model = load_package(args)
     shapes = {t.name: (tuple(t.shape), t.dtype) for t in model.inputs}
     report = validate_package(
         args.package,
@@ -346,6 +407,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         seed=args.seed,
         rtol=RTOL if args.rtol is None else args.rtol,
         atol=ATOL if args.atol is None else args.atol,
+        compiled=model,
     )
     for row in report:
         print(format_report_row(row))

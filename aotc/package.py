@@ -29,11 +29,13 @@ from aotc_runtime.package import (
     verify_package,
 )
 from aotc_runtime.plan import DTYPES, PLAN_VERSION, encode_plan
+from aotc_runtime.signing import SIGNATURE_MEMBER, TRUSTED_KEYS_ENV, load_trusted_keys, verify_signature
 
 from aotc import __version__
 from aotc.codegen.entry import ENTRY_SYMBOL, BufferRef, KernelCall, build_entry_ir
 from aotc.codegen.llvm import build_llvm_ir, compile_to_object, link_shared
 from aotc.ir.stmt import PrimFunc
+from aotc.signing import sign_digest
 from aotc.target import Target, cpu_features
 
 __all__ = [
@@ -242,8 +244,10 @@ def _check_ref(
 # ----------------------------------------------------------------------------- writing
 
 
-def write_package(spec: PackageSpec, path: str) -> dict:
-    """Compile the kernels and entry function and write the package to `path` atomically; return its manifest."""
+def write_package(spec: PackageSpec, path: str, sign_key: str | os.PathLike | None = None) -> dict:
+    """Compile the kernels and entry function and write the package to `path` atomically; return its
+    manifest. With `sign_key` (an Ed25519 private key PEM), the package also holds `signature.json`,
+    a signature over its digest (the sha256 of manifest.json, which lists every other member's)."""
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(directory):
@@ -251,7 +255,7 @@ def write_package(spec: PackageSpec, path: str) -> dict:
     table, total = _validate(spec)
     plan = plan_document(spec, total)
     library = _build_library(spec, encode_plan(plan))
-    return _write_atomically(path, lambda f: _write_zip(f, spec, table, plan, library))
+    return _write_atomically(path, lambda f: _write_zip(f, spec, table, plan, library, sign_key))
 
 
 def plan_document(spec: PackageSpec, weights_nbytes: int) -> dict:
@@ -317,7 +321,14 @@ def _write_atomically(path: str, write: Callable[[BinaryIO], dict]) -> dict:
     return result
 
 
-def _write_zip(f: BinaryIO, spec: PackageSpec, table: list[_WeightEntry], plan: dict, library: bytes) -> dict:
+def _write_zip(
+    f: BinaryIO,
+    spec: PackageSpec,
+    table: list[_WeightEntry],
+    plan: dict,
+    library: bytes,
+    sign_key: str | os.PathLike | None = None,
+) -> dict:
     now = datetime.now(UTC)
     with zipfile.ZipFile(f, "w", allowZip64=True) as zf:
         members = {
@@ -325,8 +336,11 @@ def _write_zip(f: BinaryIO, spec: PackageSpec, table: list[_WeightEntry], plan: 
             WEIGHTS: _write_member(zf, WEIGHTS, _weight_chunks(table), plan["weights_nbytes"], now),
         }
         manifest = _manifest(spec, table, plan, members, now)
-        info = _zip_info(MANIFEST, zipfile.ZIP_DEFLATED, now)
-        zf.writestr(info, json.dumps(manifest, indent=2).encode() + b"\n")
+        manifest_bytes = json.dumps(manifest, indent=2).encode() + b"\n"
+        zf.writestr(_zip_info(MANIFEST, zipfile.ZIP_DEFLATED, now), manifest_bytes)
+        if sign_key is not None:
+            block = sign_digest(sign_key, hashlib.sha256(manifest_bytes).hexdigest(), "package")
+            zf.writestr(_zip_info(SIGNATURE_MEMBER, zipfile.ZIP_DEFLATED, now), json.dumps(block, indent=2))
     return manifest
 
 
@@ -397,6 +411,20 @@ def _manifest(spec: PackageSpec, table: list[_WeightEntry], plan: dict, members:
     }
 
 
+def _describe_signature(block: bytes | None, digest: str, trusted_keys: list[str] | None) -> str:
+    if block is None:
+        return "none (unsigned)"
+    keys = load_trusted_keys(trusted_keys) if trusted_keys or os.environ.get(TRUSTED_KEYS_ENV) else {}
+    status = verify_signature(block, digest, "package", keys)
+    if status.state == "verified":
+        return f"verified, key {status.key_id} (trusted)"
+    if status.state == "untrusted-key" and not keys:
+        return f"valid, key {status.key_id} (no trusted keys given: integrity only, not authorship)"
+    if status.state == "untrusted-key":
+        return f"valid, key {status.key_id}, NOT among the trusted keys (loading with them is refused)"
+    return f"INVALID ({status.message}); loading it is refused"
+
+
 def _params_json(func: PrimFunc) -> list[dict]:
     return [{"name": b.name, "shape": list(b.shape), "dtype": b.dtype} for b in func.params]
 
@@ -404,11 +432,12 @@ def _params_json(func: PrimFunc) -> list[dict]:
 # ----------------------------------------------------------------------------- inspection
 
 
-def describe_package(path: str, verify: bool = True) -> str:
+def describe_package(path: str, verify: bool = True, trusted_keys: list[str] | None = None) -> str:
     """A human-readable summary of the package at `path` (for `aotc inspect`).
 
     Raises PackageError when the package is damaged or its manifest differs from its kernel library's
-    plan; `verify=False` skips those checks and shows the manifest as it is."""
+    plan; `verify=False` skips those checks and shows the manifest as it is. A signature is checked
+    against `trusted_keys` (None: $AOTC_TRUSTED_KEYS) and described, not enforced."""
     path = os.fspath(path)
     if verify:
         checked = verify_package(path)
@@ -416,11 +445,7 @@ def describe_package(path: str, verify: bool = True) -> str:
         integrity = (
             f"ok (sha256 of {len(manifest['members'])} members, manifest matches the kernel library's plan)"
         )
-        signature = (
-            "none (unsigned)"
-            if checked.signature is None
-            else f"present ({len(checked.signature)} bytes, not checked)"
-        )
+        signature = _describe_signature(checked.signature, checked.digest, trusted_keys)
     else:
         manifest = read_manifest(path)
         digest = integrity = signature = "not checked"

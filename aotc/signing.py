@@ -20,7 +20,7 @@ from aotc_runtime.signing import (
     signed_message,
 )
 
-__all__ = ["SigningError", "generate_keypair", "public_key_path", "sign_digest"]
+__all__ = ["SigningError", "generate_keypair", "public_key_path", "sign_digest", "signing_key_id"]
 
 
 MAX_KEY_BYTES = 64 << 10
@@ -55,6 +55,14 @@ def generate_keypair(path: str | os.PathLike) -> tuple[Path, Path, str]:
     _write_new(private, private_pem, 0o600)
     _write_replacing(public, public_pem, 0o644)
     return private, public, key_id(raw)
+
+
+def signing_key_id(key_path: str | os.PathLike) -> str:
+    """The key id of the Ed25519 private key in `key_path`; a SigningError if it cannot sign (checked
+    before a build spends time, so a bad key never fails it at the end)."""
+    key = _load_private_key(Path(key_path))
+    _, serialization = _crypto()
+    return key_id(key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw))
 
 
 def sign_digest(key_path: str | os.PathLike, digest_hex: str, purpose: str) -> dict:

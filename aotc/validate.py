@@ -173,12 +173,15 @@ def validate_package(
     rtol: float = RTOL,
     atol: float = ATOL,
     scale_rtol: float = SCALE_RTOL,
+    compiled=None,
 ) -> list[dict]:
-    """Run both on the same inputs; raise ValidationError naming each output that differs."""
+    """Run both on the same inputs; raise ValidationError naming each output that differs.
+    `compiled` is the package already loaded (under the caller's signature policy), else it is loaded."""
     import aotc_runtime
 
     inputs = random_inputs(input_shapes, seed)
-    compiled = aotc_runtime.load(str(package))
+    if compiled is None:
+        compiled = aotc_runtime.load(str(package))
     actual = compiled.run(inputs)
     report = compare(actual, reference_outputs(Path(model), inputs), rtol, atol, scale_rtol)
     bad = [r for r in report if not r["ok"]]

@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from aotc_runtime.signing import SIGNATURE_MEMBER, SignatureError, check_signature
+
 from aotc import __version__
 from aotc.hub.store import HubError, TargetKey, best_per_key, download_cache_dir, parse_lines, write_atomic
 from aotc.search.records import RECORD_VERSION, Record, host_info
@@ -57,9 +59,14 @@ class HubWarning(UserWarning):
 
 @dataclass
 class Bundle:
+    """A verified bundle. `digest` is the sha256 of its manifest.json (which lists every other member's
+    sha256); `signature` says who signed that digest ("unsigned", or "verified"/"untrusted-key" and the key)."""
+
     path: str
     manifest: dict
     records: list[Record]
+    digest: str = ""
+    signature: str = "unsigned"
 
 
 # ----------------------------------------------------------------------------- writing
@@ -86,8 +93,11 @@ def _iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ") if ts else ""
 
 
-def bundle_bytes(records: Iterable[Record], target: TargetKey) -> tuple[bytes, dict]:
-    """The zip of the best record per workload of `records` for `target`, and its manifest."""
+def bundle_bytes(
+    records: Iterable[Record], target: TargetKey, sign_key: str | os.PathLike | None = None
+) -> tuple[bytes, dict]:
+    """The zip of the best record per workload of `records` for `target`, and its manifest; with
+    `sign_key` (Ed25519 private key PEM), also `signature.json` over the manifest's sha256."""
     records = list(records)
     trials: dict[str, int] = {}
     for rec in records:
@@ -125,15 +135,27 @@ def bundle_bytes(records: Iterable[Record], target: TargetKey) -> tuple[bytes, d
         ],
     }
     buf = io.BytesIO()
+    manifest_bytes = json.dumps(manifest, indent=1, sort_keys=True).encode()
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
-        zf.writestr(MANIFEST, json.dumps(manifest, indent=1, sort_keys=True))
+        zf.writestr(MANIFEST, manifest_bytes)
         zf.writestr(RECORDS, body)
+        if sign_key is not None:
+            from aotc.signing import sign_digest
+
+            block = sign_digest(sign_key, hashlib.sha256(manifest_bytes).hexdigest(), "bundle")
+            zf.writestr(SIGNATURE_MEMBER, json.dumps(block, indent=1))
     return buf.getvalue(), manifest
 
 
-def export_bundle(records: Iterable[Record], target: TargetKey, out: str | os.PathLike) -> dict:
-    """Write the bundle to `out` atomically; returns its manifest. Raises HubError if nothing matches."""
-    data, manifest = bundle_bytes(records, target)
+def export_bundle(
+    records: Iterable[Record],
+    target: TargetKey,
+    out: str | os.PathLike,
+    sign_key: str | os.PathLike | None = None,
+) -> dict:
+    """Write the bundle to `out` atomically (signed with `sign_key` if given); returns its manifest.
+    Raises HubError if nothing matches."""
+    data, manifest = bundle_bytes(records, target, sign_key)
     if not manifest["workloads"]:
         raise HubError(f"no valid records for target {target.text!r}: nothing to export")
     write_atomic(Path(out), data)
@@ -196,14 +218,27 @@ def _check_bounds(path: Path, members: list[tuple[str, int, int | None]]) -> Non
             )
 
 
-def read_bundle(path: str | os.PathLike) -> Bundle:
-    """Verify a bundle (manifest, versions, every member's sha256, every line) and return its records."""
+def read_bundle(
+    path: str | os.PathLike,
+    trusted_keys: Iterable[str | os.PathLike] | None = None,
+    require_signature: bool | None = None,
+) -> Bundle:
+    """Verify a bundle (signature policy, manifest, versions, every member's sha256, every line) and
+    return its records. The signature is checked as `aotc_runtime.load` checks a package's (None:
+    $AOTC_TRUSTED_KEYS, $AOTC_REQUIRE_SIGNATURE); a refusal is a BundleError."""
     path = Path(path)
     if not path.exists():
         raise BundleError(f"{path}: no such bundle")
     members = _members(path)
     if MANIFEST not in members:
         raise BundleError(f"{path}: missing member {MANIFEST}")
+    digest = hashlib.sha256(members[MANIFEST]).hexdigest()
+    try:
+        status = check_signature(
+            members.get(SIGNATURE_MEMBER), digest, "bundle", str(path), trusted_keys, require_signature
+        )
+    except SignatureError as err:
+        raise BundleError(str(err)) from None
     try:
         manifest = json.loads(members[MANIFEST])
     except (ValueError, UnicodeDecodeError) as err:
@@ -223,7 +258,7 @@ def read_bundle(path: str | os.PathLike) -> Bundle:
     listed = manifest.get("members")
     if not isinstance(listed, dict) or RECORDS not in listed:
         raise BundleError(f"{path}: {MANIFEST} does not list the member {RECORDS}")
-    for name in sorted(set(members) - set(listed) - {MANIFEST}):
+    for name in sorted(set(members) - set(listed) - {MANIFEST, SIGNATURE_MEMBER}):
         raise BundleError(f"{path}: member {name} is not listed in {MANIFEST}")
     for name, meta in listed.items():
         if name not in members:
@@ -251,7 +286,8 @@ def read_bundle(path: str | os.PathLike) -> Bundle:
         raise BundleError(
             f"{path}: {RECORDS} holds {len(content.records)} records, the manifest says {expected}"
         )
-    return Bundle(str(path), manifest, content.records)
+    signer = status.state if status.key_id is None else f"{status.state}, key {status.key_id}"
+    return Bundle(str(path), manifest, content.records, digest, signer)
 
 
 def is_bundle(path: Path) -> bool:

@@ -12,6 +12,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from aotc.cli import add_trust_arguments
 from aotc.hub.bundle import BundleError, export_bundle, is_bundle, read_bundle
 from aotc.hub.lookup import RecordSources, explain_package, open_sources, sources_from_paths
 from aotc.hub.store import (
@@ -43,6 +44,7 @@ def add_hub_parser(subparsers) -> None:
 
     verify = sub.add_parser("verify", help="check a bundle, a store directory or a record file")
     verify.add_argument("path", nargs="?", help="default: the user store")
+    add_trust_arguments(verify)
 
     prune = sub.add_parser(
         "prune", help="keep the best records per workload; drop failed and unknown-version lines"
@@ -56,6 +58,9 @@ def add_hub_parser(subparsers) -> None:
     export.add_argument("--target", required=True, help="target string, e.g. 'llvm -mcpu=znver4'")
     export.add_argument("-o", "--output", required=True, help="bundle file to write (e.g. team.tophub)")
     export.add_argument(
+        "--sign", type=Path, metavar="KEY", help="sign the bundle with this Ed25519 private key (PEM)"
+    )
+    export.add_argument(
         "--from", dest="paths", nargs="+", metavar="PATH", help="record files, stores or bundles"
     )
 
@@ -63,6 +68,7 @@ def add_hub_parser(subparsers) -> None:
         "import", help="verify a bundle and merge it into the user store (best per key wins)"
     )
     imp.add_argument("bundle")
+    add_trust_arguments(imp)
     imp.add_argument("--store", help="store directory (default: the user store)")
 
     explain = sub.add_parser("explain", help="per task of a package: hit / miss / stale against the sources")
@@ -162,14 +168,15 @@ def _verify(args) -> int:
         return 1
     if is_bundle(path):
         try:
-            bundle = read_bundle(path)
+            bundle = read_bundle(path, args.trusted_key, args.require_signature)
         except BundleError as err:
             print(f"aotc hub verify: refused: {err}", file=sys.stderr)
             return 1
         m = bundle.manifest
         print(
             f"ok: {path}: {len(bundle.records)} record(s) for {short_target(m.get('target', '?'))}, "
-            f"exported by {m.get('exported_by', '?')} at {m.get('created_utc', '?')}; sha256 of every member verified"
+            f"exported by {m.get('exported_by', '?')} at {m.get('created_utc', '?')}; sha256 of every member verified; "
+            f"digest sha256:{bundle.digest}; signature: {bundle.signature}"
         )
         return 0
     if path.is_dir():
@@ -209,7 +216,7 @@ def _export(args) -> int:
     target = parse_target(args.target)
     sources = _sources(args)
     records = [rec for rec, _ in sources.all_records()]
-    manifest = export_bundle(records, TargetKey.of(target), args.output)
+    manifest = export_bundle(records, TargetKey.of(target), args.output, args.sign)
     print(
         f"wrote {args.output}: best record of {len(manifest['workloads'])} workload(s) for "
         f"{short_target(str(target))}, from {len(records)} record(s)"
@@ -219,14 +226,14 @@ def _export(args) -> int:
 
 def _import(args) -> int:
     try:
-        bundle = read_bundle(args.bundle)
+        bundle = read_bundle(args.bundle, args.trusted_key, args.require_signature)
     except BundleError as err:
         print(f"aotc hub import: refused, nothing written: {err}", file=sys.stderr)
         return 1
     store = Path(args.store) if args.store else user_store_dir()
     added, kept = merge_into_store(store, bundle.records)
     print(
-        f"imported {args.bundle} into {store}: {added} record(s) added, "
+        f"imported {args.bundle} (signature: {bundle.signature}) into {store}: {added} record(s) added, "
         f"{kept} not (the store already has one as fast or faster)"
     )
     return 0

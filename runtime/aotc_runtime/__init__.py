@@ -7,6 +7,7 @@ outputs = model.run({"input": x})
 
 from aotc_runtime.model import CompiledModel, KernelTime, TensorInfo, load
 from aotc_runtime.package import FORMAT_VERSION, PackageError, VerifiedPackage, read_manifest, verify_package
+from aotc_runtime.signing import SignatureError
 
 __version__ = "0.1.0"
 
@@ -15,6 +16,7 @@ __all__ = [
     "CompiledModel",
     "KernelTime",
     "PackageError",
+    "SignatureError",
     "TensorInfo",
     "VerifiedPackage",
     "load",

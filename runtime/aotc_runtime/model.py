@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import ctypes
+import os
 import statistics
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -14,6 +15,7 @@ import numpy as np
 from aotc_runtime.cache import install_library
 from aotc_runtime.package import LIBRARY, PackageContents, PackageError, aligned_empty, read_package
 from aotc_runtime.plan import PlanTensor
+from aotc_runtime.signing import check_signature
 
 __all__ = ["CompiledModel", "KernelTime", "TensorInfo", "load"]
 
@@ -54,10 +56,23 @@ class KernelTime:
         return self.flops / self.median_ms / 1e6 if self.median_ms > 0 else 0.0
 
 
-def load(path: str, num_threads: int | None = None) -> CompiledModel:
+def load(
+    path: str,
+    num_threads: int | None = None,
+    trusted_keys: Iterable[str | os.PathLike] | None = None,
+    require_signature: bool | None = None,
+) -> CompiledModel:
     """Verify the package at `path` (format, version, checksums, the manifest against the kernel
-    library's own plan, the host) and only then load its library."""
+    library's own plan, the host, its signature) and only then load its library.
+
+    A signature is checked against `trusted_keys` (public-key PEM files or directories of *.pub;
+    None: $AOTC_TRUSTED_KEYS). An invalid signature is always refused, a signature by a key outside
+    given trusted keys too; unsigned packages load unless `require_signature` (None:
+    $AOTC_REQUIRE_SIGNATURE) asks for a trusted signature."""
     contents = read_package(path)
+    check_signature(
+        contents.signature, contents.digest, "package", str(path), trusted_keys, require_signature
+    )
     sha = contents.manifest["members"][LIBRARY]["sha256"]
     lib_path = install_library(memoryview(contents.library), sha)
     model = CompiledModel(str(path), contents, lib_path)

@@ -19,6 +19,9 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from aotc_runtime.package import SIGNATURE as SIGNATURE_MEMBER
+from aotc_runtime.package import PackageError
+
 __all__ = [
     "PURPOSES",
     "SIGNATURE_FORMAT",
@@ -38,7 +41,6 @@ __all__ = [
 
 SIGNATURE_FORMAT = "aotc-signature"
 SIGNATURE_VERSION = 1
-SIGNATURE_MEMBER = "signature.json"
 PURPOSES = ("package", "bundle")
 ALGORITHM = "ed25519"
 TRUSTED_KEYS_ENV = "AOTC_TRUSTED_KEYS"
@@ -53,9 +55,10 @@ STATES = ("unsigned", "verified", "untrusted-key", "invalid")
 HEX_DIGEST = re.compile(r"[0-9a-f]{64}")
 
 
-class SignatureError(ValueError):
+class SignatureError(PackageError):
     """A signature that is refused (invalid, untrusted or missing where required), or one that
-    cannot be checked; the message names the file, the key id and why."""
+    cannot be checked; the message names the file, the key id and why. A PackageError, so one
+    `except PackageError` covers every reason a package (or bundle) is refused."""
 
 
 @dataclass(frozen=True)
