@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from aotc.codegen.llvm import build_llvm_ir, compile_to_object
+from aotc.codegen.threadpool import MAX_TEAM
 from aotc.ir.expr import Buffer, Load, Var, cast, const
 from aotc.ir.stmt import BufferStore, PrimFunc
 from aotc.target import parse_target
@@ -173,3 +174,74 @@ def test_unbinding_restores_the_mask_the_library_was_loaded_with(tmp_path):
         assert sorted(os.sched_getaffinity(0)) == everything
     finally:
         os.sched_setaffinity(0, set(everything))
+
+
+def _set_call_threads(lib, n: int) -> None:
+    lib._lib.aotc_set_call_threads(ctypes.c_int(n))
+
+
+def test_a_threads_own_team_overrides_the_librarys_for_that_thread_only(tmp_path):
+    lib = _count_kernel(tmp_path)
+    lib.set_num_threads(3)
+    _set_call_threads(lib, 2)
+    try:
+        assert lib.max_threads() == 2
+        seen = []
+        other = threading.Thread(target=lambda: seen.append(lib.max_threads()))
+        other.start()
+        other.join()
+        assert seen == [3]  # another thread (another model's call) still gets the library's team
+        before = _threads()
+        _check_counts(lib, 3, calls=2)  # (sets the library's team again: the override stays)
+        assert len(_threads() - before) == 1  # a team of 2: the caller and one worker
+    finally:
+        _set_call_threads(lib, 0)
+    assert lib.max_threads() == 3
+
+
+def test_concurrent_calls_with_their_own_teams(tmp_path):
+    lib = _count_kernel(tmp_path)
+    lib.set_num_threads(1)
+
+    def check(k):
+        try:
+            _set_call_threads(lib, 1 + k % 3)
+            b = np.zeros(N, np.int32)
+            for _ in range(100):
+                lib.kernel("count")(np.array([N], np.int64), b)
+                if lib.max_threads() != 1 + k % 3:
+                    return False
+            return bool(np.all(b == 100))
+        except Exception:  # (an exception in a thread would only be a warning)
+            return False
+
+    assert failures_in_threads(check, 4) == []
+
+
+def test_every_thread_count_is_clamped_to_the_largest_team(tmp_path):
+    """No value of either setting reaches past the pool's largest team (or below one thread)."""
+    lib = _count_kernel(tmp_path)
+    code = (
+        "import ctypes, numpy as np\n"
+        f"lib = ctypes.CDLL({lib.path!r})\n"
+        "n, b = np.array([4096], np.int64), np.zeros(4096, np.int32)\n"
+        "argv = (ctypes.c_void_p * 2)(n.ctypes.data, b.ctypes.data)\n"
+        "seen = []\n"
+        "for shared, own in [(100000, 0), (2**31 - 1, 0), (-5, 0), (1, 100000), (1, -1), (3, 2**31 - 1)]:\n"
+        "    lib.aotc_set_num_threads(shared)\n"
+        "    lib.aotc_set_call_threads(own)\n"
+        "    assert lib.count(argv) == 0\n"
+        "    seen.append(lib.aotc_get_max_threads())\n"
+        "assert (b == 6).all(), b\n"
+        "print(seen)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == [
+        f"[{MAX_TEAM},",
+        f"{MAX_TEAM},",
+        "1,",
+        f"{MAX_TEAM},",
+        "1,",
+        f"{MAX_TEAM}]",
+    ]

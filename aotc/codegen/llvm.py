@@ -2,8 +2,8 @@
 
 Each PrimFunc becomes an exported C function `int32_t name(void **args)` (args[i] is the data
 pointer of params[i]; returns 0, or nonzero when a heap allocation failed). Every module also
-exports its thread pool's `aotc_set_num_threads(int)`, `aotc_get_max_threads()` and
-`aotc_bind_threads(const int32_t *cpus, int n)`, and a NUL-terminated JSON
+exports its thread pool's `aotc_set_num_threads(int)`, `aotc_set_call_threads(int)`,
+`aotc_get_max_threads()` and `aotc_bind_threads(const int32_t *cpus, int n)`, and a NUL-terminated JSON
 description of each kernel's parameters in the symbol `__aotc_meta_<name>`.
 """
 
@@ -32,7 +32,7 @@ __all__ = ["CodegenError", "build_llvm_ir", "compile_to_object", "link_shared", 
 
 META_PREFIX = "__aotc_meta_"
 _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-_RESERVED = ("aotc_set_num_threads", "aotc_get_max_threads", "aotc_bind_threads")
+_RESERVED = ("aotc_set_num_threads", "aotc_set_call_threads", "aotc_get_max_threads", "aotc_bind_threads")
 
 
 def build_llvm_ir(funcs: list[PrimFunc], target: Target) -> str:

@@ -13,6 +13,9 @@ each. This pool waits for no thread that has not joined the region:
 - Workers spin for `SPIN_NS` after their last job, then sleep on a futex; the caller pays the wake-up
   system call only when some worker sleeps.
 - One region runs at a time per library; a second thread calling in meanwhile runs its region alone.
+- A region's team is the calling thread's own (`aotc_set_call_threads`, thread-local) or else the
+  library's (`aotc_set_num_threads`), at most `MAX_TEAM`: two models sharing one library, or two calls
+  of one model, each set their own team for their call without touching the other's.
 - `aotc_bind_threads(cpus, n)` pins participant k to cpus[k mod n] (the tuner's runner binds one
   thread per core, so that two threads never share the core another process left free).
 - A forked child starts over without workers; the library's destructor stops and joins its workers, so
@@ -54,6 +57,7 @@ _GLOBALS = """\
 @aotc.pool.team = internal global i32 0, align 8
 @aotc.pool.busy = internal global i32 0, align 64
 @aotc.pool.threads = internal global i32 0, align 64
+@aotc.pool.call_threads = internal thread_local global i32 0, align 4
 @aotc.pool.started = internal global i32 0, align 4
 @aotc.pool.pid = internal global i32 0, align 4
 @aotc.pool.stop = internal global i32 0, align 64
@@ -130,24 +134,47 @@ one:
   ret i32 1
 }}
 
+; The team of a region this thread starts now: its own override if set, else the library's setting (or
+; the default), never more than the pool's largest team.
 define internal i32 @aotc.pool.size() #0 {{
 entry:
+  %own = load i32, ptr @aotc.pool.call_threads, align 4
+  %has.own = icmp sgt i32 %own, 0
+  br i1 %has.own, label %clamp, label %shared
+shared:
   %n = load atomic i32, ptr @aotc.pool.threads monotonic, align 4
   %unset = icmp eq i32 %n, 0
-  br i1 %unset, label %default, label %set
-set:
-  ret i32 %n
+  br i1 %unset, label %default, label %clamp
 default:
   %d = call i32 @aotc.pool.default_size()
   store atomic i32 %d, ptr @aotc.pool.threads monotonic, align 4
-  ret i32 %d
+  br label %clamp
+clamp:
+  %v = phi i32 [ %own, %entry ], [ %n, %shared ], [ %d, %default ]
+  %big = icmp sgt i32 %v, {team}
+  %r = select i1 %big, i32 {team}, i32 %v
+  ret i32 %r
 }}
 
+; The library's team for every thread without an override (at least 1; at most the pool's largest team).
 define weak_odr void @aotc_set_num_threads(i32 %n) #0 {{
 entry:
   %low = icmp slt i32 %n, 1
   %m = select i1 %low, i32 1, i32 %n
-  store atomic i32 %m, ptr @aotc.pool.threads monotonic, align 4
+  %big = icmp sgt i32 %m, {team}
+  %c = select i1 %big, i32 {team}, i32 %m
+  store atomic i32 %c, ptr @aotc.pool.threads monotonic, align 4
+  ret void
+}}
+
+; The calling thread's own team for the regions it starts, over the library's setting; n <= 0 removes it.
+define weak_odr void @aotc_set_call_threads(i32 %n) #0 {{
+entry:
+  %low = icmp slt i32 %n, 0
+  %m = select i1 %low, i32 0, i32 %n
+  %big = icmp sgt i32 %m, {team}
+  %c = select i1 %big, i32 {team}, i32 %m
+  store i32 %c, ptr @aotc.pool.call_threads, align 4
   ret void
 }}
 
@@ -483,8 +510,8 @@ done:
 
 
 def emit_thread_pool(mod: ModuleBuilder, arch: str) -> None:
-    """Add the pool's state, its exported controls (`aotc_set_num_threads`, `aotc_get_max_threads`,
-    `aotc_bind_threads`) and the region entry to `mod`."""
+    """Add the pool's state, its exported controls (`aotc_set_num_threads`, `aotc_set_call_threads`,
+    `aotc_get_max_threads`, `aotc_bind_threads`) and the region entry to `mod`."""
     if arch not in _ARCH:
         raise CodegenError(f"no thread pool for architecture {arch!r} (known: {', '.join(_ARCH)})")
     futex, pause, long = _ARCH[arch]
