@@ -129,7 +129,8 @@ _SSE_CPUS = {"x86-64", "x86-64-v2"}
 
 HOST_CPU_ENV = "AOTC_HOST_CPU"
 """Expert knob: `AOTC_HOST_CPU=znver3` makes the host (`llvm -mcpu=native`) that CPU with LLVM's default
-features for it, so an AVX-512 machine compiles, tunes and runs the code an AVX2 machine would get."""
+features for it, less those this host lacks, so an AVX-512 machine compiles, tunes and runs the code an
+AVX2 machine would get."""
 
 
 def _arch_of(triple: str) -> str:
@@ -159,7 +160,7 @@ def _host_cores() -> int:
 
 def host_target() -> Target:
     """The machine we run on: its CPU name and every feature LLVM reports for it, or the CPU that
-    $AOTC_HOST_CPU names, with no -mattr (LLVM's own features for that CPU)."""
+    $AOTC_HOST_CPU names with LLVM's own features for it, those this host lacks turned off."""
     import llvmlite.binding as llvm
 
     cpu = llvm.get_host_cpu_name()
@@ -179,7 +180,10 @@ def host_target() -> Target:
             f"{HOST_CPU_ENV}={emulated!r}: its {target.hw.vector_bytes}-byte vectors are wider than this "
             f"host's ({cpu}, {real.hw.vector_bytes} bytes), whose CPU could not run the code"
         )
-    return target
+    # LLVM's features for that CPU may hold extensions this host lacks (znver3's SSE4a on an Intel
+    # host): they are turned off, or the code could fault here and a package would be refused
+    lacking = sorted(set(cpu_features(target)) - set(cpu_features(real)))
+    return replace(target, mattr=tuple(f"-{f}" for f in lacking), hw=None) if lacking else target
 
 
 def parse_target(text: str) -> Target:
