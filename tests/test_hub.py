@@ -418,7 +418,10 @@ def test_prune_keeps_the_best(tmp_path, home, capsys):
     assert hub("verify") == 1 and f"1 BAD line(s):\n  {file}:9: not JSON" in capsys.readouterr().out
     assert hub("prune", "--keep", "2") == 0
     out = capsys.readouterr().out
-    assert "kept 3 record(s); dropped 3 slower, 1 failed, 1 of another format version, 1 corrupt or invalid" in out
+    assert (
+        "kept 3 record(s); dropped 3 slower, 1 failed, 1 of another format version, 1 corrupt or invalid"
+        in out
+    )
     kept = read_store_file(file)
     assert not kept.corrupt and not kept.foreign
     assert sorted((r.fingerprint == dag.fingerprint, r.mean_cost) for r in kept.records) == [

@@ -226,7 +226,10 @@ def zip_cases(
     yield "zip without manifest", lambda: zip_of([kv for kv in items if kv[0] != "manifest.json"])
     yield "zip without library", lambda: zip_of([kv for kv in items if kv[0] != "lib/model.so"])
     yield "zip members reversed", lambda: zip_of(items[::-1])
-    yield "zip with signature.json", lambda: zip_of([*items, ("signature.json", b'{"not": "checked here"}')])
+    yield (
+        "zip with a malformed signature.json",
+        lambda: zip_of([*items, ("signature.json", b'{"not": "checked here"}')]),
+    )
     listed = json.loads(members["manifest.json"])
     evil = rehashed(listed, "../evil.so", b"x")
     yield "zip listed ../ member", lambda: with_manifest({**members, "../evil.so": b"x"}, evil)
@@ -276,7 +279,7 @@ def test_sampled_mutations_end_in_a_package_error_or_the_same_outputs(mlp, tmp_p
     assert bad == []
     statuses = {r["status"] for r in reports.values()}
     assert statuses == {"ok", "PackageError"}  # some mutations are harmless (provenance, names of weights)
-    assert reports["zip with signature.json"]["status"] == "ok"
+    assert reports["zip with a malformed signature.json"]["status"] == "PackageError"  # always refused
     assert reports["zip weights twice"]["status"] == "PackageError"
 
 

@@ -204,7 +204,14 @@ def test_the_library_defines_what_the_plan_calls(tiny):
     image = read_elf(library_of(tiny[0]))
     assert image.arch == rtpackage.host_arch()
     defined = image.defined_functions()
-    assert {"aotc_run", "k_add", "k_relu", "aotc_get_max_threads", "aotc_set_num_threads"} <= defined
+    assert {
+        "aotc_run",
+        "k_add",
+        "k_relu",
+        "aotc_get_max_threads",
+        "aotc_set_num_threads",
+        "aotc_set_call_threads",
+    } <= defined
     assert "abort" not in defined and "malloc" not in defined  # imported, not defined
     assert json.loads(image.section(".aotc_plan")[:-1])["entry"] == "aotc_run"
 
@@ -221,7 +228,7 @@ def test_a_plan_calling_a_symbol_the_library_only_imports_is_refused(tiny, tmp_p
     """Plan and manifest name `free` as a kernel the library imports: dlsym would find libc's."""
     doc = plan_document(tiny_spec(), aotc_runtime.read_manifest(tiny[0])["weights"]["nbytes"])
     doc["kernels"][1]["symbol"] = doc["execution_plan"][1]["kernel"] = "free"
-    own = ["aotc_run", "k_add", "aotc_get_max_threads", "aotc_set_num_threads"]
+    own = ["aotc_run", "k_add", "aotc_get_max_threads", "aotc_set_num_threads", "aotc_set_call_threads"]
     library = synthetic_library(62, 64, encode_plan(doc), own, imported=["free"])
 
     def edit(m: dict) -> None:
@@ -365,7 +372,14 @@ def test_a_package_for_another_machine_is_inspected_but_not_loaded(tiny, tmp_pat
     target = parse_target(f"llvm -mtriple={triple}")
     spec = tiny_spec(target=target)
     doc = plan_document(spec, aotc_runtime.read_manifest(tiny[0])["weights"]["nbytes"])
-    symbols = ["aotc_run", "k_add", "k_relu", "aotc_get_max_threads", "aotc_set_num_threads"]
+    symbols = [
+        "aotc_run",
+        "k_add",
+        "k_relu",
+        "aotc_get_max_threads",
+        "aotc_set_num_threads",
+        "aotc_set_call_threads",
+    ]
     library = synthetic_library(machine, bits, encode_plan(doc), symbols)
 
     def edit(m: dict) -> None:
@@ -394,6 +408,7 @@ def test_a_package_for_another_machine_is_inspected_but_not_loaded(tiny, tmp_pat
         edit,
     )
     with pytest.raises(
-        PackageError, match="does not define k_relu, aotc_get_max_threads, aotc_set_num_threads"
+        PackageError,
+        match="does not define k_relu, aotc_get_max_threads, aotc_set_num_threads, aotc_set_call_threads",
     ):
         describe_package(missing)

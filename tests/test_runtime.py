@@ -173,8 +173,25 @@ def test_num_threads(tiny_path):
     assert model.num_threads == 1
     model.num_threads = 2
     assert model.num_threads == 2
-    with pytest.raises(ValueError, match="positive"):
-        model.num_threads = 0
+    for bad in (0, -1, 1.5, True, len(os.sched_getaffinity(0)) + 1, 100000):
+        with pytest.raises(ValueError, match="num_threads must be an int from 1 to"):
+            model.num_threads = bad
+
+
+def test_num_threads_is_per_model_and_per_call(tiny_path):
+    """Two models of one package share its kernel library; each keeps its own team (it was one
+    setting per library), and a call may ask for its own."""
+    first = aotc_runtime.load(tiny_path, num_threads=1)
+    second = aotc_runtime.load(tiny_path, num_threads=2)
+    assert (first.num_threads, second.num_threads) == (1, 2)
+    x = x_input(7)
+    for model in (first, second):
+        np.testing.assert_allclose(
+            model.run([x], num_threads=1)["y"], tiny_reference(x), rtol=1e-5, atol=1e-6
+        )
+    assert (first.num_threads, second.num_threads) == (1, 2)
+    with pytest.raises(ValueError, match="num_threads"):
+        first.run([x], num_threads=len(os.sched_getaffinity(0)) + 1)
 
 
 def test_benchmark(tiny_model):

@@ -7,7 +7,8 @@ import os
 import statistics
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -107,6 +108,10 @@ class CompiledModel:
         self._weights_ptr = ctypes.c_void_p(weights.__array_interface__["data"][0])
         self._workspace_ptr = ctypes.c_void_p(self._workspace.__array_interface__["data"][0])
         self._lock = threading.Lock()
+        self._num_threads: int | None = None
+        self._set_call_threads = self._lib.aotc_set_call_threads
+        self._set_call_threads.restype = None
+        self._set_call_threads.argtypes = [ctypes.c_int32]
 
     def _entry(self, symbol: str) -> ctypes._CFuncPtr:
         fn = self._lib[symbol]  # the package check found it among the library's own defined functions
@@ -125,14 +130,16 @@ class CompiledModel:
 
     @property
     def num_threads(self) -> int:
-        """Threads the kernels' parallel loops use: the calling thread and n - 1 workers of the package's pool."""
+        """Threads this model's parallel loops use: the calling thread and n - 1 workers of the package's
+        pool. A setting of this model alone (another model, even of the same library, keeps its own);
+        by default the cores this process may run on."""
+        if self._num_threads is not None:
+            return self._num_threads
         return int(self._lib.aotc_get_max_threads())
 
     @num_threads.setter
     def num_threads(self, n: int) -> None:
-        if not isinstance(n, int) or n < 1:
-            raise ValueError(f"num_threads must be a positive int, got {n!r}")
-        self._lib.aotc_set_num_threads(ctypes.c_int(n))
+        self._num_threads = checked_num_threads(n)
 
     def __repr__(self) -> str:
         def sig(ts: list[TensorInfo]) -> str:
@@ -146,12 +153,15 @@ class CompiledModel:
         self,
         inputs: Mapping[str, np.ndarray] | Sequence[np.ndarray],
         outputs: Mapping[str, np.ndarray] | None = None,
+        num_threads: int | None = None,
     ) -> dict[str, np.ndarray]:
-        """Run the model; inputs by name or in order. Preallocated `outputs` (by name) are filled."""
+        """Run the model; inputs by name or in order. Preallocated `outputs` (by name) are filled.
+        `num_threads` applies to this call only (default: the model's `num_threads`)."""
+        threads = self._num_threads if num_threads is None else checked_num_threads(num_threads)
         arrays, in_ptrs = self._bind_inputs(inputs)
         results, out_ptrs = self._bind_outputs(outputs, arrays, in_ptrs)
         in_argv, out_argv = self._in_argv, self._out_argv
-        with self._lock:
+        with self._lock, self._threads(threads):
             for i, p in enumerate(in_ptrs):
                 in_argv[i] = p
             for i, p in enumerate(out_ptrs):
@@ -159,6 +169,16 @@ class CompiledModel:
             status = self._fn(in_argv, out_argv, self._weights_ptr, self._workspace_ptr)
         self._check_status(status)
         return dict(zip(self._output_names, results))
+
+    @contextmanager
+    def _threads(self, n: int | None) -> Iterator[None]:
+        """The pool's team for regions this thread starts meanwhile: a thread-local setting of the
+        library, so models sharing a library (or calls from other threads) never see each other's."""
+        self._set_call_threads(n or 0)
+        try:
+            yield
+        finally:
+            self._set_call_threads(0)
 
     def _check_status(self, status: int) -> None:
         if status:
@@ -283,7 +303,7 @@ class CompiledModel:
         calls = self._plan_calls(in_ptrs, out_ptrs)
         times = [[] for _ in calls]
         clock = time.perf_counter
-        with self._lock:
+        with self._lock, self._threads(self._num_threads):
             for i in range(warmup + max(repeat, 1)):
                 for (fn, argv), spent in zip(calls, times):
                     start = clock()
@@ -357,6 +377,24 @@ def _kernel_info(manifest: dict) -> dict[str, tuple[str, int]]:
         valid_flops = isinstance(flops, int) and not isinstance(flops, bool) and flops >= 0
         info[k["symbol"]] = (task if isinstance(task, str) else "", flops if valid_flops else 0)
     return info
+
+
+def available_cores() -> int:
+    """Cores this process may run on (its CPU affinity mask, else the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def checked_num_threads(n: object) -> int:
+    """`n` if it is a thread count this process can use: 1 to its available cores."""
+    cores = available_cores()
+    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= cores:
+        raise ValueError(
+            f"num_threads must be an int from 1 to {cores} (the cores this process may run on), got {n!r}"
+        )
+    return n
 
 
 def _open_library(path: str, lib_path: str) -> ctypes.CDLL:

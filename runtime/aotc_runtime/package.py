@@ -54,7 +54,7 @@ LIBRARY = "lib/model.so"
 WEIGHTS = "weights.bin"
 SIGNATURE = "signature.json"
 # functions of the package's thread pool that CompiledModel calls besides the plan's
-RUNTIME_SYMBOLS = ("aotc_get_max_threads", "aotc_set_num_threads")
+RUNTIME_SYMBOLS = ("aotc_get_max_threads", "aotc_set_num_threads", "aotc_set_call_threads")
 ALIGNMENT = 64
 _CHUNK = 1 << 20
 _MAX_MANIFEST_BYTES = 64 << 20
