@@ -89,15 +89,15 @@ class Target:
         return " ".join(parts)
 
 
-def _vector_bytes(arch: str, mattr: tuple[str, ...], mcpu: str) -> int:
-    feats = {a.lstrip("+") for a in mattr if a.startswith("+")}
-    if arch != "x86_64":
+def _vector_bytes(target: Target) -> int:
+    """The widest vectors the target's code may use, from the features LLVM resolves for its -mcpu and
+    -mattr (so `-mcpu=skylake-avx512 -mattr=-avx512f` gets 32 bytes, not its CPU class's 64)."""
+    if target.isa != "x86_64":
         return 16
-    if "avx512f" in feats or mcpu in _AVX512_CPUS:
+    feats = set(cpu_features(target))
+    if "avx512f" in feats:
         return 64
-    if "avx2" in feats or "avx" in feats or mcpu in _AVX2_CPUS:
-        return 32
-    return 16
+    return 32 if "avx" in feats else 16
 
 
 _AVX512_CPUS = {
@@ -145,7 +145,7 @@ def _default_hardware(t: Target) -> HardwareParams:
         return HardwareParams(num_cores=1, vector_bytes=16)
     cores = t.num_cores or _host_cores()
     arch = t.isa
-    vector_bytes = _vector_bytes(arch, t.mattr, t.mcpu)
+    vector_bytes = _vector_bytes(t)
     # AVX-512 doubles the register file along with the width; AArch64 has 32 NEON registers, ARMv7 16
     registers = 32 if arch == "aarch64" or (arch == "x86_64" and vector_bytes == 64) else 16
     return HardwareParams(num_cores=cores, vector_bytes=vector_bytes, vector_registers=registers)
@@ -224,16 +224,17 @@ def parse_target(text: str) -> Target:
     triple = values.get("mtriple", "")
     if triple and _arch_of(triple) not in _ARCH_TRIPLES:
         raise TargetError(f"target {text!r}: unsupported triple {triple!r}")
-    if cpu == "native" and not triple:
-        host = host_target()
-        target = replace(host, mattr=host.mattr + mattr, num_cores=cores, hw=None)
-    else:
-        target = Target("llvm", mcpu=cpu, mattr=mattr, mtriple=triple, num_cores=cores)
+    host = host_target() if cpu == "native" and not triple else None
     try:
+        # a Target's hardware parameters come from its resolved features, which check the names first
+        if host is not None:
+            target = replace(host, mattr=host.mattr + mattr, num_cores=cores, hw=None)
+        else:
+            target = Target("llvm", mcpu=cpu, mattr=mattr, mtriple=triple, num_cores=cores)
         check_llvm_names(target)
+        return target
     except TargetError as err:
         raise TargetError(f"target {text!r}: {err}") from None
-    return target
 
 
 # ----------------------------------------------------------------------------- LLVM's names

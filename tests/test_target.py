@@ -229,16 +229,38 @@ def test_unknown_llvm_names_are_target_errors(text, message):
 
 def test_unknown_cpu_no_longer_aborts_code_generation(tmp_path):
     """LLVM warned about the name, then ended the process with `LLVM ERROR: 64-bit code requested on a
-    subtarget that doesn't support it`; a Target made without parse_target is refused by codegen."""
+    subtarget that doesn't support it`; a Target made without parse_target is refused when its hardware
+    parameters are resolved (x86-64), or by codegen."""
     code = (
         "from aotc.codegen.llvm import CodegenError, compile_to_object\n"
-        "from aotc.target import Target\n"
+        "from aotc.target import Target, TargetError\n"
         "try:\n"
         "    compile_to_object('define i32 @f(i32 %x) {\\n  ret i32 %x\\n}\\n', Target('llvm', mcpu='pentium9000'))\n"
-        "except CodegenError as err:\n"
+        "except (CodegenError, TargetError) as err:\n"
         "    print('refused:', err)\n"
     )
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, timeout=120)
     assert "LLVM ERROR" not in proc.stderr and proc.returncode == 0, proc.stderr
     assert "refused:" in proc.stdout and "'pentium9000' is not a CPU" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "text, vector_bytes, veclib",
+    [
+        ("llvm -mcpu=skylake-avx512", 64, ("e", "d", "b")),
+        ("llvm -mcpu=skylake-avx512 -mattr=-avx512f", 32, ("d", "b")),  # the CPU's class said 64
+        ("llvm -mcpu=haswell -mattr=-fma", 32, ("c", "b")),  # libmvec's AVX2 variants use FMA
+        ("llvm -mcpu=sandybridge", 32, ("c", "b")),
+        ("llvm -mcpu=x86-64", 16, ("b",)),
+    ],
+)
+def test_vector_width_and_math_variants_follow_the_resolved_features(text, vector_bytes, veclib):
+    """Code for a target must not use what its features turn off: no zmm and no AVX-512 libmvec call
+    on `-mattr=-avx512f` (the runtime's CPU check, built from the same features, would not catch it)."""
+    from aotc.codegen.vecmath import LIBMVEC_PATH, veclib_for
+
+    target = parse_target(text)
+    assert target.hw.vector_bytes == vector_bytes
+    if os.path.exists(LIBMVEC_PATH) and target.triple.startswith("x86_64"):
+        assert veclib_for(target).isas == veclib

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from aotc.target import Target
+from aotc.target import Target, cpu_features
 
 LIBMVEC_PATH = "/lib/x86_64-linux-gnu/libmvec.so.1"
 
@@ -41,11 +41,12 @@ def veclib_for(target: Target) -> VecLib | None:
     triple = target.triple
     if not triple.startswith("x86_64") or "linux" not in triple or not os.path.exists(LIBMVEC_PATH):
         return None
-    vb = target.hw.vector_bytes
-    if vb >= 64:
+    # each variant needs its ISA: "e" AVX-512F, "d" AVX2 with FMA, "c" AVX, "b" SSE2 (the x86-64 baseline)
+    feats = set(cpu_features(target))
+    if "avx512f" in feats:
         return VecLib(("e", "d", "b"))
-    if vb >= 32:
-        # without -mattr the 32-byte width came from the CPU tables, which list AVX2 CPUs only
-        avx2 = "+avx2" in target.mattr or not any(a.startswith("+") for a in target.mattr)
-        return VecLib(("d", "b") if avx2 else ("c", "b"))
+    if {"avx2", "fma"} <= feats:
+        return VecLib(("d", "b"))
+    if "avx" in feats:
+        return VecLib(("c", "b"))
     return VecLib(("b",))
