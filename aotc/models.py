@@ -7,14 +7,14 @@ activations stay O(1) and a given set of arguments always gives byte-identical m
 from __future__ import annotations
 
 import math
-import os
-import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+
+from aotc.files import write_atomic
 
 OPSET = 17
 IR_VERSION = 8
@@ -304,16 +304,5 @@ EXAMPLES: dict[str, Callable[[], onnx.ModelProto]] = {
 def save(model: onnx.ModelProto, path: str | Path) -> Path:
     """Write `model` to `path` atomically (a temporary file in the same directory, then a rename)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(model.SerializeToString())
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(path, model.SerializeToString())
     return path

@@ -7,13 +7,12 @@ execution plan with the offsets of `layout_weights(spec.weights)` (or the refs o
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
 import tempfile
 import zipfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import BinaryIO
@@ -34,6 +33,7 @@ from aotc_runtime.signing import SIGNATURE_MEMBER, TRUSTED_KEYS_ENV, load_truste
 from aotc import __version__
 from aotc.codegen.entry import ENTRY_SYMBOL, BufferRef, KernelCall, build_entry_ir
 from aotc.codegen.llvm import build_llvm_ir, compile_to_object, link_shared
+from aotc.files import atomic_file
 from aotc.ir.stmt import PrimFunc
 from aotc.signing import sign_digest
 from aotc.target import Target, cpu_features
@@ -255,7 +255,8 @@ def write_package(spec: PackageSpec, path: str, sign_key: str | os.PathLike | No
     table, total = _validate(spec)
     plan = plan_document(spec, total)
     library = _build_library(spec, encode_plan(plan))
-    return _write_atomically(path, lambda f: _write_zip(f, spec, table, plan, library, sign_key))
+    with atomic_file(path) as f:
+        return _write_zip(f, spec, table, plan, library, sign_key)
 
 
 def plan_document(spec: PackageSpec, weights_nbytes: int) -> dict:
@@ -302,23 +303,6 @@ def _build_library(spec: PackageSpec, plan: bytes) -> bytes:
         link_shared(objects, out)
         with open(out, "rb") as f:
             return f.read()
-
-
-def _write_atomically(path: str, write: Callable[[BinaryIO], dict]) -> dict:
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w+b") as f:
-            result = write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    return result
 
 
 def _write_zip(

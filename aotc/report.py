@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
+
+from aotc.files import atomic_file
 
 REPORT_FORMAT = "aotc-build-report"
 REPORT_VERSION = 1
@@ -31,12 +31,12 @@ def write_report(directory: Path, report: dict) -> list[Path]:
     report = {"format": REPORT_FORMAT, "version": REPORT_VERSION, **report}
     text = json.dumps(report, indent=1, allow_nan=False, default=_jsonable) + "\n"
     written = [
-        _atomic(directory / "report.json", lambda f: f.write(text.encode())),
-        _atomic(directory / "report.md", lambda f: f.write(format_markdown(report).encode())),
+        _written(directory / "report.json", lambda f: f.write(text.encode())),
+        _written(directory / "report.md", lambda f: f.write(format_markdown(report).encode())),
     ]
     curve = [p for p in report.get("curve", []) if p[2] is not None]
     if curve:
-        written.append(_atomic(directory / "curve.png", lambda f: plot_curve(curve, f)))
+        written.append(_written(directory / "curve.png", lambda f: plot_curve(curve, f)))
     return written
 
 
@@ -121,19 +121,6 @@ def plot_curve(curve: list, file) -> None:
     fig.savefig(file, format="png", dpi=100)
 
 
-def _atomic(path: Path, write: Callable) -> Path:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
-
-
 def _ms(seconds: float | None) -> str:
     return f"{seconds * 1e3:.4f}" if seconds is not None and math.isfinite(seconds) else "-"
 
@@ -176,3 +163,9 @@ def format_profile(calls: list, whole_ms: float, threads: int) -> str:
             f"{in_sum - alone_sum:.3f} ms lost to running in sequence"
         )
     return "\n".join(lines)
+
+
+def _written(path: Path, write: Callable) -> Path:
+    with atomic_file(path) as f:
+        write(f)
+    return path

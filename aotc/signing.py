@@ -20,6 +20,8 @@ from aotc_runtime.signing import (
     signed_message,
 )
 
+from aotc.files import write_atomic
+
 __all__ = ["SigningError", "generate_keypair", "public_key_path", "sign_digest", "signing_key_id"]
 
 
@@ -53,7 +55,7 @@ def generate_keypair(path: str | os.PathLike) -> tuple[Path, Path, str]:
     )
     raw = public_key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
     _write_new(private, private_pem, 0o600)
-    _write_replacing(public, public_pem, 0o644)
+    write_atomic(public, public_pem)
     return private, public, key_id(raw)
 
 
@@ -133,19 +135,3 @@ def _write_new(path: Path, data: bytes, mode: int) -> None:
     finally:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
-
-
-def _write_replacing(path: Path, data: bytes, mode: int) -> None:
-    """Write `data` to a temporary file, then rename it over `path`."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            os.fchmod(f.fileno(), mode)
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise

@@ -13,6 +13,8 @@ import tempfile
 import threading
 from dataclasses import dataclass, field, replace
 
+from aotc_runtime.package import CPU_FLAGS
+
 _ARCH_TRIPLES = {
     "x86_64": "x86_64-unknown-linux-gnu",
     "aarch64": "aarch64-unknown-linux-gnu",
@@ -364,67 +366,7 @@ def check_llvm_names(target: Target) -> None:
 
 # ----------------------------------------------------------------------------- CPU features
 
-CPU_FEATURES: dict[str, dict[str, str]] = {
-    "x86_64": {
-        "sse3": "pni",
-        "ssse3": "ssse3",
-        "sse4.1": "sse4_1",
-        "sse4.2": "sse4_2",
-        "sse4a": "sse4a",
-        "popcnt": "popcnt",
-        "lzcnt": "abm",
-        "bmi": "bmi1",
-        "bmi2": "bmi2",
-        "tbm": "tbm",
-        "movbe": "movbe",
-        "f16c": "f16c",
-        "fma": "fma",
-        "fma4": "fma4",
-        "xop": "xop",
-        "avx": "avx",
-        "avx2": "avx2",
-        "avxvnni": "avx_vnni",
-        "avxifma": "avx_ifma",
-        "avxvnniint8": "avx_vnni_int8",
-        "avxneconvert": "avx_ne_convert",
-        "gfni": "gfni",
-        "avx512f": "avx512f",
-        "avx512bw": "avx512bw",
-        "avx512cd": "avx512cd",
-        "avx512dq": "avx512dq",
-        "avx512vl": "avx512vl",
-        "avx512vnni": "avx512_vnni",
-        "avx512bf16": "avx512_bf16",
-        "avx512fp16": "avx512_fp16",
-        "avx512ifma": "avx512ifma",
-        "avx512vbmi": "avx512vbmi",
-        "avx512vbmi2": "avx512_vbmi2",
-        "avx512bitalg": "avx512_bitalg",
-        "avx512vpopcntdq": "avx512_vpopcntdq",
-    },
-    "aarch64": {
-        "fp-armv8": "fp",
-        "neon": "asimd",
-        "lse": "atomics",
-        "rcpc": "lrcpc",
-        "fullfp16": "asimdhp",
-        "fp16fml": "asimdfhm",
-        "dotprod": "asimddp",
-        "i8mm": "i8mm",
-        "bf16": "bf16",
-        "cssc": "cssc",
-        "mops": "mops",
-        "sve": "sve",
-        "sve2": "sve2",
-    },
-    "arm": {
-        "vfp3": "vfpv3",
-        "vfp4": "vfpv4",
-        "d32": "vfpd32",
-        "neon": "neon",
-        "hwdiv-arm": "idiva",
-    },
-}
+CPU_FEATURES = CPU_FLAGS  # one table: the runtime checks a package's `requires` with it
 """Per architecture: the instruction-set extensions LLVM may select from the plain IR aotc emits (no
 target intrinsics beside x86's `pause`), in LLVM's spelling, each with the flag Linux shows for it in
 /proc/cpuinfo ("flags" on x86, "Features" on ARM). Extensions only intrinsics reach (AES, SHA, AMX,

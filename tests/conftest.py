@@ -12,3 +12,12 @@ def private_tophub_store(tmp_path_factory):
     patch.setenv("AOTC_TOPHUB", "none")
     yield
     patch.undo()
+
+
+@pytest.fixture
+def isolated_home(tmp_path, monkeypatch):
+    """A test's own AOTC_HOME (returned), with neither shared stores nor the shipped `tophub/`."""
+    monkeypatch.setenv("AOTC_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("AOTC_TOPHUB", raising=False)
+    monkeypatch.setenv("AOTC_SHIPPED_TOPHUB", "none")
+    return tmp_path / "home"

@@ -21,7 +21,7 @@ from aotc_runtime.plan import PlanError, encode_plan, parse_plan
 from aotc.codegen.entry import build_entry_ir
 from aotc.codegen.llvm import compile_to_object
 from aotc.package import describe_package, plan_document, write_package
-from aotc.target import CPU_FEATURES, parse_target
+from aotc.target import parse_target
 from tests.package_runner import PackageRunner, fingerprint
 from tests.test_package import SHAPE, tiny_spec
 
@@ -274,10 +274,6 @@ def test_an_inconsistent_plan_is_refused(field, value, message):
     target[field[-1]] = value
     with pytest.raises(PlanError, match=message):
         parse_plan(encode_plan(doc))
-
-
-def test_the_runtime_knows_every_cpu_feature_aotc_may_require():
-    assert rtpackage.CPU_FLAGS == CPU_FEATURES
 
 
 # ----------------------------------------------------------------------------- ELF reader

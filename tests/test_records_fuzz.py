@@ -76,11 +76,8 @@ GARBAGE_STEPS = [
 
 
 @pytest.fixture(autouse=True)
-def home(tmp_path, monkeypatch):
-    monkeypatch.setenv("AOTC_HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("AOTC_TOPHUB", raising=False)
-    monkeypatch.setenv("AOTC_SHIPPED_TOPHUB", "none")
-    return tmp_path / "home"
+def home(isolated_home):
+    return isolated_home
 
 
 def hub(*argv: str) -> int:

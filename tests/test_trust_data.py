@@ -53,11 +53,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(autouse=True)
-def home(tmp_path, monkeypatch):
-    monkeypatch.setenv("AOTC_HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("AOTC_TOPHUB", raising=False)
-    monkeypatch.setenv("AOTC_SHIPPED_TOPHUB", "none")
-    return tmp_path / "home"
+def home(isolated_home):
+    return isolated_home
 
 
 def matmul():

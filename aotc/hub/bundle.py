@@ -36,7 +36,8 @@ from pathlib import Path
 from aotc_runtime.signing import SIGNATURE_MEMBER, SignatureError, check_signature
 
 from aotc import __version__
-from aotc.hub.store import HubError, TargetKey, best_per_key, download_cache_dir, parse_lines, write_atomic
+from aotc.files import write_atomic
+from aotc.hub.store import HubError, TargetKey, best_per_key, download_cache_dir, parse_lines
 from aotc.search.records import RECORD_VERSION, Record, host_info
 
 BUNDLE_FORMAT = "aotc-tophub-bundle"

@@ -30,6 +30,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from aotc.files import write_atomic
 from aotc.search.records import RECORD_VERSION, Record, append_records, rank_cost, record_problem
 from aotc.target import Target, TargetError, parse_target
 
@@ -296,22 +297,6 @@ def write_all_atomic(files: dict[Path, bytes]) -> None:
         for tmp, _ in staged:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
-        raise
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write `data` to a temporary file beside `path`, then rename it over `path`."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
         raise
 
 

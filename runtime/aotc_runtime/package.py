@@ -422,7 +422,7 @@ def _check_member_list(zf: zipfile.ZipFile, manifest: dict, path: str) -> None:
 
 _ARCH_ALIASES = {"amd64": "x86_64", "x64": "x86_64", "arm64": "aarch64"}
 # CPU feature (LLVM's name, as `requires` lists it) -> the flag /proc/cpuinfo shows for it, per architecture.
-# aotc.target.CPU_FEATURES holds the same table for the compiler; a test keeps the two equal.
+# The compiler resolves a target's features among these names (aotc.target.CPU_FEATURES is this table).
 CPU_FLAGS: dict[str, dict[str, str]] = {
     "x86_64": {
         "sse3": "pni",

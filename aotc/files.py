@@ -1,0 +1,38 @@
+"""Writing files whole or not at all: a temporary file beside the target, synced, then renamed over it."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+__all__ = ["atomic_file", "write_atomic"]
+
+
+@contextlib.contextmanager
+def atomic_file(path: str | os.PathLike, mode: int = 0o644) -> Iterator[BinaryIO]:
+    """A binary file that replaces `path` (with permissions `mode`) only when the block completes; a
+    failure anywhere leaves `path` as it was and no temporary file behind. Creates the parent directory."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w+b") as f:
+            os.fchmod(f.fileno(), mode)
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def write_atomic(path: str | os.PathLike, data: bytes, mode: int = 0o644) -> None:
+    """Write `data` to `path` whole or not at all (see `atomic_file`)."""
+    with atomic_file(path, mode) as f:
+        f.write(data)
