@@ -74,7 +74,7 @@ class Target:
     @property
     def isa(self) -> str:
         """The instruction set architecture: x86_64, aarch64, arm (or nvptx64 for CUDA)."""
-        return _arch_of(self.triple)
+        return arch_of(self.triple)
 
     def __str__(self) -> str:
         parts = [self.kind]
@@ -135,7 +135,8 @@ features for it, less those this host lacks, so an AVX-512 machine compiles, tun
 AVX2 machine would get."""
 
 
-def _arch_of(triple: str) -> str:
+def arch_of(triple: str) -> str:
+    """The architecture a triple names ("x86_64", "aarch64", "arm" for any 32-bit ARM)."""
     head = triple.split("-")[0]
     if head.startswith("arm") or head.startswith("thumb"):
         return "arm"
@@ -145,7 +146,7 @@ def _arch_of(triple: str) -> str:
 def _default_hardware(t: Target) -> HardwareParams:
     if t.kind == "cuda":
         return HardwareParams(num_cores=1, vector_bytes=16)
-    cores = t.num_cores or _host_cores()
+    cores = t.num_cores or host_cores()
     arch = t.isa
     vector_bytes = _vector_bytes(t)
     # AVX-512 doubles the register file along with the width; AArch64 has 32 NEON registers, ARMv7 16
@@ -153,7 +154,8 @@ def _default_hardware(t: Target) -> HardwareParams:
     return HardwareParams(num_cores=cores, vector_bytes=vector_bytes, vector_registers=registers)
 
 
-def _host_cores() -> int:
+def host_cores() -> int:
+    """The cores this process may run on (its affinity mask where the OS has one)."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:
@@ -172,7 +174,7 @@ def host_target() -> Target:
     emulated = os.environ.get(HOST_CPU_ENV, "").strip()
     if not emulated or emulated == "native":
         return real
-    if _arch_of(real.triple) == "x86_64" and emulated not in _AVX512_CPUS | _AVX2_CPUS | _SSE_CPUS:
+    if arch_of(real.triple) == "x86_64" and emulated not in _AVX512_CPUS | _AVX2_CPUS | _SSE_CPUS:
         known = ", ".join(sorted(_AVX512_CPUS | _AVX2_CPUS | _SSE_CPUS))
         raise TargetError(f"{HOST_CPU_ENV}={emulated!r}: not a known x86-64 CPU (known: {known})")
     target = Target("llvm", mcpu=emulated)
@@ -224,7 +226,7 @@ def parse_target(text: str) -> Target:
             raise TargetError(f"target {text!r}: -mattr entry {a!r} must start with + or -")
     cpu = values.get("mcpu", "native" if "mtriple" not in values else "generic")
     triple = values.get("mtriple", "")
-    if triple and _arch_of(triple) not in _ARCH_TRIPLES:
+    if triple and arch_of(triple) not in _ARCH_TRIPLES:
         raise TargetError(f"target {text!r}: unsupported triple {triple!r}")
     host = host_target() if cpu == "native" and not triple else None
     try:
@@ -396,7 +398,7 @@ def cpu_features(target: Target) -> tuple[str, ...]:
 @functools.cache
 def _known_candidates(triple: str) -> list[str]:
     """The extensions of `CPU_FEATURES` this LLVM knows (it would ignore others, so they seem on)."""
-    names = sorted(CPU_FEATURES.get(_arch_of(triple), {}))
+    names = sorted(CPU_FEATURES.get(arch_of(triple), {}))
     unknown = set(_unrecognized_names(triple, "", ",".join(f"+{f}" for f in names)))
     return [f for f in names if f"+{f}" not in unknown]
 
