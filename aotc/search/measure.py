@@ -36,7 +36,7 @@ from aotc.ir.stmt import PrimFunc
 from aotc.schedule.state import State
 from aotc.search.common import ErrorCode, MeasureResult, Noise
 from aotc.search.interference import CpuSample, Quietness, measure_quietly
-from aotc.target import Target, _arch_of, _host_cores
+from aotc.target import Target, arch_of, host_cores
 from aotc.te.dag import ComputeDAG
 
 __all__ = [
@@ -91,7 +91,7 @@ class MeasureOptions:
     build_timeout: float = 30.0
     flush_cache: bool = False
     check_correctness: bool = True
-    n_build_workers: int = field(default_factory=_host_cores)
+    n_build_workers: int = field(default_factory=host_cores)
     rtol: float = 1e-4
     atol: float = 1e-5
     num_threads: int = 0
@@ -863,6 +863,6 @@ def _check_runnable(target: Target) -> None:
 
     if not target.is_cpu:
         raise ValueError(f"Measurer runs kernels on this host's CPU; target {target} is not a CPU target")
-    host = _arch_of(llvm.get_process_triple())
-    if _arch_of(target.triple) != host:
+    host = arch_of(llvm.get_process_triple())
+    if arch_of(target.triple) != host:
         raise ValueError(f"target {target} ({target.triple}) cannot run on this {host} host")

@@ -41,7 +41,7 @@ from aotc import __version__
 from aotc.schedule.state import State
 from aotc.search.common import MeasureResult, Noise
 from aotc.search.interference import spread
-from aotc.target import Target, _host_cores
+from aotc.target import Target, host_cores
 from aotc.te.dag import ComputeDAG
 
 __all__ = [
@@ -323,7 +323,7 @@ def host_info() -> dict:
         "system": platform.system(),
         "cpu": llvm.get_host_cpu_name(),
         "cpu_model": _cpu_model(),
-        "cores": _host_cores(),
+        "cores": host_cores(),
         "python": platform.python_version(),
         "llvmlite": llvmlite.__version__,
         "llvm": ".".join(str(v) for v in llvm.llvm_version_info),

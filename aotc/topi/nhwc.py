@@ -14,7 +14,7 @@ from aotc import te
 from aotc.ir.expr import Expr, const, dtype_min, eq, is_float, logical_and, select
 from aotc.te.tensor import Operation
 from aotc.topi import nn
-from aotc.topi.nn import _pads, _pair, _taps_inside, _uniform_windows
+from aotc.topi.nn import as_pads, as_pair, taps_inside, uniform_windows
 from aotc.topi.registry import OpPattern, register
 
 Window = tuple[tuple[int, int], tuple[int, int, int, int], tuple[int, int]]
@@ -22,7 +22,7 @@ Window = tuple[tuple[int, int], tuple[int, int, int, int], tuple[int, int]]
 
 def window_attrs(attrs: dict) -> Window:
     """(strides, pads (top, left, bottom, right), dilations) from a node's attrs."""
-    return _pair(attrs.get("strides", 1)), _pads(attrs.get("pads", 0)), _pair(attrs.get("dilations", 1))
+    return as_pair(attrs.get("strides", 1)), as_pads(attrs.get("pads", 0)), as_pair(attrs.get("dilations", 1))
 
 
 def out_extent(size: int, k: int, s: int, d: int, p_begin: int, p_end: int, what: str) -> int:
@@ -122,8 +122,8 @@ def conv2d_transpose_nhwc(
 
     As a gather: the input dilated by the stride and shifted by kh - 1 - pt (zeros elsewhere), then a
     plain convolution with the flipped kernel (two stages: dilate+pad, conv)."""
-    sh, sw = _pair(strides)
-    pt, pl, _, _ = _pads(pads)
+    sh, sw = as_pair(strides)
+    pt, pl, _, _ = as_pads(pads)
     oh, ow = (int(v) for v in output_size)
     n, h, w, c = data.shape
     oc, kh, kw, ic = weight.shape
@@ -170,9 +170,9 @@ def pool2d_nhwc(
     For "avg", `finish(sum, count)` turns the window sum and its count of taps inside the input into
     the output (default: sum / count, floats only); integer sums accumulate in int32."""
     n, h, w, c = data.shape
-    kh, kw = _pair(kernel)
-    sh, sw = _pair(strides)
-    pt, pl, pb, pr = _pads(pads)
+    kh, kw = as_pair(kernel)
+    sh, sw = as_pair(strides)
+    pt, pl, pb, pr = as_pads(pads)
     oh = out_extent(h, kh, sh, 1, pt, pb, name)
     ow = out_extent(w, kw, sw, 1, pl, pr, name)
     ry, rx = te.reduce_axis(kh, "ry"), te.reduce_axis(kw, "rx")
@@ -197,13 +197,13 @@ def pool2d_nhwc(
         tag="pool_sum",
     )
     finish = finish or (lambda s, k: s / k.astype(s.dtype))
-    uniform = _uniform_windows(oh, sh, 1, kh, pt, 0, h) and _uniform_windows(ow, sw, 1, kw, pl, 0, w)
+    uniform = uniform_windows(oh, sh, 1, kh, pt, 0, h) and uniform_windows(ow, sw, 1, kw, pl, 0, w)
 
     def count(yy, xx):
         if uniform:
             return const(kh * kw, "int32")
-        ny = _taps_inside(yy, sh, 1, kh, pt, 0, h)
-        nx = _taps_inside(xx, sw, 1, kw, pl, 0, w)
+        ny = taps_inside(yy, sh, 1, kh, pt, 0, h)
+        nx = taps_inside(xx, sw, 1, kw, pl, 0, w)
         return (ny * nx).astype("int32")
 
     return te.compute(

@@ -132,9 +132,9 @@ def conv2d_nchw(
     """NCHW conv with OIHW weights; `padding` is (top, left, bottom, right) or one int or (h, w)."""
     n, c, h, w = data.shape
     oc, icg, kh, kw = weight.shape
-    sh, sw = _pair(stride)
-    dh, dw = _pair(dilation)
-    pt, pl, pb, pr = _pads(padding)
+    sh, sw = as_pair(stride)
+    dh, dw = as_pair(dilation)
+    pt, pl, pb, pr = as_pads(padding)
     if c % groups or oc % groups or icg != c // groups:
         raise te.TEError(
             f"conv2d: channels {c}/{oc} do not match groups={groups} and weight {list(weight.shape)}"
@@ -171,9 +171,9 @@ def depthwise_conv2d_nchw(
     if one != 1 or oc % c:
         raise te.TEError(f"depthwise conv: weight {list(weight.shape)} does not fit {c} channels")
     mult = oc // c
-    sh, sw = _pair(stride)
-    dh, dw = _pair(dilation)
-    pt, pl, pb, pr = _pads(padding)
+    sh, sw = as_pair(stride)
+    dh, dw = as_pair(dilation)
+    pt, pl, pb, pr = as_pads(padding)
     oh = (h + pt + pb - dh * (kh - 1) - 1) // sh + 1
     ow = (w + pl + pr - dw * (kw - 1) - 1) // sw + 1
     _, read = strided_window_input(data, (pt, pl, pb, pr), (sh, sw), name=f"{name}_pad")
@@ -202,10 +202,10 @@ def pool2d_nchw(
 ) -> Operation:
     """Max or average pooling over H and W; `padding` is (top, left, bottom, right) or one int or (h, w)."""
     n, c, h, w = data.shape
-    kh, kw = _pair(kernel)
-    sh, sw = _pair(stride)
-    dh, dw = _pair(dilation)
-    pt, pl, pb, pr = _pads(padding)
+    kh, kw = as_pair(kernel)
+    sh, sw = as_pair(stride)
+    dh, dw = as_pair(dilation)
+    pt, pl, pb, pr = as_pads(padding)
     oh = _pool_extent(h, kh, sh, dh, pt, pb, ceil_mode)
     ow = _pool_extent(w, kw, sw, dw, pl, pr, ceil_mode)
     if oh < 1 or ow < 1:
@@ -230,14 +230,14 @@ def pool2d_nchw(
     )
     lo_y, hi_y, lo_x, hi_x = (-pt, h + pb, -pl, w + pr) if count_include_pad else (0, h, 0, w)
     if all(
-        _uniform_windows(o, s, d, k, p, lo, hi)
+        uniform_windows(o, s, d, k, p, lo, hi)
         for o, s, d, k, p, lo, hi in ((oh, sh, dh, kh, pt, lo_y, hi_y), (ow, sw, dw, kw, pl, lo_x, hi_x))
     ):
         return te.compute((n, c, oh, ow), lambda *i: total[i] / float(kh * kw), name, tag="elemwise")
 
     def count(yy, xx):
-        ny = _taps_inside(yy, sh, dh, kh, pt, lo_y, hi_y)
-        nx = _taps_inside(xx, sw, dw, kw, pl, lo_x, hi_x)
+        ny = taps_inside(yy, sh, dh, kh, pt, lo_y, hi_y)
+        nx = taps_inside(xx, sw, dw, kw, pl, lo_x, hi_x)
         return (ny * nx).astype(data.dtype)
 
     return te.compute(
@@ -253,7 +253,7 @@ def _pool_extent(size: int, k: int, s: int, d: int, p_begin: int, p_end: int, ce
     return out - 1 if (out - 1) * s >= size + p_begin else out
 
 
-def _taps_inside(o, s: int, d: int, k: int, p_begin: int, lo: int, hi: int):
+def taps_inside(o, s: int, d: int, k: int, p_begin: int, lo: int, hi: int):
     """How many of the window's k taps (start o*s - p_begin, step d) lie in [lo, hi)."""
     start = o * s - p_begin
     first = maximum((lo - start + d - 1) // d, 0)
@@ -261,7 +261,7 @@ def _taps_inside(o, s: int, d: int, k: int, p_begin: int, lo: int, hi: int):
     return maximum(last - first + 1, 0)
 
 
-def _uniform_windows(out: int, s: int, d: int, k: int, p_begin: int, lo: int, hi: int) -> bool:
+def uniform_windows(out: int, s: int, d: int, k: int, p_begin: int, lo: int, hi: int) -> bool:
     """True if every window along this axis has all k taps in [lo, hi)."""
     starts = (-p_begin, (out - 1) * s - p_begin)
     return all(lo <= st and st + d * (k - 1) < hi for st in starts)
@@ -456,10 +456,10 @@ def conv2d_transpose_nchw(
         raise te.TEError(
             f"conv2d_transpose: weight {list(weight.shape)} does not fit {c} channels, groups={groups}"
         )
-    sh, sw = _pair(stride)
-    dh, dw = _pair(dilation)
-    pt, pl, pb, pr = _pads(padding)
-    oph, opw = _pair(output_padding)
+    sh, sw = as_pair(stride)
+    dh, dw = as_pair(dilation)
+    pt, pl, pb, pr = as_pads(padding)
+    oph, opw = as_pair(output_padding)
     bt, bl = dh * (kh - 1) - pt, dw * (kw - 1) - pl
     bb, br = dh * (kh - 1) - pb + oph, dw * (kw - 1) - pr + opw
     span_h, span_w = (h - 1) * sh + 1, (w - 1) * sw + 1
@@ -507,14 +507,16 @@ def relu(x: Operation, name: str = "relu") -> Operation:
     return te.compute(x.shape, lambda *i: maximum(x[i], const(0.0, x.dtype)), name, tag="elemwise")
 
 
-def _pair(v: int | Sequence[int]) -> tuple[int, int]:
+def as_pair(v: int | Sequence[int]) -> tuple[int, int]:
+    """An (h, w) pair from one int or two."""
     if isinstance(v, int):
         return v, v
     a, b = v
     return int(a), int(b)
 
 
-def _pads(p: int | Sequence[int]) -> tuple[int, int, int, int]:
+def as_pads(p: int | Sequence[int]) -> tuple[int, int, int, int]:
+    """(top, left, bottom, right) padding from one int, an (h, w) pair or all four."""
     if isinstance(p, int):
         return p, p, p, p
     if len(p) == 2:
