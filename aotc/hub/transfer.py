@@ -108,7 +108,7 @@ def _candidates(
     default: State | None,
 ) -> Transfer:
     from aotc.schedule.lower import lower
-    from aotc.search.annotation import state_key
+    from aotc.search.lowering import state_key
 
     default_key = None if default is None else state_key(default)
 
