@@ -19,14 +19,11 @@ from aotc.search.annotation import (
     annotate_parallel,
     factorizations,
     fill_tile_sizes,
-    loop_error,
-    lowered,
-    prune_invalid,
     sample_initial_population,
     sample_split_lengths,
-    state_key,
     vector_friendly,
 )
+from aotc.search.lowering import loop_error, lowered, prune_invalid, state_key
 from aotc.search.sketch import SearchContext, SearchParams, generate_sketches
 from aotc.target import host_target
 from aotc.te.reference import evaluate

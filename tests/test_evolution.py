@@ -11,7 +11,6 @@ from aotc.schedule.lower import lower
 from aotc.schedule.state import Annotation
 from aotc.schedule.steps import FuseStep, SplitStep, replay
 from aotc.search import evolution
-from aotc.search.annotation import state_key
 from aotc.search.common import RandomCostModel
 from aotc.search.evolution import (
     crossover,
@@ -24,6 +23,7 @@ from aotc.search.evolution import (
     search_round,
     sketch_prefix_length,
 )
+from aotc.search.lowering import state_key
 from aotc.search.sketch import SearchContext, generate_sketches
 
 from .test_annotation import TARGET, WORKLOADS, check_compiles, conv_bias_relu, matmul, population, softmax

@@ -1,4 +1,4 @@
-"""Random annotation of sketches into complete programs (ANSOR.md §2.4), and the state dedup key.
+"""Random annotation of sketches into complete programs (ANSOR.md §2.4).
 
 Each init rule is `rule(ctx, state, rng) -> State | None` (None: the sample is invalid). A sample is a
 sketch with every undefined split length filled, a compute location chosen for every untiled stage,
@@ -8,33 +8,25 @@ loops vectorized.
 
 from __future__ import annotations
 
-import hashlib
 import math
 import random
-import weakref
-from collections import OrderedDict
 from dataclasses import replace
 from functools import lru_cache
 
-from aotc.ir.expr import free_vars
-from aotc.ir.printer import func_str
-from aotc.ir.stmt import Allocate, For, ForKind, IfThenElse, LetStmt, PrimFunc, Seq, Stmt
-from aotc.schedule.lower import infer_bound, lower
+from aotc.schedule.lower import infer_bound
 from aotc.schedule.state import Annotation, ComputeAtKind, IterKind, ScheduleError, State
 from aotc.schedule.steps import SplitStep, Step, effective_consumers, replay
+from aotc.search.lowering import MAX_LANES, state_key
 from aotc.search.sketch import (
     SearchContext,
     SearchParams,
     has_reduce_iter,
-    is_complete,
     is_tiled,
     step_stage_names,
 )
 from aotc.target import Target
 from aotc.te.dag import ComputeDAG
 from aotc.te.tensor import CONST_INDEX_AXES
-
-MAX_LANES = 64
 
 # ---- FillTileSize -----------------------------------------------------------------------------------
 
@@ -394,131 +386,3 @@ def sample_initial_population(
         out.append(state)
         stall = 0
     return out
-
-
-# ---- validity and the dedup key ---------------------------------------------------------------------
-
-
-def loop_error(func: PrimFunc) -> str | None:
-    """Why codegen would reject the loop program (nested parallel, bad vector loops), or None."""
-    return _loop_error(func.body, None, False)
-
-
-def _loop_error(s: Stmt, vec: For | None, par: bool) -> str | None:
-    if isinstance(s, For):
-        if s.kind == ForKind.THREAD_BINDING:
-            return f"thread binding {s.thread_tag} on a CPU"
-        if s.kind == ForKind.PARALLEL:
-            if vec is not None:
-                return f"parallel loop {s.var.name} inside vectorized loop {vec.var.name}"
-            if par:
-                return f"nested parallel loop {s.var.name}"
-            return _loop_error(s.body, vec, True)
-        if vec is not None and vec.var in free_vars(s.extent):
-            return f"extent of {s.var.name} varies across the lanes of {vec.var.name}"
-        if s.kind == ForKind.VECTORIZED and s.max_extent > 1:
-            if vec is not None:
-                return f"vectorized loop {s.var.name} inside vectorized loop {vec.var.name}"
-            if s.max_extent > MAX_LANES:
-                return f"vectorized loop {s.var.name} has {s.max_extent} lanes"
-            return _loop_error(s.body, s, par)
-        return _loop_error(s.body, vec, par)
-    if isinstance(s, Allocate):
-        if vec is not None:
-            return f"allocation of {s.buffer.name} inside vectorized loop {vec.var.name}"
-        return _loop_error(s.body, vec, par)
-    if isinstance(s, Seq):
-        for c in s.stmts:
-            err = _loop_error(c, vec, par)
-            if err:
-                return err
-        return None
-    if isinstance(s, IfThenElse):
-        return _loop_error(s.then_case, vec, par) or (
-            _loop_error(s.else_case, vec, par) if s.else_case is not None else None
-        )
-    if isinstance(s, LetStmt):
-        return _loop_error(s.body, vec, par)
-    return None
-
-
-class _Cache:
-    """Per-DAG caches keyed by a state's steps: dedup keys (bounded) and recent lowered functions."""
-
-    def __init__(self, max_keys: int = 200_000, max_funcs: int = 2048):
-        self.keys: dict = {}
-        self.funcs: OrderedDict = OrderedDict()
-        self.max_keys = max_keys
-        self.max_funcs = max_funcs
-
-
-_MISSING = object()
-_CACHES: weakref.WeakKeyDictionary[ComputeDAG, _Cache] = weakref.WeakKeyDictionary()
-
-
-def _cache(state: State) -> _Cache:
-    c = _CACHES.get(state.dag)
-    if c is None:
-        c = _CACHES[state.dag] = _Cache()
-    return c
-
-
-def lowered(state: State) -> PrimFunc | None:
-    """`lower(state)` if it is a valid program for codegen, else None; recent results are cached."""
-    cache = _cache(state)
-    steps = state.steps
-    func = cache.funcs.get(steps)
-    if func is not None:
-        cache.funcs.move_to_end(steps)
-        return func
-    if cache.keys.get(steps, _MISSING) is None:
-        return None
-    func = _lower_valid(state)
-    _remember_key(cache, steps, None if func is None else _digest(func))
-    if func is not None:
-        cache.funcs[steps] = func
-        if len(cache.funcs) > cache.max_funcs:
-            cache.funcs.popitem(last=False)
-    return func
-
-
-def _lower_valid(state: State) -> PrimFunc | None:
-    if not is_complete(state):
-        return None
-    try:
-        func = lower(state, "kernel")
-    except ScheduleError:
-        return None
-    return None if loop_error(func) else func
-
-
-def _digest(func: PrimFunc) -> str:
-    return hashlib.sha1(func_str(func).encode()).hexdigest()
-
-
-def _remember_key(cache: _Cache, steps, key: str | None) -> None:
-    if len(cache.keys) >= cache.max_keys:
-        cache.keys.clear()
-    cache.keys[steps] = key
-
-
-def state_key(state: State) -> str | None:
-    """Dedup key: sha1 of the lowered loop text (`func_str(lower(state))`); None for an invalid state.
-
-    Two step histories that lower to the same loops share a key. Cached per DAG by the steps.
-    """
-    cache = _cache(state)
-    key = cache.keys.get(state.steps, _MISSING)
-    if key is not _MISSING:
-        return key  # type: ignore[return-value]
-    func = lowered(state)
-    return None if func is None else cache.keys[state.steps]
-
-
-def is_valid(state: State) -> bool:
-    return state_key(state) is not None
-
-
-def prune_invalid(states: list[State]) -> list[State]:
-    """Drop sketches and states that fail to lower or that codegen would reject."""
-    return [s for s in states if is_valid(s)]

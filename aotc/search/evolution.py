@@ -32,9 +32,9 @@ from aotc.search.annotation import (
     location_is_tunable,
     location_options,
     sample_initial_population,
-    state_key,
 )
 from aotc.search.common import CostModel
+from aotc.search.lowering import state_key
 from aotc.search.sketch import (
     SearchContext,
     SearchParams,

@@ -688,7 +688,8 @@ _CACHE: OrderedDict[str, np.ndarray] = OrderedDict()
 CACHE_SIZE = 8192
 
 
-def state_key(state: State) -> str:
+def _feature_cache_key(state: State) -> str:
+    """The feature cache's key: the workload and the steps (cheap, unlike the lowered-loop `state_key`)."""
     from aotc.schedule.steps import steps_to_json
 
     return state.dag.workload_key + json.dumps(steps_to_json(state.steps), separators=(",", ":"))
@@ -697,12 +698,12 @@ def state_key(state: State) -> str:
 def state_features(state: State) -> np.ndarray:
     """Features of the state's lowered program (sharing the search's lowering cache; LRU-cached by
     workload key and steps); a state that is not a valid program gives an empty [0, 164] matrix."""
-    key = state_key(state)
+    key = _feature_cache_key(state)
     got = _CACHE.get(key)
     if got is not None:
         _CACHE.move_to_end(key)
         return got
-    from aotc.search.annotation import lowered
+    from aotc.search.lowering import lowered
 
     func = lowered(state)
     if func is None:

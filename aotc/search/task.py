@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from aotc.schedule.state import State
-from aotc.search.annotation import state_key
 from aotc.search.common import CostModel, MeasureResult
 from aotc.search.evolution import search_round
+from aotc.search.lowering import state_key
 from aotc.search.measure import MeasureOptions, Measurer
 from aotc.search.records import Record, append_results, load_records
 from aotc.target import Target
