@@ -249,3 +249,16 @@ def test_ranking_metrics():
     assert recall_at_k([4, 3, 2, 1], costs, 2) == 1.0
     assert recall_at_k([1, 2, 3, 4], costs, 2) == 0.0
     assert recall_at_k([4, 1, 3, 2], costs, 2) == 0.5
+
+
+def test_warm_start_adds_every_group_then_trains_once(monkeypatch):
+    dag = _gemm()
+    states = _fixture_states(dag, 8, seed=2)
+    costs = [1e-3 * (i + 1) for i in range(len(states))]
+    model = XGBCostModel(num_warmup_sample=4, nthread=1)
+    fits = []
+    monkeypatch.setattr(model, "fit", lambda: fits.append(model.num_programs))
+    added = model.warm_start([("a", states[:4], costs[:4]), ("b", states[4:], costs[4:])])
+    assert added == model.num_programs == len(states)
+    assert set(model.tasks) == {"a", "b"} and model.num_warmup_sample == 4
+    assert fits == [len(states)]  # once, with every group in it

@@ -1,10 +1,12 @@
-"""Warm-starting the cost model from stored records (transfer from earlier builds of the same workloads)."""
+"""Which stored records warm-start the cost model (transfer from earlier builds of the same workloads);
+the cost model itself learns from them (`XGBCostModel.warm_start`)."""
 
 from __future__ import annotations
 
-import sys
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+from aotc.schedule.state import State
 from aotc.search.records import Record
 from aotc.target import Target
 from aotc.te.dag import ComputeDAG
@@ -28,10 +30,8 @@ def warm_start(
     With `transfer`, records of other CPUs of the same ISA count too, each CPU class as a task of its own:
     the model's labels are normalized per task, so foreign costs only rank schedules among themselves.
     Each group contributes its `max_per_workload` fastest records; records that no longer replay are
-    skipped. The model trains once, at the end, if it then holds more than its warm-up sample.
+    skipped.
     """
-    from aotc.search.features import state_features
-
     by_fingerprint = {dag.fingerprint: dag for dag in dags.values()}
     groups: dict[tuple[str, str], list[Record]] = {}
     for rec in sources.records_for(target):
@@ -40,28 +40,17 @@ def warm_start(
     for rec, _, key in sources.records_across(target) if transfer else ():
         if rec.fingerprint in by_fingerprint:
             groups.setdefault((rec.fingerprint, key.text), []).append(rec)
-    added = 0
-    warmup = model.num_warmup_sample
-    model.num_warmup_sample = sys.maxsize  # no retraining after each workload: once, below
-    try:
+
+    def samples() -> Iterator[tuple[str, list[State], list[float]]]:
         for (fingerprint, origin), recs in groups.items():
             dag = by_fingerprint[fingerprint]
-            feats, costs = [], []
+            states, costs = [], []
             for rec in sorted(recs, key=lambda r: r.mean_cost)[:max_per_workload]:
                 try:
-                    state = rec.state(dag)
+                    states.append(rec.state(dag))
                 except Exception:  # noqa: BLE001 - a record that no longer replays teaches nothing
                     continue
-                f = state_features(state)
-                if len(f):
-                    feats.append(f)
-                    costs.append(rec.mean_cost)
-            model.add_training_data(
-                f"{dag.workload_key}@{origin}" if origin else dag.workload_key, feats, costs
-            )
-            added += len(feats)
-    finally:
-        model.num_warmup_sample = warmup
-    if added and model.num_programs > model.num_warmup_sample:
-        model.fit()
-    return added
+                costs.append(rec.mean_cost)
+            yield (f"{dag.workload_key}@{origin}" if origin else dag.workload_key), states, costs
+
+    return model.warm_start(samples())

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -158,13 +158,30 @@ class XGBCostModel:
     ) -> None:
         """Record measured programs of one task (programs without feature rows are skipped), then
         retrain if enough is new."""
-        task = self.tasks.setdefault(workload_key, _TaskData())
+        self._add(workload_key, features_list, costs)
+        if self._should_train():
+            self.fit()
+
+    def warm_start(self, groups: Iterable[tuple[str, Sequence[State], Sequence[float]]]) -> int:
+        """Learn from earlier measurements before a search: each group is (task name, states, costs),
+        its costs ranked among themselves. Trains once, at the end, if the model then holds more than
+        its warm-up sample. Returns how many programs were added (states that do not lower are not)."""
+        added = 0
+        for name, states, costs in groups:
+            added += self._add(name, [state_features(s) for s in states], costs)
+        if added and self.num_programs > self.num_warmup_sample:
+            self.fit()
+        return added
+
+    def _add(self, task_name: str, features_list: Sequence[np.ndarray], costs: Sequence[float]) -> int:
+        task = self.tasks.setdefault(task_name, _TaskData())
+        added = 0
         for f, c in zip(features_list, costs, strict=True):
             if len(f):
                 task.features.append(np.asarray(f, dtype=np.float32))
                 task.costs.append(float(c))
-        if self._should_train():
-            self.fit()
+                added += 1
+        return added
 
     def _should_train(self) -> bool:
         n = self.num_programs
