@@ -21,19 +21,18 @@ from pathlib import Path
 
 import numpy as np
 from timing import median_seconds
+from zoo import onnx_models as models
+from zoo import tflite_models
 
-from aotc import models
 from aotc.build import build
 from aotc.recipe import load_recipe
 from aotc.validate import random_inputs
 
 
 def _tflite(make: Callable) -> Callable[[], bytes]:
-    """A maker of .tflite bytes from aotc's TFLite model builders (aotc/tflite_models.py)."""
+    """A maker of .tflite bytes from the example TFLite model builders (recipes/zoo/tflite_models.py)."""
 
     def bytes_of() -> bytes:
-        from aotc import tflite_models
-
         return make(tflite_models).build()
 
     return bytes_of

@@ -32,8 +32,8 @@ from pathlib import Path
 
 import onnx
 from timing import cpu_class, median_seconds
+from zoo import onnx_models as models
 
-from aotc import models
 from aotc.build import BuildResult, TuningOptions, build
 from aotc.recipe import load_recipe, parse_duration
 from aotc.search.measure import MeasureOptions

@@ -31,8 +31,8 @@ from pathlib import Path
 
 from models import private_store
 from timing import cpu_class
+from zoo import onnx_models as models
 
-from aotc import models
 from aotc.build import TuningOptions, build, load_model
 from aotc.graph.partition import Task, extract_tasks, partition
 from aotc.recipe import load_recipe

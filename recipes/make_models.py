@@ -7,12 +7,11 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-
-try:
-    from aotc import models
-except ImportError:
+# Run as a script, only recipes/ is on sys.path; the zoo is imported from the repository root.
+if str(HERE.parent) not in sys.path:
     sys.path.insert(0, str(HERE.parent))
-    from aotc import models
+
+from recipes.zoo import onnx_models  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,14 +23,14 @@ def main(argv: list[str] | None = None) -> int:
         "names",
         nargs="*",
         metavar="NAME",
-        help=f"models to write (default: all of {', '.join(models.EXAMPLES)})",
+        help=f"models to write (default: all of {', '.join(onnx_models.EXAMPLES)})",
     )
     args = parser.parse_args(argv)
-    unknown = sorted(set(args.names) - set(models.EXAMPLES))
+    unknown = sorted(set(args.names) - set(onnx_models.EXAMPLES))
     if unknown:
-        parser.error(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(models.EXAMPLES)}")
-    for name in args.names or models.EXAMPLES:
-        path = models.save(models.EXAMPLES[name](), args.out / f"{name}.onnx")
+        parser.error(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(onnx_models.EXAMPLES)}")
+    for name in args.names or onnx_models.EXAMPLES:
+        path = onnx_models.save(onnx_models.EXAMPLES[name](), args.out / f"{name}.onnx")
         print(f"{path}  {path.stat().st_size / 1e6:.2f} MB")
     return 0
 

@@ -1,8 +1,8 @@
 """Write the example TFLite models of these recipes (fixed seeds; the int8 one is calibrated with LiteRT on
 seeded inputs). Both files are committed, so the recipes build without running this script.
 
-The models are described with aotc's TFLite model builder (aotc/tflite_models.py); calibrating the int8
-one needs `ai-edge-litert` (the test extra).
+The models are described with the example TFLite model builder (recipes/zoo/tflite_models.py);
+calibrating the int8 one needs `ai-edge-litert` (the test extra).
 """
 
 from __future__ import annotations
@@ -11,9 +11,12 @@ import argparse
 import sys
 from pathlib import Path
 
-from aotc.tflite_models import int8_model, mobilenet_blocks
-
 HERE = Path(__file__).resolve().parent
+# Run as a script, only recipes/ is on sys.path; the zoo is imported from the repository root.
+if str(HERE.parent) not in sys.path:
+    sys.path.insert(0, str(HERE.parent))
+
+from recipes.zoo.tflite_models import int8_model, mobilenet_blocks  # noqa: E402
 
 MODELS = {
     "mobilenet_block": lambda: mobilenet_blocks(blocks=3),

@@ -56,9 +56,9 @@ def test_tuning_benchmark_quick_run(capsys):
 
 
 def test_contention_benchmark_runs_packages_next_to_onnxruntime(tmp_path, capsys):
-    from aotc import models as example_models
     from aotc.build import build
     from aotc.recipe import load_recipe
+    from recipes.zoo import onnx_models as example_models
 
     bench = _import("models")
     model = example_models.save(example_models.mlp(), tmp_path / "mlp.onnx")

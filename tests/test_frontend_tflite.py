@@ -18,7 +18,8 @@ from aotc.frontend.errors import (
 from aotc.frontend.tflite import load_tflite, read_tflite
 from aotc.frontend.tflite_ops import padding_before_after
 from aotc.graph.interpret import run_graph
-from aotc.tflite_models import (
+from aotc.topi.registry import registered_ops
+from recipes.zoo.tflite_models import (
     SAME,
     VALID,
     ModelBuilder,
@@ -32,7 +33,6 @@ from aotc.tflite_models import (
     run_litert,
     symmetric_weights,
 )
-from aotc.topi.registry import registered_ops
 
 RTOL, ATOL = 1e-4, 1e-5
 

@@ -7,13 +7,13 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from aotc import models
 from aotc.build import build
 from aotc.frontend.onnx import load_onnx
 from aotc.graph.interpret import run_graph
 from aotc.graph.layout import to_nhwc
 from aotc.graph.passes import fold_batch_norm, remove_identities
 from aotc.recipe import load_recipe
+from recipes.zoo import onnx_models as models
 
 from .onnx_util import IR_VERSION, run_onnxruntime
 

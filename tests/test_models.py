@@ -11,7 +11,7 @@ import onnxruntime as ort
 import pytest
 import yaml
 
-from aotc import models
+from recipes.zoo import onnx_models as models
 
 RECIPES = Path(__file__).resolve().parent.parent / "recipes"
 

@@ -17,9 +17,9 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import pytest
 
-from aotc import models
 from aotc.build import build
 from aotc.recipe import load_recipe
+from recipes.zoo import onnx_models as models
 from tests.package_runner import PackageRunner
 
 DELETE = object()

@@ -16,7 +16,8 @@ from aotc.cli import main
 from aotc.frontend.tflite import load_tflite
 from aotc.graph.interpret import evaluate_node, run_graph
 from aotc.recipe import load_recipe
-from aotc.tflite_models import (
+from aotc.validate import compare, format_report_row, random_inputs
+from recipes.zoo.tflite_models import (
     ModelBuilder,
     int8_model,
     mobilenet_blocks,
@@ -24,7 +25,6 @@ from aotc.tflite_models import (
     small_cnn,
     transformer_block,
 )
-from aotc.validate import compare, format_report_row, random_inputs
 
 RTOL, ATOL = 1e-4, 1e-5
 

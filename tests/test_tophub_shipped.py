@@ -7,13 +7,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from aotc import models
 from aotc.build import load_model
 from aotc.graph.partition import extract_tasks, partition
 from aotc.hub import open_sources
 from aotc.hub.store import read_store_file, shipped_store_dir, store_files
 from aotc.recipe import load_recipe
 from aotc.target import parse_target
+from recipes.zoo import onnx_models as models
 
 ROOT = Path(__file__).parent.parent
 

@@ -24,7 +24,6 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from aotc import models
 from aotc.build import BuildError, build
 from aotc.cli import main, output_files
 from aotc.frontend.errors import InputShapeError
@@ -46,6 +45,7 @@ from aotc.search.common import MeasureResult
 from aotc.search.records import Record, RecordWarning, append_records, load_records
 from aotc.target import parse_target
 from aotc.topi.workloads import make_workload
+from recipes.zoo import onnx_models as models
 
 SKX = parse_target("llvm -mcpu=skylake-avx512 -num-cores=4")
 OPSET = [helper.make_operatorsetid("", 17)]

@@ -55,6 +55,7 @@ class _Builder:
         self, name: str, inputs: list[onnx.ValueInfoProto], output: onnx.ValueInfoProto
     ) -> onnx.ModelProto:
         graph = helper.make_graph(self.nodes, name, inputs, [output], initializer=self.initializers)
+        # The producer name predates the move to recipes/zoo; it stays so committed models keep their bytes.
         model = helper.make_model(
             graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="aotc.models"
         )
