@@ -4,11 +4,11 @@ import aotc_runtime
 import numpy as np
 import pytest
 
-from aotc import models
 from aotc.build import TuningOptions, build
 from aotc.recipe import load_recipe
 from aotc.search.measure import MeasureOptions
 from aotc.validate import compare, random_inputs, reference_outputs
+from recipes.zoo import onnx_models as models
 
 RTOL, ATOL = 1e-4, 1e-5
 
