@@ -7,7 +7,6 @@ import json
 
 import pytest
 
-from aotc import models
 from aotc.build import TuningOptions, build, load_model
 from aotc.graph.partition import extract_tasks, partition
 from aotc.hub import open_sources
@@ -18,6 +17,7 @@ from aotc.search.common import ErrorCode, MeasureResult
 from aotc.search.measure import MeasureOptions
 from aotc.search.records import Record, load_records
 from aotc.target import parse_target
+from recipes.zoo import onnx_models as models
 
 FAST = TuningOptions(
     measure=MeasureOptions(repeat=1, min_repeat_ms=1, n_build_workers=2), population=32, per_round=8
