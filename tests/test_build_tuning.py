@@ -8,12 +8,12 @@ import aotc_runtime
 import numpy as np
 import pytest
 
-from aotc import models
 from aotc.build import TuningOptions, build
 from aotc.recipe import load_recipe
 from aotc.search.measure import MeasureOptions
 from aotc.search.records import load_records
 from aotc.validate import compare, random_inputs, reference_outputs
+from recipes.zoo import onnx_models as models
 
 FAST = TuningOptions(
     measure=MeasureOptions(repeat=1, min_repeat_ms=1, n_build_workers=2), population=32, per_round=8
