@@ -6,8 +6,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from aotc import models
 from aotc.cli import main
+from recipes.zoo import onnx_models as models
 
 
 @pytest.fixture(autouse=True)
