@@ -18,11 +18,11 @@ import pytest
 from aotc.hub import BundleError, HubWarning, RecordSources, open_sources, read_bundle, warm_start
 from aotc.hub.cli import add_hub_parser, cmd_hub
 from aotc.hub.lookup import split_env
-from aotc.hub.store import TargetKey, prune_store, read_store_file, store_files
+from aotc.hub.store import TargetKey, prune_store, store_files
 from aotc.schedule.default import default_schedule
 from aotc.schedule.state import State
 from aotc.search.common import ErrorCode, MeasureResult
-from aotc.search.records import RECORD_VERSION, Record, append_records
+from aotc.search.records import RECORD_VERSION, Record, append_records, read_record_file
 from aotc.target import parse_target
 from aotc.topi.workloads import make_workload
 
@@ -198,7 +198,7 @@ def test_aotc_tophub_none_leaves_only_the_recipes_records(tmp_path, home, monkey
     append_records(own, [record(dag, split_state(dag, 2), 3e-5)])
     assert chain(tmp_path, own).lookup(dag, SKX).source.startswith("records:")
     sources.save([record(dag, split_state(dag, 8), 1e-5)])  # saving still goes to the user store
-    assert sum(len(read_store_file(f).records) for f in store_files(home / "tophub")) == 2
+    assert sum(len(read_record_file(f).records) for f in store_files(home / "tophub")) == 2
 
 
 def test_split_env_keeps_urls_whole(monkeypatch):
@@ -368,7 +368,7 @@ def test_concurrent_writers_leave_the_store_readable_and_complete(home):
         assert p.exitcode == 0
     files = store_files(home / "tophub")
     assert len(files) == 1
-    content = read_store_file(files[0])
+    content = read_record_file(files[0])
     assert not content.corrupt and not content.foreign
     assert sorted(r.to_json() for r in content.records) == sorted(batches[0] + batches[1])
 
@@ -394,7 +394,7 @@ def test_prune_while_builds_append_loses_nothing(home):
     for p in procs:
         p.join(60)
         assert p.exitcode == 0
-    content = read_store_file(store_files(home / "tophub")[0])
+    content = read_record_file(store_files(home / "tophub")[0])
     assert not content.corrupt
     assert sorted(r.to_json() for r in content.records) == sorted(batches[0] + batches[1])
 
@@ -422,7 +422,7 @@ def test_prune_keeps_the_best(tmp_path, home, capsys):
         "kept 3 record(s); dropped 3 slower, 1 failed, 1 of another format version, 1 corrupt or invalid"
         in out
     )
-    kept = read_store_file(file)
+    kept = read_record_file(file)
     assert not kept.corrupt and not kept.foreign
     assert sorted((r.fingerprint == dag.fingerprint, r.mean_cost) for r in kept.records) == [
         (False, pytest.approx(7e-5)),

@@ -7,7 +7,7 @@ import warnings
 import pytest
 
 from aotc import te
-from aotc.hub.store import best_per_key, merge_into_store, read_store_file, store_files
+from aotc.hub.store import best_per_key, merge_into_store, store_files
 from aotc.schedule.state import State
 from aotc.schedule.steps import steps_to_json
 from aotc.search.common import ErrorCode, MeasureResult, Noise
@@ -22,6 +22,7 @@ from aotc.search.records import (
     best_records,
     load_records,
     rank_cost,
+    read_record_file,
 )
 from aotc.target import parse_target
 from aotc.topi import nn
@@ -213,7 +214,7 @@ def test_noise_round_trips_and_old_lines_still_load(tmp_path):
     assert old.noise is None and old.costs == rec.costs
     assert "noise" not in json.loads(old.to_json())
     # the store reads both kinds as current-version records
-    content = read_store_file(path)
+    content = read_record_file(path)
     assert len(content.records) == 1 and not content.foreign and not content.corrupt
 
 
@@ -250,7 +251,7 @@ def test_a_noisy_lucky_record_does_not_beat_a_quiet_better_one(tmp_path):
     assert merge_into_store(store, [lucky]) == (0, 1)
     assert merge_into_store(store, [better]) == (1, 0)
     (path,) = store_files(store)
-    assert len(read_store_file(path).records) == 2
+    assert len(read_record_file(path).records) == 2
 
 
 def test_apply_best_prefers_the_quiet_record(tmp_path):
@@ -259,3 +260,21 @@ def test_apply_best_prefers_the_quiet_record(tmp_path):
     lucky = noisy_record(dag, split_state(dag, 8), [0.97e-5, 0.98e-5], Noise(0.9, 0.01, 2))
     state, rec = apply_best([lucky, quiet], dag, TARGET)
     assert rec is quiet
+
+
+def test_a_build_log_and_a_store_file_are_read_by_one_reader(tmp_path):
+    dag = matmul_relu()
+    good = make_record(dag, State.initial(dag), 1e-5)
+    unversioned = json.loads(good.to_json())
+    del unversioned["v"]
+    path = tmp_path / "log.jsonl"
+    path.write_text("\n".join([good.to_json(), json.dumps(unversioned), "[1]"]) + "\n")
+    content = read_record_file(path)
+    assert content.records == [good] and [f.lineno for f in content.foreign] == [2]
+    assert [n for n, _ in content.corrupt] == [3]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert load_records(path) == [good]
+    messages = [str(w.message) for w in caught]
+    assert any("1 record line(s) of a format version" in m and "line 2" in m for m in messages)
+    assert any("1 corrupt" in m and "line 3" in m for m in messages)

@@ -20,19 +20,24 @@ from pathlib import Path
 
 from aotc.hub.bundle import HubWarning, fetch_bundle, is_bundle, read_bundle
 from aotc.hub.store import (
-    ForeignLine,
     HubError,
-    StoreFile,
     TargetKey,
     append_to_store,
-    read_store_file,
     record_identity,
     shipped_store_dir,
     store_files,
     user_store_dir,
 )
 from aotc.schedule.state import State
-from aotc.search.records import RECORD_VERSION, Record, implausible_for, rank_cost
+from aotc.search.records import (
+    RECORD_VERSION,
+    ForeignLine,
+    Record,
+    RecordFile,
+    implausible_for,
+    rank_cost,
+    read_record_file,
+)
 from aotc.target import Target
 from aotc.te.dag import ComputeDAG
 
@@ -60,7 +65,7 @@ class Source:
 
     kind: str
     location: str
-    files: list[StoreFile] = field(default_factory=list)
+    files: list[RecordFile] = field(default_factory=list)
     labels: list[str] = field(default_factory=list)
     problem: str = ""
 
@@ -186,7 +191,9 @@ class RecordSources:
         A build saves every measured record this way, not only those of its own run: records measured
         by a build that was killed (and then resumed) reach the store too."""
         have = {
-            record_identity(r) for path in store_files(self.user_store) for r in read_store_file(path).records
+            record_identity(r)
+            for path in store_files(self.user_store)
+            for r in read_record_file(path).records
         }
         missing = []
         for rec in records:
@@ -355,7 +362,7 @@ def _load_source(src: Source) -> None:
         raise HubError(f"{path} does not exist")
     if is_bundle(path):
         bundle = read_bundle(path)
-        src.files.append(StoreFile(str(path), bundle.records))
+        src.files.append(RecordFile(str(path), bundle.records))
         src.labels.append(label or f"{src.kind}:{path}")
         return
     if path.is_file():
@@ -371,12 +378,12 @@ def _load_source(src: Source) -> None:
         except HubError as err:
             warnings.warn(f"tophub bundle skipped: {err}", HubWarning, stacklevel=4)
             continue
-        src.files.append(StoreFile(str(file), bundle.records))
+        src.files.append(RecordFile(str(file), bundle.records))
         src.labels.append(f"{src.kind}:{file}")
 
 
-def _read_reporting(path: Path) -> StoreFile:
-    content = read_store_file(path)
+def _read_reporting(path: Path) -> RecordFile:
+    content = read_record_file(path)
     if content.corrupt:
         lineno, why = content.corrupt[0]
         warnings.warn(

@@ -31,7 +31,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from aotc.files import write_atomic
-from aotc.search.records import RECORD_VERSION, Record, append_records, rank_cost, record_problem
+from aotc.search.records import (
+    Record,
+    append_records,
+    rank_cost,
+    read_record_file,
+    record_problem,
+)
 from aotc.target import Target, TargetError, parse_target
 
 STORE_SUFFIX = ".jsonl"
@@ -153,64 +159,9 @@ def _cores(n: int) -> str:
 # ----------------------------------------------------------------------------- reading
 
 
-@dataclass(frozen=True)
-class ForeignLine:
-    """A line of another record format version: enough of it to say why it is not used."""
-
-    version: object
-    workload_key: str
-    fingerprint: str
-    target: str
-    lineno: int
-
-
-@dataclass
-class StoreFile:
-    """What one store file holds: current-version records, lines of other versions, corrupt lines."""
-
-    path: str
-    records: list[Record] = field(default_factory=list)
-    foreign: list[ForeignLine] = field(default_factory=list)
-    corrupt: list[tuple[int, str]] = field(default_factory=list)
-
-
-def parse_lines(lines: Iterable[str], path: str) -> StoreFile:
-    """Classify record lines; blank and `#` lines are ignored. Never raises on bad content."""
-    out = StoreFile(path)
-    for lineno, line in enumerate(lines, 1):
-        text = line.strip()
-        if not text or text.startswith("#"):
-            continue
-        try:
-            obj = json.loads(text)
-        except ValueError as err:
-            out.corrupt.append((lineno, f"not JSON ({err})"))
-            continue
-        if not isinstance(obj, dict):
-            out.corrupt.append((lineno, f"expected a JSON object, got {type(obj).__name__}"))
-            continue
-        if obj.get("v") != RECORD_VERSION:
-            out.foreign.append(
-                ForeignLine(
-                    obj.get("v"),
-                    str(obj.get("workload_key", "")),
-                    str(obj.get("fingerprint", "")),
-                    str(obj.get("target", "")),
-                    lineno,
-                )
-            )
-            continue
-        try:
-            out.records.append(Record.from_json(text))
-        except ValueError as err:
-            out.corrupt.append((lineno, str(err)))
-    return out
-
-
-def read_store_file(path: str | os.PathLike) -> StoreFile:
-    path = os.fspath(path)
-    with open(path, encoding="utf-8", errors="replace") as f:
-        return parse_lines(f, path)
+# A store file is a record file: one reader (aotc.search.records.read_record_file) serves both. This name
+# stays for the tests that still import it from here.
+read_store_file = read_record_file
 
 
 def is_store_file_name(name: str) -> bool:
@@ -363,7 +314,7 @@ def prune_store(directory: str | os.PathLike, keep: int = 3) -> PruneReport:
     check_store_dir(directory)
     with store_lock(directory, exclusive=True):
         for path in store_files(directory):
-            content = read_store_file(path)
+            content = read_record_file(path)
             if content.corrupt and not content.records and not content.foreign:
                 report.skipped.append(path.name)
                 continue
@@ -397,7 +348,7 @@ def merge_into_store(directory: str | os.PathLike, records: Iterable[Record]) ->
     with store_lock(directory, exclusive=True):
         current: list[Record] = []
         for path in store_files(directory):
-            current.extend(read_store_file(path).records)
+            current.extend(read_record_file(path).records)
         have = best_per_key(current)
         new = [
             recs[0]

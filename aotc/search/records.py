@@ -53,14 +53,18 @@ __all__ = [
     "Record",
     "RecordWarning",
     "append_records",
+    "ForeignLine",
+    "RecordFile",
     "append_results",
     "apply_best",
     "best_records",
     "host_info",
     "implausible_for",
     "load_records",
+    "parse_record_lines",
     "peak_flops",
     "rank_cost",
+    "read_record_file",
     "record_problem",
 ]
 
@@ -400,40 +404,66 @@ def append_results(
 # ----------------------------------------------------------------------------- reading
 
 
+@dataclass(frozen=True)
+class ForeignLine:
+    """A line of another record format version: enough of it to say why it is not used."""
+
+    version: object
+    workload_key: str
+    fingerprint: str
+    target: str
+    lineno: int
+
+
+@dataclass
+class RecordFile:
+    """What one record file holds: current-version records, lines of other versions, corrupt lines."""
+
+    path: str
+    records: list[Record] = field(default_factory=list)
+    foreign: list[ForeignLine] = field(default_factory=list)
+    corrupt: list[tuple[int, str]] = field(default_factory=list)
+
+
+def parse_record_lines(lines: Iterable[str], path: str) -> RecordFile:
+    """The one record-line reader: classify lines (blank and `#` lines are ignored); never raises on
+    bad content."""
+    out = RecordFile(path)
+    for lineno, line in enumerate(lines, 1):
+        text = line.strip()
+        if not text or text.startswith("#"):
+            continue
+        try:
+            obj = json.loads(text)
+        except ValueError as err:
+            out.corrupt.append((lineno, f"not JSON ({err})"))
+            continue
+        if not isinstance(obj, dict):
+            out.corrupt.append((lineno, f"expected a JSON object, got {type(obj).__name__}"))
+            continue
+        if obj.get("v") != RECORD_VERSION:
+            fields = (str(obj.get(k, "")) for k in ("workload_key", "fingerprint", "target"))
+            out.foreign.append(ForeignLine(obj.get("v"), *fields, lineno))
+            continue
+        try:
+            out.records.append(Record.from_json(text))
+        except ValueError as err:
+            out.corrupt.append((lineno, str(err)))
+    return out
+
+
+def read_record_file(path: str | os.PathLike) -> RecordFile:
+    """Every line of a record file (a build's log or a tophub store file), classified."""
+    path = os.fspath(path)
+    with open(path, encoding="utf-8", errors="replace") as f:
+        return parse_record_lines(f, path)
+
+
 def load_records(path: str | os.PathLike) -> list[Record]:
     """Every readable record of a file; blank and `#` lines are ignored, bad lines skipped with a warning."""
-    path = os.fspath(path)
-    records: list[Record] = []
-    corrupt: list[tuple[int, str]] = []
-    newer: list[int] = []
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for lineno, line in enumerate(f, 1):
-            text = line.strip()
-            if not text or text.startswith("#"):
-                continue
-            try:
-                rec = Record.from_json(text)
-            except ValueError as err:
-                version = _version_of(text)
-                if version is not None and version != RECORD_VERSION:
-                    newer.append(lineno)
-                else:
-                    corrupt.append((lineno, str(err)))
-                continue
-            if rec.version != RECORD_VERSION:
-                newer.append(lineno)
-                continue
-            records.append(rec)
-    _warn_skipped(path, corrupt, newer)
-    return records
-
-
-def _version_of(text: str):
-    try:
-        obj = json.loads(text)
-    except ValueError:
-        return None
-    return obj.get("v") if isinstance(obj, dict) else None
+    content = read_record_file(path)
+    _warn_skipped(content.path, content.corrupt, [line.lineno for line in content.foreign])
+    return content.records
 
 
 def _warn_skipped(path: str, corrupt: list[tuple[int, str]], newer: list[int]) -> None:
