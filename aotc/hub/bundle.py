@@ -37,8 +37,8 @@ from aotc_runtime.signing import SIGNATURE_MEMBER, SignatureError, check_signatu
 
 from aotc import __version__
 from aotc.files import write_atomic
-from aotc.hub.store import HubError, TargetKey, best_per_key, download_cache_dir, parse_lines
-from aotc.search.records import RECORD_VERSION, Record, host_info
+from aotc.hub.store import HubError, TargetKey, best_per_key, download_cache_dir
+from aotc.search.records import RECORD_VERSION, Record, host_info, parse_record_lines
 
 BUNDLE_FORMAT = "aotc-tophub-bundle"
 BUNDLE_VERSION = 1
@@ -275,7 +275,7 @@ def read_bundle(
         text = members[RECORDS].decode("utf-8")
     except UnicodeDecodeError as err:
         raise BundleError(f"{path}: {RECORDS} is not UTF-8 ({err})") from None
-    content = parse_lines(text.splitlines(), f"{path}/{RECORDS}")
+    content = parse_record_lines(text.splitlines(), f"{path}/{RECORDS}")
     bad = [(n, f"not a valid record ({why})") for n, why in content.corrupt]
     bad += [(f.lineno, f"record format v{f.version}, expected v{RECORD_VERSION}") for f in content.foreign]
     if bad:
