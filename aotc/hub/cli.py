@@ -21,10 +21,10 @@ from aotc.hub.store import (
     check_store_dir,
     merge_into_store,
     prune_store,
-    read_store_file,
     store_files,
     user_store_dir,
 )
+from aotc.search.records import read_record_file
 from aotc.target import TargetError, parse_target
 
 
@@ -184,7 +184,7 @@ def _verify(args) -> int:
     files = [path] if path.is_file() else store_files(path)
     bad = 0
     for file in files:
-        content = read_store_file(file)
+        content = read_record_file(file)
         line = f"{file}: {len(content.records)} record(s)"
         if content.foreign:
             versions = sorted({str(f.version) for f in content.foreign})
