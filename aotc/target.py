@@ -190,6 +190,17 @@ def host_target() -> Target:
     return replace(target, mattr=tuple(f"-{f}" for f in lacking), hw=None) if lacking else target
 
 
+def as_target(target: Target | str) -> Target:
+    """`target` itself, or the Target a target string names (`parse_target`); TypeError for anything else."""
+    if isinstance(target, Target):
+        return target
+    if isinstance(target, str):
+        return parse_target(target)
+    raise TypeError(
+        f"target: expected a Target or a target string such as 'llvm', got {type(target).__name__}"
+    )
+
+
 def parse_target(text: str) -> Target:
     """Parse a target string; `llvm -mcpu=native` (or bare `llvm`) means the host."""
     try:

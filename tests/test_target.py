@@ -264,3 +264,13 @@ def test_vector_width_and_math_variants_follow_the_resolved_features(text, vecto
     assert target.hw.vector_bytes == vector_bytes
     if os.path.exists(LIBMVEC_PATH) and target.triple.startswith("x86_64"):
         assert veclib_for(target).isas == veclib
+
+
+def test_as_target_takes_a_target_or_a_string_and_refuses_the_rest():
+    from aotc.target import as_target
+
+    t = parse_target("llvm -mcpu=skylake-avx512")
+    assert as_target(t) is t
+    assert as_target("llvm -mcpu=skylake-avx512") == t
+    with pytest.raises(TypeError, match="target: expected a Target or a target string"):
+        as_target(42)
