@@ -1,4 +1,4 @@
-"""Ansor's per-store program features (ANSOR.md §4.2): 164 values for every BufferStore of a kernel.
+"""Ansor's per-store program features (docs/search.md#features): 164 values for every BufferStore of a kernel.
 
 Each row describes one store in the context of its loop nest:
 
