@@ -1,4 +1,4 @@
-"""Ansor's learned cost model (ANSOR.md §4.3): XGBoost on per-store features with a pack-sum loss.
+"""Ansor's learned cost model (docs/search.md#cost-model): XGBoost on per-store features with a pack-sum loss.
 
 A program's score is the sum of the predictions of its store rows. The label of a measured program
 is its task's best cost divided by its cost (failed programs: 0), and the loss weights each program
