@@ -1,4 +1,4 @@
-"""The transform steps of ANSOR.md §1.2: apply-to-state and their JSON record form."""
+"""The transform steps (docs/loop-ir.md#transform-steps): apply-to-state and their JSON record form."""
 
 from __future__ import annotations
 
