@@ -11,7 +11,7 @@ from aotc.te.tensor import Operation
 
 
 class OpPattern(IntEnum):
-    """Relay's fusion patterns (ANSOR.md §5.1); lower values fuse more freely."""
+    """Relay's fusion patterns (docs/README.md#partitioning-into-tasks); lower values fuse more freely."""
 
     ELEMWISE = 0
     BROADCAST = 1
