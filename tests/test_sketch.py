@@ -1,4 +1,4 @@
-"""Sketch rules (ANSOR.md §2.2-2.3): each rule's condition, and the sketches the rules imply."""
+"""Sketch rules (docs/search.md#sketch-rules): each rule's condition, and the sketches the rules imply."""
 
 from dataclasses import replace
 
