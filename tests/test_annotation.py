@@ -1,4 +1,4 @@
-"""Random annotation (ANSOR.md §2.4): sampled programs are complete, valid, distinct and correct."""
+"""Random annotation (docs/search.md#random-annotation): sampled programs are complete, valid, distinct and correct."""
 
 import itertools
 import math
@@ -24,7 +24,8 @@ from aotc.search.annotation import (
     vector_friendly,
 )
 from aotc.search.lowering import loop_error, lowered, prune_invalid, state_key
-from aotc.search.sketch import SearchContext, SearchParams, generate_sketches
+from aotc.search.params import SearchParams
+from aotc.search.sketch import SearchContext, generate_sketches
 from aotc.target import host_target
 from aotc.te.reference import evaluate
 from aotc.topi import nn
