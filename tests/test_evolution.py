@@ -1,4 +1,4 @@
-"""Evolutionary search (ANSOR.md §3): mutations, crossover, the EA loop and ε-greedy picking."""
+"""Evolutionary search (docs/search.md#evolutionary-search): mutations, crossover, the EA loop and ε-greedy picking."""
 
 import math
 import random
@@ -24,6 +24,7 @@ from aotc.search.evolution import (
     sketch_prefix_length,
 )
 from aotc.search.lowering import state_key
+from aotc.search.params import SearchParams
 from aotc.search.sketch import SearchContext, generate_sketches
 
 from .test_annotation import TARGET, WORKLOADS, check_compiles, conv_bias_relu, matmul, population, softmax
@@ -181,7 +182,14 @@ def test_search_returns_unique_unmeasured_valid_states_best_first():
     init = population(dag, 64)
     measured = {state_key(s) for s in init[:16]}
     out = evolutionary_search(
-        dag, init, StepCountModel(), 32, random.Random(0), TARGET, measured, population=64, generations=2
+        dag,
+        init,
+        StepCountModel(),
+        32,
+        random.Random(0),
+        TARGET,
+        measured,
+        SearchParams(population=64, generations=2),
     )
     keys = [state_key(s) for s in out]
     assert len(out) == 32 and None not in keys and len(set(keys)) == 32
@@ -196,7 +204,14 @@ def test_search_with_the_random_model_and_eps_greedy_pick():
     init = population(dag, 64)
     measured = {state_key(s) for s in init[:8]}
     best = evolutionary_search(
-        dag, init, RandomCostModel(0), 70, random.Random(1), TARGET, measured, population=64, generations=2
+        dag,
+        init,
+        RandomCostModel(0),
+        70,
+        random.Random(1),
+        TARGET,
+        measured,
+        SearchParams(population=64, generations=2),
     )
     picked = pick_states_eps_greedy(best, init, n=64, eps=0.05, measured_keys=measured)
     keys = [state_key(s) for s in picked]
@@ -208,10 +223,10 @@ def test_search_with_the_random_model_and_eps_greedy_pick():
 def test_eps_greedy_falls_back_on_the_other_list():
     dag = matmul()
     states = population(dag, 20)
-    assert pick_states_eps_greedy(states[:5], states[5:], n=10) == states[:10]
-    assert pick_states_eps_greedy(states, [], n=10) == states[:10]
+    assert pick_states_eps_greedy(states[:5], states[5:], n=10, eps=0.05) == states[:10]
+    assert pick_states_eps_greedy(states, [], n=10, eps=0.05) == states[:10]
     measured = {state_key(s) for s in states[:3]}
-    assert pick_states_eps_greedy(states, [], n=4, measured_keys=measured) == states[3:7]
+    assert pick_states_eps_greedy(states, [], n=4, eps=0.05, measured_keys=measured) == states[3:7]
 
 
 def test_same_seed_same_search_round():
@@ -219,7 +234,13 @@ def test_same_seed_same_search_round():
 
     def run(seed):
         out = search_round(
-            dag, TARGET, RandomCostModel(seed), random.Random(seed), set(), n=16, population=48, generations=2
+            dag,
+            TARGET,
+            RandomCostModel(seed),
+            random.Random(seed),
+            set(),
+            n=16,
+            params=SearchParams(population=48, generations=2),
         )
         return [state_key(s) for s in out]
 
