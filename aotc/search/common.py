@@ -14,7 +14,8 @@ from aotc.te.dag import ComputeDAG
 
 
 class ErrorCode(IntEnum):
-    """Ansor's error codes, plus WRONG_ANSWER (docs/search.md#error-codes): the kernel ran but its output differs from the naive schedule's."""
+    """Ansor's error codes (docs/search.md#error-codes), plus WRONG_ANSWER: the kernel ran but its output
+    differs from the naive schedule's."""
 
     NO_ERROR = 0
     INSTANTIATION_ERROR = 1  # the steps do not apply / lowering failed
