@@ -22,6 +22,7 @@ from aotc.hub.store import TargetKey, prune_store, store_files
 from aotc.schedule.default import default_schedule
 from aotc.schedule.state import State
 from aotc.search.common import ErrorCode, MeasureResult
+from aotc.search.params import SearchParams
 from aotc.search.records import RECORD_VERSION, Record, append_records, read_record_file
 from aotc.target import parse_target
 from aotc.topi.workloads import make_workload
@@ -557,7 +558,9 @@ def test_warm_start_measurement(tmp_path, home):
     new = make_workload("matmul", [96, 160, 128])
     opts = MeasureOptions(repeat=3, min_repeat_ms=5, n_build_workers=2)
     earlier = tmp_path / "earlier.jsonl"
-    SearchTask(known, target).tune(128, records=earlier, seed=11, measure_options=opts, log=lambda _: None)
+    SearchTask(known, target).tune(
+        128, records=earlier, params=SearchParams(seed=11), measure_options=opts, log=lambda _: None
+    )
     best = min(r.mean_cost for r in open_sources(earlier, []).records_for(target))
     print(
         f"\nearlier run of matmul 128x128x128: best {known.flop_count / best / 1e9:.1f} GFLOP/s after 128 trials"
@@ -571,7 +574,7 @@ def test_warm_start_measurement(tmp_path, home):
             if start == "warm":
                 assert warm_start(model, open_sources(earlier, []), target, dags) > 64
             result = SearchTask(dag, target).tune(
-                128, seed=seed, model=model, measure_options=opts, log=lambda _: None
+                128, params=SearchParams(seed=seed), model=model, measure_options=opts, log=lambda _: None
             )
             curve = [dag.flop_count / h.best_cost / 1e9 for h in result.history]
             curves.setdefault((label, start), []).append(curve)

@@ -4,6 +4,7 @@ import numpy as np
 
 from aotc.search.common import RandomCostModel
 from aotc.search.measure import MeasureOptions
+from aotc.search.params import SearchParams
 from aotc.search.records import apply_best, load_records
 from aotc.search.task import SearchTask
 from aotc.target import host_target
@@ -22,8 +23,7 @@ def test_tune_records_every_candidate_and_resumes_without_remeasuring(tmp_path):
         records=records,
         model=RandomCostModel(0),
         measure_options=FAST,
-        batch=8,
-        population=32,
+        params=SearchParams(per_round=8, population=32),
         log=lines.append,
     )
     assert first.trials == 16 and first.best_state is not None
@@ -38,8 +38,7 @@ def test_tune_records_every_candidate_and_resumes_without_remeasuring(tmp_path):
         records=records,
         model=RandomCostModel(1),
         measure_options=FAST,
-        batch=8,
-        population=32,
+        params=SearchParams(per_round=8, population=32),
         log=lines.append,
     )
     keys = [tuple(map(str, r.steps)) for r in load_records(records)]
@@ -50,7 +49,9 @@ def test_tune_records_every_candidate_and_resumes_without_remeasuring(tmp_path):
 def test_tune_with_the_learned_model_improves_on_the_first_round(tmp_path):
     dag = make_workload("matmul", [64, 64, 64])
     task = SearchTask(dag, host_target())
-    result = task.tune(48, measure_options=FAST, batch=16, population=48, seed=3, log=lambda _: None)
+    result = task.tune(
+        48, measure_options=FAST, params=SearchParams(per_round=16, population=48, seed=3), log=lambda _: None
+    )
     assert result.best_state is not None
     costs = [h.best_cost for h in result.history]
     assert costs == sorted(costs, reverse=True)  # best-so-far never gets worse

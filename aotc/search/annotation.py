@@ -17,9 +17,9 @@ from aotc.schedule.lower import infer_bound
 from aotc.schedule.state import Annotation, ComputeAtKind, IterKind, ScheduleError, State
 from aotc.schedule.steps import SplitStep, Step, effective_consumers, replay
 from aotc.search.lowering import MAX_LANES, state_key
+from aotc.search.params import SearchParams
 from aotc.search.sketch import (
     SearchContext,
-    SearchParams,
     has_reduce_iter,
     is_tiled,
     step_stage_names,
@@ -362,7 +362,7 @@ def sample_initial_population(
     sketches: list[State],
     n: int,
     rng: random.Random,
-    target: Target,
+    target: Target | str,
     params: SearchParams | None = None,
 ) -> list[State]:
     """Up to `n` valid programs with distinct loop text, sampled from random sketches.

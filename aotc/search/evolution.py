@@ -35,14 +35,14 @@ from aotc.search.annotation import (
 )
 from aotc.search.common import CostModel
 from aotc.search.lowering import state_key
+from aotc.search.params import SearchParams
 from aotc.search.sketch import (
     SearchContext,
-    SearchParams,
     generate_sketches,
     sketch_signature,
     step_stage_names,
 )
-from aotc.target import Target
+from aotc.target import Target, as_target
 from aotc.te.dag import ComputeDAG
 
 Mutation = Callable[[State, random.Random, SearchContext], "State | None"]
@@ -355,22 +355,20 @@ def evolutionary_search(
     model: CostModel,
     n_out: int,
     rng: random.Random,
-    target: Target,
+    target: Target | str,
     measured_keys: set[str],
-    population: int = 256,
-    generations: int = 4,
-    mutation_prob: float = 0.85,
-    crossover_prob: float = 0.1,
     params: SearchParams | None = None,
 ) -> list[State]:
     """The best `n_out` states by predicted score that are not in `measured_keys`, best first.
 
-    Each generation scores the population, keeps a min-heap of the best distinct states, and breeds the
-    next population by roulette selection on max(score, 0) + ε: a crossover of two parents of the same
-    sketch with `crossover_prob`, else a mutation with `mutation_prob`, else a copy.
+    Each of `params.generations` generations scores the population, keeps a min-heap of the best
+    distinct states, and breeds the next `params.population` by roulette selection on max(score, 0) + ε:
+    a crossover of two parents of the same sketch with `crossover_prob`, else a mutation with
+    `mutation_prob`, else a copy.
     """
     ctx = SearchContext(dag, target, params or SearchParams())
-    sketches = generate_sketches(dag, target, ctx.params)
+    generations = ctx.params.generations
+    sketches = generate_sketches(dag, ctx.target, ctx.params)
     pop = _unique_valid(init_population)
     heap: list[tuple[float, int, str, State]] = []
     in_heap = set(measured_keys)
@@ -392,7 +390,7 @@ def evolutionary_search(
                 in_heap.add(key)
         if gen == generations:
             break
-        pop = _next_generation(ctx, pop, scores, sketches, rng, population, mutation_prob, crossover_prob)
+        pop = _next_generation(ctx, pop, scores, sketches, rng)
     return [item[3] for item in sorted(heap, key=lambda t: (-t[0], t[1]))]
 
 
@@ -412,10 +410,9 @@ def _next_generation(
     scores: np.ndarray,
     sketches: Sequence[State],
     rng: random.Random,
-    size: int,
-    mutation_prob: float,
-    crossover_prob: float,
 ) -> list[State]:
+    size = ctx.params.population
+    mutation_prob, crossover_prob = ctx.params.mutation_prob, ctx.params.crossover_prob
     cum = _roulette(scores)
     sketch_sigs = [sketch_signature(s) for s in sketches]
     prefix = [_prefix_length(sketch_signature(s), sketch_sigs) for s in pop]
@@ -466,8 +463,8 @@ def _crossover_with_mate(ctx, pop, cum, groups, prefix, i, rng) -> State | None:
 def pick_states_eps_greedy(
     best: Sequence[State],
     random_pool: Sequence[State],
-    n: int = 64,
-    eps: float = 0.05,
+    n: int,
+    eps: float,
     measured_keys: set[str] | frozenset[str] = frozenset(),
 ) -> list[State]:
     """`n - int(eps * n)` states from `best` in order, then random ones; each list backs up the other.
@@ -496,28 +493,27 @@ def pick_states_eps_greedy(
 
 def search_round(
     dag: ComputeDAG,
-    target: Target,
+    target: Target | str,
     model: CostModel,
     rng: random.Random,
     measured_keys: set[str],
     measured_best: Sequence[State] = (),
-    n: int = 64,
-    eps: float = 0.05,
-    population: int = 256,
-    generations: int = 4,
+    n: int | None = None,
     params: SearchParams | None = None,
 ) -> list[State]:
-    """One round of SketchPolicy (ANSOR.md §3.2): sample, add the best measured states, evolve, pick.
+    """One round of SketchPolicy (ANSOR.md §3.2): sample, add the best measured states, evolve, pick
+    `n` (default `params.per_round`) candidates, `params.eps_greedy` of them at random.
 
     `measured_best` are measured states sorted by throughput; the top 20% of a population join it.
     """
     params = params or SearchParams()
+    target = as_target(target)
+    n = params.per_round if n is None else n
+    population, eps = params.population, params.eps_greedy
     sketches = generate_sketches(dag, target, params)
     init = sample_initial_population(dag, sketches, population, rng, target, params)
     n_random = min(len(init), 3 * int(eps * n))
     random_pool = rng.sample(init, n_random)
     seeds = list(init) + list(measured_best[: int(0.2 * population)])
-    best = evolutionary_search(
-        dag, seeds, model, 2 * n, rng, target, measured_keys, population, generations, params=params
-    )
+    best = evolutionary_search(dag, seeds, model, 2 * n, rng, target, measured_keys, params)
     return pick_states_eps_greedy(best, random_pool, n, eps, measured_keys)

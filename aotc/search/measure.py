@@ -36,7 +36,7 @@ from aotc.ir.stmt import PrimFunc
 from aotc.schedule.state import State
 from aotc.search.common import ErrorCode, MeasureResult, Noise
 from aotc.search.interference import CpuSample, Quietness, measure_quietly
-from aotc.target import Target, arch_of, host_cores
+from aotc.target import Target, arch_of, as_target, host_cores
 from aotc.te.dag import ComputeDAG
 
 __all__ = [
@@ -654,7 +654,8 @@ def _runner_main(conn, env: dict[str, str], bench_args: tuple) -> None:
 class Measurer:
     """Builds and runs candidates of one task on this host; use as a context manager (or call close)."""
 
-    def __init__(self, dag: ComputeDAG, target: Target, options: MeasureOptions | None = None):
+    def __init__(self, dag: ComputeDAG, target: Target | str, options: MeasureOptions | None = None):
+        target = as_target(target)
         _check_runnable(target)
         self.dag, self.target = dag, target
         self.options = options or MeasureOptions()

@@ -41,7 +41,7 @@ from aotc import __version__
 from aotc.schedule.state import State
 from aotc.search.common import MeasureResult, Noise
 from aotc.search.interference import spread
-from aotc.target import Target, host_cores
+from aotc.target import Target, as_target, host_cores
 from aotc.te.dag import ComputeDAG
 
 __all__ = [
@@ -391,12 +391,13 @@ def _ends_mid_line(fd: int) -> bool:
 def append_results(
     path: str | os.PathLike,
     dag: ComputeDAG,
-    target: Target,
+    target: Target | str,
     states: Iterable[State],
     results: Iterable[MeasureResult],
     fsync: bool = False,
 ) -> None:
     """Append one record per measured state (what Ansor's RecordToFile callback does)."""
+    target = as_target(target)
     recs = [Record.from_result(dag, target, s, r) for s, r in zip(states, results, strict=True)]
     append_records(path, recs, fsync)
 
@@ -506,7 +507,7 @@ def best_records(records: Iterable[Record]) -> dict[tuple[str, str], Record]:
 
 
 def apply_best(
-    records: Iterable[Record] | str | os.PathLike, dag: ComputeDAG, target: Target
+    records: Iterable[Record] | str | os.PathLike, dag: ComputeDAG, target: Target | str
 ) -> tuple[State, Record] | None:
     """The state of the best valid record (`rank_cost`) for exactly this target string and DAG fingerprint.
 
@@ -517,6 +518,7 @@ def apply_best(
 
     if isinstance(records, str | os.PathLike):
         records = load_records(records)
+    target = as_target(target)
     target_str, hw = str(target), asdict(target.hw)
     matching = [
         r

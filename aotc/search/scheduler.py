@@ -30,8 +30,9 @@ import numpy as np
 from aotc.schedule.state import State
 from aotc.search.common import CostModel
 from aotc.search.measure import MeasureError, MeasureOptions, Measurer
+from aotc.search.params import STRATEGIES, SearchParams
 from aotc.search.task import SearchTask, TaskSearch, progress_bar
-from aotc.target import Target
+from aotc.target import Target, as_target
 from aotc.te.dag import ComputeDAG
 
 INVALID = 1e10  # the cost of a task with no valid measurement (Ansor's convention)
@@ -173,23 +174,23 @@ class TaskScheduler:
         tasks: Sequence[SchedTask],
         rounds: RoundFn,
         objective: Objective | None = None,
-        strategy: str = "gradient",
+        strategy: str = SearchParams.strategy,
         *,
-        per_round: int = 64,
+        per_round: int = SearchParams.per_round,
         alpha: float = 0.2,
         beta: float = 2.0,
         backward_window: int = 3,
         eps: float = 0.05,
         task_early_stopping: int | None = 10,
         early_stopping: int | None = None,
-        seed: int = 0,
+        seed: int = SearchParams.seed,
         callbacks: Sequence[Callable[[TaskScheduler, RoundReport], None]] = (),
         log: Callable[[str], None] | None = None,
         table: bool = True,
         baseline_trials: int | Sequence[int] = 0,
     ):
-        if strategy not in ("gradient", "round-robin"):
-            raise ValueError(f"unknown task scheduler strategy {strategy!r} (gradient or round-robin)")
+        if strategy not in STRATEGIES:
+            raise ValueError(f"unknown task scheduler strategy {strategy!r} ({' or '.join(STRATEGIES)})")
         self.tasks = list(tasks)
         self.rounds = rounds
         self.objective = objective or Objective.total_latency([t.weight for t in self.tasks])
@@ -514,8 +515,8 @@ class MeasurerPool:
     """Open measurers by task, at most `capacity` at once (each owns worker processes); the least
     recently used is closed first."""
 
-    def __init__(self, target: Target, options: MeasureOptions | None, capacity: int = 2):
-        self.target, self.options, self.capacity = target, options, capacity
+    def __init__(self, target: Target | str, options: MeasureOptions | None, capacity: int = 2):
+        self.target, self.options, self.capacity = as_target(target), options, capacity
         self._open: OrderedDict[int, Measurer] = OrderedDict()
 
     def get(self, i: int, dag: ComputeDAG) -> Measurer:
@@ -542,28 +543,30 @@ class MeasurerPool:
 
 class SearchRounds:
     """The real round function: one TaskSearch per task sharing `model`, records appended to `records`,
-    `initial_states[i]` (e.g. the default schedule) measured in task i's first round."""
+    `initial_states[i]` (e.g. the default schedule) measured in task i's first round; task i searches
+    with `params` seeded `params.seed + i`."""
 
     def __init__(
         self,
         tasks: Sequence[SchedTask],
-        target: Target,
+        target: Target | str,
         model: CostModel,
         records: str | Path | None = None,
         measure_options: MeasureOptions | None = None,
         initial_states: Sequence[Sequence[State]] | None = None,
-        seed: int = 0,
-        population: int = 256,
+        *,
+        params: SearchParams | None = None,
         max_open_measurers: int = 2,
     ):
         self.tasks = list(tasks)
+        params = params or SearchParams()
+        target = as_target(target)
         self.searches = [
             TaskSearch(
                 SearchTask(t.dag, target, t.name),
                 model,
                 records,
-                seed + i,
-                population=population,
+                params.replace(seed=params.seed + i),
                 initial_states=initial_states[i] if initial_states else (),
             )
             for i, t in enumerate(self.tasks)

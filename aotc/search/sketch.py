@@ -20,22 +20,10 @@ from aotc.schedule.tiling import (
     multi_level_tile,
     unroll_const_indices,
 )
-from aotc.target import Target
+from aotc.search.params import SearchParams
+from aotc.target import Target, as_target
 from aotc.te.dag import ComputeDAG, OpAnalysis, reads_of
 from aotc.te.tensor import CONST_INDEX_AXES, ComputeOp
-
-
-@dataclass(frozen=True)
-class SearchParams:
-    """Policy parameters (ANSOR.md §3.1, CPU values)."""
-
-    structure: str = "SSRSRS"
-    fusion_levels: tuple[int, ...] = (1, 2)
-    max_innermost_split_factor: int = 64
-    non_divisor_prob: float = 0.2
-    innermost_reorder_prob: float = 0.5
-    unroll_steps: tuple[int, ...] = (0, 16, 64, 512)
-    parallel_per_core: int = 16
 
 
 @dataclass
@@ -46,6 +34,9 @@ class SearchContext:
     target: Target
     params: SearchParams = field(default_factory=SearchParams)
     _analyses: dict = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        self.target = as_target(self.target)
 
     @property
     def num_cores(self) -> int:
@@ -390,10 +381,14 @@ def step_stage_names(dag: ComputeDAG, steps) -> list[str]:
 _SKETCH_CACHE: dict[tuple[str, str], tuple[ComputeDAG, list[State]]] = {}
 
 
-def generate_sketches(dag: ComputeDAG, target: Target, params: SearchParams | None = None) -> list[State]:
-    """All CPU sketches of `dag`, cached per (workload key, target)."""
+def generate_sketches(
+    dag: ComputeDAG, target: Target | str, params: SearchParams | None = None
+) -> list[State]:
+    """All CPU sketches of `dag`, cached per (workload key, target, the policy's sketch settings)."""
     params = params or SearchParams()
-    key = (dag.workload_key, f"{target}|{target.hw}|{params}")
+    target = as_target(target)
+    sketch_policy = (params.structure, params.fusion_levels, params.parallel_per_core)
+    key = (dag.workload_key, f"{target}|{target.hw}|{sketch_policy}")
     hit = _SKETCH_CACHE.get(key)
     if hit is not None and hit[0] is dag:
         return list(hit[1])

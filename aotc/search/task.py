@@ -14,8 +14,9 @@ from aotc.search.common import CostModel, MeasureResult
 from aotc.search.evolution import search_round
 from aotc.search.lowering import state_key
 from aotc.search.measure import MeasureOptions, Measurer
+from aotc.search.params import SearchParams
 from aotc.search.records import Record, append_results, load_records
-from aotc.target import Target
+from aotc.target import Target, as_target
 from aotc.te.dag import ComputeDAG
 
 SLOW_CUTOFF = 10.0  # a candidate this many times slower than the best gets one run, not repeats
@@ -48,9 +49,9 @@ class TuneResult:
 class SearchTask:
     """One subgraph to tune for one target."""
 
-    def __init__(self, dag: ComputeDAG, target: Target, name: str = ""):
+    def __init__(self, dag: ComputeDAG, target: Target | str, name: str = ""):
         self.dag = dag
-        self.target = target
+        self.target = as_target(target)
         self.name = name or "_".join(op.name for op in dag.compute_ops)[:40]
 
     def tune(
@@ -58,22 +59,23 @@ class SearchTask:
         trials: int,
         records: str | Path | None = None,
         callbacks: Sequence[Callable[[SearchTask, RoundInfo], None]] = (),
-        seed: int = 0,
+        params: SearchParams | None = None,
         model: CostModel | None = None,
         measure_options: MeasureOptions | None = None,
-        batch: int = 64,
-        population: int = 256,
         early_stopping: int | None = None,
         initial_states: Sequence[State] = (),
         log: Callable[[str], None] | None = None,
     ) -> TuneResult:
-        """Measure up to `trials` candidates; the best valid one wins. Records are appended to `records`.
+        """Measure up to `trials` candidates, `params.per_round` a round; the best valid one wins.
+        Records are appended to `records`; `early_stopping` stops after that many trials without
+        improvement.
 
         `initial_states` (e.g. the default schedule) are measured in the first round, so the result is
         never worse than them.
         """
         log = log or _default_log
-        search = TaskSearch(self, model or _default_model(), records, seed, batch, population, initial_states)
+        search = TaskSearch(self, model or _default_model(), records, params, initial_states)
+        batch = search.params.per_round
         if records is not None:
             search.resume_from(Path(records))
         result = search.result
@@ -105,16 +107,14 @@ class TaskSearch:
         task: SearchTask,
         model: CostModel,
         records: str | Path | None = None,
-        seed: int = 0,
-        batch: int = 64,
-        population: int = 256,
+        params: SearchParams | None = None,
         initial_states: Sequence[State] = (),
     ):
         self.task = task
         self.model = model
         self.records = None if records is None else Path(records)
-        self.rng = random.Random(seed)
-        self.batch, self.population = batch, population
+        self.params = params or SearchParams()
+        self.rng = random.Random(self.params.seed)
         self.measured: dict[str, tuple[State, float]] = {}
         self.result = TuneResult(None, float("inf"), 0)
         self.resumed = 0
@@ -192,7 +192,7 @@ class TaskSearch:
                 set(self.measured),
                 [s for s, _ in ranked],
                 n=n,
-                population=self.population,
+                params=self.params,
             )
             self.seconds["search"] += time.perf_counter() - t0
             if self._initial:
@@ -281,17 +281,17 @@ def _default_log(line: str) -> None:
 def tune_workload(
     name: str,
     shape: list[int] | None,
-    target: Target,
+    target: Target | str,
     trials: int,
     records: str | Path | None = None,
-    seed: int = 0,
+    params: SearchParams | None = None,
     log: Callable[[str], None] | None = None,
 ) -> tuple[SearchTask, TuneResult]:
     """Tune one named operator (aotc.topi.workloads) and report its best GFLOP/s."""
     from aotc.topi.workloads import make_workload
 
     task = SearchTask(make_workload(name, shape), target, name)
-    result = task.tune(trials, records=records, seed=seed, log=log)
+    result = task.tune(trials, records=records, params=params, log=log)
     return task, result
 
 

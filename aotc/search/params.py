@@ -1,0 +1,86 @@
+"""`SearchParams`: every search-policy setting, each with its one default (ANSOR.md §3.1, CPU values).
+
+Policy is how the search explores: sketch structure, random annotation, evolution, how many candidates
+a round measures and how they are picked, the task scheduler's strategy, the seed. How much to search
+(trials, deadline), where records go and how candidates are measured are not policy: the tuning options
+hold those (aotc.search.model_tuning.TuningOptions).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+STRATEGIES = ("gradient", "round-robin")
+
+
+@dataclass(frozen=True)
+class SearchParams:
+    """The search policy. Sketches: `structure` (multi-level tiling, S spatial / R reduce levels),
+    `fusion_levels` (tile levels a consumer may fuse at). Annotation: `max_innermost_split_factor`,
+    `non_divisor_prob` (a split padded past the extent), `innermost_reorder_prob`, `unroll_steps`
+    (auto-unroll choices), `parallel_per_core` (parallel iterations per core at most). Evolution:
+    `population`, `generations`, `mutation_prob`, `crossover_prob`. Each round: `per_round` candidates
+    measured, `eps_greedy` of them random rather than the model's best. Task scheduler: `strategy`
+    ("gradient" or "round-robin"). `seed`: every random choice (task i's search uses seed + i)."""
+
+    structure: str = "SSRSRS"
+    fusion_levels: tuple[int, ...] = (1, 2)
+    max_innermost_split_factor: int = 64
+    non_divisor_prob: float = 0.2
+    innermost_reorder_prob: float = 0.5
+    unroll_steps: tuple[int, ...] = (0, 16, 64, 512)
+    parallel_per_core: int = 16
+    population: int = 256
+    generations: int = 4
+    mutation_prob: float = 0.85
+    crossover_prob: float = 0.1
+    per_round: int = 64
+    eps_greedy: float = 0.05
+    strategy: str = "gradient"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("max_innermost_split_factor", "parallel_per_core", "population", "per_round"):
+            _check(
+                name,
+                getattr(self, name),
+                _is_int(getattr(self, name)) and getattr(self, name) >= 1,
+                "a positive int",
+            )
+        _check(
+            "generations",
+            self.generations,
+            _is_int(self.generations) and self.generations >= 0,
+            "an int >= 0",
+        )
+        _check("seed", self.seed, _is_int(self.seed), "an int")
+        for name in (
+            "non_divisor_prob",
+            "innermost_reorder_prob",
+            "mutation_prob",
+            "crossover_prob",
+            "eps_greedy",
+        ):
+            value = getattr(self, name)
+            ok = isinstance(value, int | float) and not isinstance(value, bool) and 0.0 <= value <= 1.0
+            _check(name, value, ok, "a probability from 0 to 1")
+        _check("strategy", self.strategy, self.strategy in STRATEGIES, " or ".join(map(repr, STRATEGIES)))
+        ok = isinstance(self.structure, str) and bool(self.structure) and set(self.structure) <= {"S", "R"}
+        _check("structure", self.structure, ok, "a string of S and R")
+        for name in ("fusion_levels", "unroll_steps"):
+            value = getattr(self, name)
+            ok = isinstance(value, tuple | list) and bool(value) and all(_is_int(v) and v >= 0 for v in value)
+            _check(name, value, ok, "a non-empty tuple of ints >= 0")
+            object.__setattr__(self, name, tuple(value))
+
+    def replace(self, **changes) -> SearchParams:
+        return replace(self, **changes)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check(name: str, value: object, ok: bool, expected: str) -> None:
+    if not ok:
+        raise ValueError(f"SearchParams.{name}: expected {expected}, got {value!r}")
