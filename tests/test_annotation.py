@@ -23,7 +23,7 @@ from aotc.search.annotation import (
     sample_split_lengths,
     vector_friendly,
 )
-from aotc.search.lowering import loop_error, lowered, prune_invalid, state_key
+from aotc.search.lowering import DistinctStates, loop_error, lowered, prune_invalid, state_key
 from aotc.search.params import SearchParams
 from aotc.search.sketch import SearchContext, generate_sketches
 from aotc.target import host_target
@@ -225,6 +225,21 @@ def test_invalid_states_are_pruned():
     good = population(dag, 3)
     assert prune_invalid([s, *sketches, *good]) == good
     assert state_key(s) is None
+
+
+def test_distinct_states_keep_valid_new_programs_only():
+    dag = matmul()
+    a, b, c = population(dag, 3)
+    kept = DistinctStates(exclude={state_key(c)})
+    assert [kept.add(x) for x in (a, None, generate_sketches(dag, TARGET)[0], a, b, c)] == [
+        True,
+        False,
+        False,
+        False,
+        True,
+        False,
+    ]
+    assert kept.states == [a, b] and len(kept) == 2
 
 
 def test_same_seed_same_population():

@@ -16,7 +16,7 @@ from functools import lru_cache
 from aotc.schedule.lower import infer_bound
 from aotc.schedule.state import Annotation, ComputeAtKind, IterKind, ScheduleError, State
 from aotc.schedule.steps import SplitStep, Step, effective_consumers, replay
-from aotc.search.lowering import MAX_LANES, state_key
+from aotc.search.lowering import MAX_LANES, DistinctStates
 from aotc.search.params import SearchParams
 from aotc.search.sketch import (
     SearchContext,
@@ -370,19 +370,11 @@ def sample_initial_population(
     Stops early when `max(50, n // 4)` samples in a row add nothing new (a small search space).
     """
     ctx = SearchContext(dag, target, params or SearchParams())
-    out: list[State] = []
-    seen: set[str] = set()
+    out = DistinctStates()
     stall = 0
     stall_limit = max(50, n // 4)
     while len(out) < n and sketches and stall < stall_limit:
         stall += 1
-        state = sample_state(ctx, sketches[rng.randrange(len(sketches))], rng)
-        if state is None:
-            continue
-        key = state_key(state)
-        if key is None or key in seen:
-            continue
-        seen.add(key)
-        out.append(state)
-        stall = 0
-    return out
+        if out.add(sample_state(ctx, sketches[rng.randrange(len(sketches))], rng)):
+            stall = 0
+    return out.states

@@ -34,7 +34,7 @@ from aotc.search.annotation import (
     sample_initial_population,
 )
 from aotc.search.common import CostModel
-from aotc.search.lowering import state_key
+from aotc.search.lowering import DistinctStates, state_key
 from aotc.search.params import SearchParams
 from aotc.search.sketch import (
     SearchContext,
@@ -395,13 +395,10 @@ def evolutionary_search(
 
 
 def _unique_valid(states: Iterable[State]) -> list[State]:
-    out, seen = [], set()
+    out = DistinctStates()
     for s in states:
-        key = state_key(s)
-        if key is not None and key not in seen:
-            seen.add(key)
-            out.append(s)
-    return out
+        out.add(s)
+    return out.states
 
 
 def _next_generation(
@@ -419,8 +416,7 @@ def _next_generation(
     groups: dict[int | None, list[int]] = {}
     for i, n in enumerate(prefix):
         groups.setdefault(n, []).append(i)
-    out: list[State] = []
-    seen: set[str] = set()
+    out = DistinctStates()
     for _ in range(size * 3):
         if len(out) >= size:
             break
@@ -432,14 +428,8 @@ def _next_generation(
             child = mutate(pop[i], rng, ctx)
         else:
             child = pop[i]
-        if child is None:
-            continue
-        key = state_key(child)
-        if key is None or key in seen:
-            continue
-        seen.add(key)
-        out.append(child)
-    return out
+        out.add(child)
+    return out.states
 
 
 def _crossover_with_mate(ctx, pop, cum, groups, prefix, i, rng) -> State | None:
@@ -472,23 +462,18 @@ def pick_states_eps_greedy(
     States already measured or picked (by `state_key`) are skipped; `measured_keys` is not modified.
     """
     n_good = n - int(eps * n)
-    picked: list[State] = []
-    keys: set[str] = set()
+    picked = DistinctStates(exclude=measured_keys)
 
     def take(source: Sequence[State], limit: int) -> None:
         for s in source:
             if len(picked) >= limit:
                 return
-            key = state_key(s)
-            if key is None or key in measured_keys or key in keys:
-                continue
-            keys.add(key)
-            picked.append(s)
+            picked.add(s)
 
     take(best, n_good)
     take(random_pool, n)
     take(best, n)
-    return picked
+    return picked.states
 
 
 def search_round(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import weakref
 from collections import OrderedDict
+from collections.abc import Iterable
 
 from aotc.ir.expr import free_vars
 from aotc.ir.printer import func_str
@@ -21,7 +22,7 @@ from aotc.te.dag import ComputeDAG
 
 MAX_LANES = 64  # the widest vector loop codegen accepts
 
-__all__ = ["MAX_LANES", "is_valid", "loop_error", "lowered", "prune_invalid", "state_key"]
+__all__ = ["MAX_LANES", "DistinctStates", "is_valid", "loop_error", "lowered", "prune_invalid", "state_key"]
 
 
 def loop_error(func: PrimFunc) -> str | None:
@@ -147,3 +148,25 @@ def is_valid(state: State) -> bool:
 def prune_invalid(states: list[State]) -> list[State]:
     """Drop sketches and states that fail to lower or that codegen would reject."""
     return [s for s in states if is_valid(s)]
+
+
+class DistinctStates:
+    """Valid states with distinct `state_key`s, in the order kept; keys in `exclude` count as seen."""
+
+    def __init__(self, exclude: Iterable[str] = ()):
+        self.states: list[State] = []
+        self.keys: set[str] = set(exclude)
+
+    def __len__(self) -> int:
+        return len(self.states)
+
+    def add(self, state: State | None) -> bool:
+        """Keep `state` if it is a valid program not seen yet; True if it was kept."""
+        if state is None:
+            return False
+        key = state_key(state)
+        if key is None or key in self.keys:
+            return False
+        self.keys.add(key)
+        self.states.append(state)
+        return True
