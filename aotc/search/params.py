@@ -1,4 +1,4 @@
-"""`SearchParams`: every search-policy setting, each with its one default (ANSOR.md §3.1, CPU values).
+"""`SearchParams`: every search-policy setting, each with its one default (docs/search.md#search-parameters).
 
 Policy is how the search explores: sketch structure, random annotation, evolution, how many candidates
 a round measures and how they are picked, the task scheduler's strategy, the seed. How much to search
