@@ -1,11 +1,11 @@
-"""Tuning records: one measured candidate per JSON line (ANSOR.md §7), append-only, versioned.
+"""Tuning records: one measured candidate per JSON line (docs/records.md#record-lines), append-only, versioned.
 
 A line is `{"v", "workload_key", "fingerprint", "target", "hw", "steps", "costs", "error",
 "error_msg", "timestamp", "aotc_version", "host"}`, and, for a candidate timed since aotc measures
 interference, `"noise": {"interference", "spread", "retries"}` (aotc.search.interference). Loading
 never fails on a bad line: lines of an unknown (newer) format version and corrupt lines are skipped
 with a warning. Records are applied only to the exact target string and the exact DAG fingerprint,
-and only after their steps replay and lower on the DAG (ANSOR.md §1.4 and §7.2, "Note for us").
+and only after their steps replay and lower on the DAG (docs/records.md#validation-on-the-way-in).
 
 The format version `v` changes only when a reader of the previous version would misread a line.
 An optional field that older readers ignore does not change it: `noise` came in version 1, a line
