@@ -1,4 +1,4 @@
-"""`SearchTask(dag, target).tune(...)`: Ansor's search loop for one task (ANSOR.md §3.6)."""
+"""`SearchTask(dag, target).tune(...)`: Ansor's search loop for one task (docs/search.md#one-task-tuning-loop)."""
 
 from __future__ import annotations
 
@@ -99,7 +99,7 @@ class SearchTask:
 
 
 class TaskSearch:
-    """One task's search, advanced one round at a time (ANSOR.md §5.4), so that a task scheduler can
+    """One task's search, advanced one round at a time (docs/search.md#task-scheduler), so that a task scheduler can
     interleave tasks that share one cost model. The measurer is passed to each round, not owned."""
 
     def __init__(
