@@ -1,4 +1,4 @@
-"""Random annotation of sketches into complete programs (ANSOR.md §2.4).
+"""Random annotation of sketches into complete programs (docs/search.md#random-annotation).
 
 Each init rule is `rule(ctx, state, rng) -> State | None` (None: the sample is invalid). A sample is a
 sketch with every undefined split length filled, a compute location chosen for every untiled stage,
