@@ -1,4 +1,4 @@
-"""Evolutionary search (ANSOR.md §3): mutation rules, node-based crossover, the EA loop and ε-greedy picking.
+"""Evolutionary search (docs/search.md#evolutionary-search): mutation rules, node-based crossover, the EA loop and ε-greedy picking.
 
 Every genetic operator edits a state's step list and replays it; a child that does not replay, lower or
 pass the codegen checks is dropped (None). States are compared by `state_key` (their loop text).
@@ -251,7 +251,7 @@ MUTATIONS: tuple[tuple[Mutation, float], ...] = (
 
 
 def mutate(state: State, rng: random.Random, ctx: SearchContext) -> State | None:
-    """One mutation chosen by the weights of ANSOR.md §3.4."""
+    """One mutation chosen by the weights of docs/search.md#mutations-and-crossover."""
     fns, weights = zip(*MUTATIONS)
     fn = rng.choices(fns, weights=weights)[0]
     return fn(state, rng, ctx)
@@ -486,7 +486,7 @@ def search_round(
     n: int | None = None,
     params: SearchParams | None = None,
 ) -> list[State]:
-    """One round of SketchPolicy (ANSOR.md §3.2): sample, add the best measured states, evolve, pick
+    """One round of SketchPolicy (docs/search.md#search-round): sample, add the best measured states, evolve, pick
     `n` (default `params.per_round`) candidates, `params.eps_greedy` of them at random.
 
     `measured_best` are measured states sorted by throughput; the top 20% of a population join it.
