@@ -1,4 +1,4 @@
-"""Whole-model tuning: Ansor's task scheduler (ANSOR.md §5.3) spends one trial budget across tasks.
+"""Whole-model tuning: Ansor's task scheduler (docs/search.md#task-scheduler) spends one trial budget across tasks.
 
 After a warm-up round per task, each round goes to the task whose next round should lower the objective
 most (the gradient strategy: chain x (alpha x backward + (1 - alpha) x forward), alpha=0.2, beta=2,
@@ -70,7 +70,7 @@ RoundFn = Callable[[int, int], RoundOutcome]
 
 @dataclass
 class Objective:
-    """f(g) = sum over models m of max(sum_i W[m, i] g_i, L[m]) (ANSOR.md §5.3, f1 and f2).
+    """f(g) = sum over models m of max(sum_i W[m, i] g_i, L[m]) (docs/search.md#task-scheduler).
 
     `weights[m][i]` is how often model m runs task i; `targets[m]` its latency target in seconds (0: none).
     """
@@ -162,7 +162,7 @@ class TuneSummary:
 
 
 class TaskScheduler:
-    """Spends a trial budget across tasks, one search round at a time (ANSOR.md §5.3).
+    """Spends a trial budget across tasks, one search round at a time (docs/search.md#task-scheduler).
 
     `baseline_trials` > 0 starts with a round of that many trials per task (the round function's initial
     states: the default schedule, and schedules transferred from other CPUs), so the end-to-end estimate
@@ -485,7 +485,7 @@ class TaskScheduler:
         return out
 
     def format_table(self) -> str:
-        """The per-task table of ANSOR.md §6.1, then the estimated end-to-end latency."""
+        """The per-task table (docs/search.md#task-scheduler), then the estimated end-to-end latency."""
         lines = [
             "|  ID | Task                           | Latency (ms) | GFLOP/s | Trials | Weight |",
             "|-----|--------------------------------|--------------|---------|--------|--------|",
