@@ -1,4 +1,4 @@
-"""Measuring candidate schedules on this host (ANSOR.md §6): parallel builders, one isolated runner.
+"""Measuring candidate schedules on this host (docs/search.md#measurement): parallel builders, one isolated runner.
 
 `Measurer.measure(states)` compiles every candidate in a pool of builder processes (steps → replay →
 lower → LLVM IR → object → shared library), then runs the libraries one at a time in a single
