@@ -1,4 +1,4 @@
-"""Tuning records: one measured candidate per JSON line (docs/records.md#record-lines), append-only, versioned.
+"""Tuning records: one measured candidate per JSON line, append-only, versioned (docs/records.md).
 
 A line is `{"v", "workload_key", "fingerprint", "target", "hw", "steps", "costs", "error",
 "error_msg", "timestamp", "aotc_version", "host"}`, and, for a candidate timed since aotc measures
