@@ -1,4 +1,7 @@
-"""`SearchTask(dag, target).tune(...)`: Ansor's search loop for one task (docs/search.md#one-task-tuning-loop)."""
+"""`SearchTask(dag, target).tune(...)`: Ansor's search loop for one task.
+
+See docs/search.md#one-task-tuning-loop.
+"""
 
 from __future__ import annotations
 
@@ -99,8 +102,9 @@ class SearchTask:
 
 
 class TaskSearch:
-    """One task's search, advanced one round at a time (docs/search.md#task-scheduler), so that a task scheduler can
-    interleave tasks that share one cost model. The measurer is passed to each round, not owned."""
+    """One task's search, advanced one round at a time, so that a task scheduler can interleave tasks
+    that share one cost model (docs/search.md#task-scheduler). The measurer is passed to each round,
+    not owned."""
 
     def __init__(
         self,
