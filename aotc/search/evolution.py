@@ -1,4 +1,5 @@
-"""Evolutionary search (docs/search.md#evolutionary-search): mutation rules, node-based crossover, the EA loop and ε-greedy picking.
+"""Evolutionary search: mutation rules, node-based crossover, the EA loop and ε-greedy picking
+(docs/search.md#evolutionary-search).
 
 Every genetic operator edits a state's step list and replays it; a child that does not replay, lower or
 pass the codegen checks is dropped (None). States are compared by `state_key` (their loop text).
@@ -486,8 +487,8 @@ def search_round(
     n: int | None = None,
     params: SearchParams | None = None,
 ) -> list[State]:
-    """One round of SketchPolicy (docs/search.md#search-round): sample, add the best measured states, evolve, pick
-    `n` (default `params.per_round`) candidates, `params.eps_greedy` of them at random.
+    """One round of SketchPolicy (docs/search.md#search-round): sample, add the best measured states,
+    evolve, pick `n` (default `params.per_round`) candidates, `params.eps_greedy` of them at random.
 
     `measured_best` are measured states sorted by throughput; the top 20% of a population join it.
     """
