@@ -1,4 +1,4 @@
-"""Whole-model tuning: Ansor's task scheduler (docs/search.md#task-scheduler) spends one trial budget across tasks.
+"""Ansor's task scheduler spends one trial budget across a model's tasks (docs/search.md#task-scheduler).
 
 After a warm-up round per task, each round goes to the task whose next round should lower the objective
 most (the gradient strategy: chain x (alpha x backward + (1 - alpha) x forward), alpha=0.2, beta=2,
