@@ -1,4 +1,5 @@
-"""Sketch generation (docs/search.md#sketch-rules): derivation rules that turn a DAG into loop-structure sketches.
+"""Sketch generation: derivation rules that turn a DAG into loop-structure sketches
+(docs/search.md#sketch-rules).
 
 A sketch is a State whose split lengths are still undefined (None). Rules are tried on (state, stage)
 pairs from the last stage to the first; each rule says whether it applies and returns the successor
@@ -316,7 +317,7 @@ CPU_RULES: tuple[SketchRule, ...] = (
 def derive_sketches(
     ctx: SearchContext, rules: tuple[SketchRule, ...] = CPU_RULES, max_sketches: int = 1000
 ) -> list[State]:
-    """docs/search.md#sketch-rules: breadth-first application of the rules from the last stage to the first."""
+    """The rules applied breadth first, from the last stage to the first (docs/search.md#sketch-rules)."""
     frontier = [(State.initial(ctx.dag), len(ctx.dag.ops) - 1)]
     done: list[State] = []
     while frontier:
