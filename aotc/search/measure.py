@@ -1,4 +1,5 @@
-"""Measuring candidate schedules on this host (docs/search.md#measurement): parallel builders, one isolated runner.
+"""Measuring candidate schedules on this host: parallel builders, one isolated runner
+(docs/search.md#measurement).
 
 `Measurer.measure(states)` compiles every candidate in a pool of builder processes (steps → replay →
 lower → LLVM IR → object → shared library), then runs the libraries one at a time in a single
