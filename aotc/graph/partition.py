@@ -1,4 +1,5 @@
-"""Fuse a graph into subgraphs the way Relay's FuseOps does (docs/README.md#partitioning-into-tasks), and make tasks of them.
+"""Fuse a graph into subgraphs the way Relay's FuseOps does, and make tasks of them
+(docs/README.md#partitioning-into-tasks).
 
 Rules, over the registry's op patterns:
 - an anchor (OUT_ELEMWISE_FUSABLE: conv, matmul, pool) absorbs the element-wise/broadcast consumers
