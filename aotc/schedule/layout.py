@@ -1,4 +1,5 @@
-"""Weight layout rewrite (docs/loop-ir.md#weight-layout-rewrite): constant inputs re-laid out to follow the tile structure.
+"""Weight layout rewrite: constant inputs re-laid out to follow the tile structure
+(docs/loop-ir.md#weight-layout-rewrite).
 
 A placeholder tagged `LAYOUT_FREE` (a constant weight) that one anchor stage reads is given a new
 shape with one dimension per tile loop of that stage, in the stage's loop order, so the innermost
