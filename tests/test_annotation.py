@@ -1,4 +1,5 @@
-"""Random annotation (docs/search.md#random-annotation): sampled programs are complete, valid, distinct and correct."""
+"""Random annotation: sampled programs are complete, valid, distinct and correct
+(docs/search.md#random-annotation)."""
 
 import itertools
 import math
