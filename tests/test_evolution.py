@@ -1,4 +1,5 @@
-"""Evolutionary search (docs/search.md#evolutionary-search): mutations, crossover, the EA loop and ε-greedy picking."""
+"""Evolutionary search: mutations, crossover, the EA loop and ε-greedy picking
+(docs/search.md#evolutionary-search)."""
 
 import math
 import random
