@@ -266,10 +266,10 @@ def read_bundle(
             raise BundleError(f"{path}: missing member {name}")
         if not isinstance(meta, dict) or not isinstance(meta.get("sha256"), str):
             raise BundleError(f"{path}: {MANIFEST} entry of {name} has no sha256")
-        digest = hashlib.sha256(members[name]).hexdigest()
-        if digest != meta["sha256"]:
+        member_digest = hashlib.sha256(members[name]).hexdigest()
+        if member_digest != meta["sha256"]:
             raise BundleError(
-                f"{path}: member {name} fails its sha256 check (manifest {meta['sha256'][:16]}..., file {digest[:16]}...)"
+                f"{path}: member {name} fails its sha256 check (manifest {meta['sha256'][:16]}..., file {member_digest[:16]}...)"
             )
     try:
         text = members[RECORDS].decode("utf-8")
