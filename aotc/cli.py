@@ -261,43 +261,26 @@ def _exit_code(err: Exception) -> int:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from aotc.build import build
-    from aotc.recipe import format_recipe, load_recipe
+    from dataclasses import replace
+
+    from aotc.api import compile, with_overrides
+    from aotc.recipe import Recipe, format_recipe
     from aotc.validate import format_report_row
 
-    recipe = with_overrides(load_recipe(args.recipe), args.trials, args.deadline, args.memory_limit)
+    recipe = with_overrides(Recipe.from_yaml(args.recipe), trials=args.trials, deadline=args.deadline)
+    if args.memory_limit is not None:
+        recipe = replace(recipe, memory_limit=args.memory_limit)
     if args.print_config:
         print(format_recipe(recipe))
         return OK
-    result = build(recipe, resume=args.resume, explain_cache=args.explain_cache, sign_key=args.sign)
+    package = compile(recipe, resume=args.resume, explain_cache=args.explain_cache, sign_key=args.sign)
+    result = package.result
     if result.validation is not None:
         print("validation against the reference:")
         for row in result.validation:
             print(format_report_row(row))
     print(f"wrote {result.package} in {result.seconds:.1f} s (report: {result.report})")
     return OK
-
-
-def with_overrides(recipe, trials: int | None, deadline: float | None, memory_limit: int | None = None):
-    """The recipe with `--trials` / `--deadline` (seconds) / `--memory-limit` (bytes) in place of its
-    values; they are checked again here for callers that bypass argparse."""
-    from dataclasses import replace
-
-    from aotc.recipe import MAX_TRIALS, duration_problem
-
-    tuning = recipe.tuning
-    if trials is not None:
-        if not 0 <= trials <= MAX_TRIALS:
-            raise ValueError(f"--trials {trials}: expected an integer from 0 (no tuning) to {MAX_TRIALS}")
-        tuning = replace(tuning, trials=trials)
-    if deadline is not None:
-        problem = duration_problem(deadline)
-        if problem:
-            raise ValueError(f"--deadline {deadline!r}: {problem}")
-        tuning = replace(tuning, deadline_seconds=deadline)
-    if memory_limit is not None:
-        recipe = replace(recipe, memory_limit=memory_limit)
-    return replace(recipe, tuning=tuning)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -346,13 +329,24 @@ def output_files(names: list[str]) -> dict[str, str]:
 
 
 def cmd_tune_op(args: argparse.Namespace) -> int:
-    from aotc.search.task import tune_workload
+    from aotc.api import tune
+    from aotc.search.measure import MeasureOptions
+    from aotc.search.model_tuning import TuningOptions
+    from aotc.search.params import SearchParams
+    from aotc.search.task import SearchTask
     from aotc.target import parse_target
+    from aotc.topi.workloads import make_workload
 
     shape = None if args.shape is None else [int(v) for v in args.shape.split(",") if v.strip()]
-    task, result = tune_workload(
-        args.op, shape, parse_target(args.target), args.trials, args.records, args.seed
+    target = parse_target(args.target)
+    task = SearchTask(make_workload(args.op, shape), target, args.op)
+    options = TuningOptions(
+        trials=args.trials,
+        records=args.records,
+        measure=MeasureOptions(),
+        search=SearchParams(seed=args.seed),
     )
+    result = tune(task, target, options)
     if result.best_state is None:
         print(f"{task.name}: no valid candidate in {result.trials} trials")
         return BUILD_ERROR

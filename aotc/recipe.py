@@ -10,7 +10,7 @@ import math
 import os
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,12 @@ import yaml
 from yaml.constructor import SafeConstructor
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
+from aotc.search.model_tuning import (
+    MAX_TRIALS,
+    TuningOptions,
+    duration_problem,
+    parse_duration,
+)
 from aotc.target import TargetError, parse_target
 
 DEFAULT_TARGET = "llvm -mcpu=native"
@@ -30,13 +36,9 @@ _TUNING_KEYS = ("trials", "deadline", "records", "tophub", "transfer")
 _TAG = "tag:yaml.org,2002:"
 _TYPE_NAMES = {"str": "a string", "int": "an integer", "float": "a number", "bool": "a boolean"}
 _TYPE_NAMES |= {"null": "null", "seq": "a list", "map": "a mapping", "timestamp": "a date"}
-_DURATION = re.compile(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?")
 _SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?", re.IGNORECASE)
 _SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
 _SIZE_UNITS |= {"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-# Bounds on tuning values, so a typo (or `inf`) fails before any work, not after hours of tuning.
-MAX_TRIALS = 10_000_000
-MAX_DEADLINE_SECONDS = 30 * 24 * 3600.0
 MAX_MEMORY_LIMIT = 2**60
 
 
@@ -56,29 +58,37 @@ class InputSpec:
 
 
 @dataclass(frozen=True)
-class TuningSpec:
-    """Tuning options; None means "not set, use the tuner's default". ``tophub=[]`` means no tophub.
-    ``transfer``: measure records of other CPUs of the target's ISA here (aotc/hub/transfer.py)."""
-
-    trials: int | None = None
-    deadline_seconds: float | None = None
-    records: Path | None = None
-    tophub: list[str] | None = None
-    transfer: bool = True
-
-
-@dataclass(frozen=True)
 class Recipe:
-    path: Path
+    """What to compile, for which target, and how to tune it: read from a YAML file (`Recipe.from_yaml`)
+    or made in Python. `output` defaults to build/<model stem>.aotc beside the recipe file (or the
+    working directory when there is none); `path` is the recipe file, if any."""
+
     model: Path
-    inputs: dict[str, InputSpec]
-    target: str
-    output: Path
-    tuning: TuningSpec
-    validate: bool
+    inputs: dict[str, InputSpec] = field(default_factory=dict)
+    target: str = DEFAULT_TARGET
+    output: Path | None = None
+    tuning: TuningOptions = field(default_factory=TuningOptions)
+    validate: bool = True
     winograd: bool = True
     nhwc: bool = True
     memory_limit: int | None = None  # bytes a run may need (workspace + weights + I/O); None: physical memory
+    path: Path | None = None
+
+    def __post_init__(self) -> None:
+        model = Path(os.fspath(self.model)).expanduser().resolve()
+        object.__setattr__(self, "model", model)
+        if self.output is None:
+            base = self.path.resolve().parent if self.path is not None else Path.cwd()
+            object.__setattr__(self, "output", base / "build" / f"{model.stem}.aotc")
+        else:
+            object.__setattr__(self, "output", Path(os.fspath(self.output)).expanduser().resolve())
+        inputs = {name: _input_spec(spec) for name, spec in self.inputs.items()}
+        object.__setattr__(self, "inputs", inputs)
+
+    @staticmethod
+    def from_yaml(path: str | os.PathLike) -> Recipe:
+        """Read, validate and resolve a recipe file; raises RecipeError on any problem."""
+        return load_recipe(path)
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved recipe: absolute paths, defaults filled, the target made concrete for this host."""
@@ -92,7 +102,7 @@ class Recipe:
             "output": str(self.output),
             "tuning": {
                 "trials": self.tuning.trials,
-                "deadline": self.tuning.deadline_seconds,
+                "deadline": self.tuning.deadline,
                 "records": None if self.tuning.records is None else str(self.tuning.records),
                 "tophub": self.tuning.tophub,
                 "transfer": self.tuning.transfer,
@@ -107,37 +117,25 @@ class Recipe:
 def format_recipe(recipe: Recipe) -> str:
     """The resolved recipe as YAML (itself a loadable recipe); null tuning values mean the tuner's default."""
     body = yaml.safe_dump(recipe.to_dict(), sort_keys=False, default_flow_style=None, width=1 << 16)
-    return f"# resolved from {recipe.path}\n{body}"
+    return f"# resolved from {recipe.path or 'Python'}\n{body}"
 
 
-def load_recipe(path: str | Path) -> Recipe:
+def _input_spec(spec: InputSpec | dict | tuple | list | None) -> InputSpec:
+    """An input given as an InputSpec, {"shape": ..., "dtype": ...}, or a bare shape."""
+    if isinstance(spec, InputSpec):
+        return spec
+    if spec is None:
+        return InputSpec()
+    if isinstance(spec, dict):
+        shape = spec.get("shape")
+        return InputSpec(None if shape is None else tuple(int(d) for d in shape), spec.get("dtype"))
+    return InputSpec(tuple(int(d) for d in spec))
+
+
+def load_recipe(path: str | os.PathLike) -> Recipe:
     """Read, validate and resolve a recipe file; raises RecipeError on any problem."""
     loader = _Loader(Path(path))
     return loader.load()
-
-
-def parse_duration(text: str) -> float | None:
-    """Seconds in ``90s``, ``45m``, ``1h30m``, ``2h`` or a plain number; None when unparsable or not
-    finite (``inf``, ``nan``)."""
-    text = text.strip().replace(" ", "")
-    try:
-        value = float(text)
-    except ValueError:
-        m = _DURATION.fullmatch(text)
-        if not text or m is None:
-            return None
-        h, mins, s = (float(g) if g else 0.0 for g in m.groups())
-        value = h * 3600 + mins * 60 + s
-    return value if math.isfinite(value) else None
-
-
-def duration_problem(seconds: float | None) -> str:
-    """Why `seconds` is not a usable tuning deadline, or ""."""
-    if seconds is None or not math.isfinite(seconds) or seconds <= 0:
-        return "expected a positive duration like 90s, 30m, 1h30m"
-    if seconds > MAX_DEADLINE_SECONDS:
-        return f"more than {MAX_DEADLINE_SECONDS / 86400:g} days"
-    return ""
 
 
 def parse_size(text: str | int) -> int | None:
@@ -177,7 +175,7 @@ class _Loader:
             output=self.optional(
                 entries, "output", self.path_value, self.base / "build" / f"{model.stem}.aotc"
             ),
-            tuning=self.optional(entries, "tuning", self.tuning, TuningSpec()),
+            tuning=self.optional(entries, "tuning", self.tuning, TuningOptions()),
             validate=self.optional(entries, "validate", self.boolean, True),
             winograd=self.optional(entries, "winograd", self.boolean, True),
             nhwc=self.optional(entries, "nhwc", self.boolean, True),
@@ -323,14 +321,14 @@ class _Loader:
             raise self.fail(node, key, f"unsupported dtype '{value}' ({_suggest(value, DTYPES)})")
         return value
 
-    def tuning(self, node: Node, key: str) -> TuningSpec:
+    def tuning(self, node: Node, key: str) -> TuningOptions:
         entries = self.mapping(node, key, _TUNING_KEYS)
-        return TuningSpec(
+        return TuningOptions(
             trials=self.optional(entries, "trials", self.trials, None, key),
-            deadline_seconds=self.optional(entries, "deadline", self.deadline, None, key),
+            deadline=self.optional(entries, "deadline", self.deadline, None, key),
             records=self.optional(entries, "records", self.path_value, None, key),
             tophub=self.optional(entries, "tophub", self.tophub, None, key),
-            transfer=self.optional(entries, "transfer", self.boolean, TuningSpec.transfer, key),
+            transfer=self.optional(entries, "transfer", self.boolean, TuningOptions.transfer, key),
         )
 
     def trials(self, node: Node, key: str) -> int:

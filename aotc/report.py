@@ -11,10 +11,22 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from aotc.files import atomic_file
+
+if TYPE_CHECKING:  # annotations only: the report reads these objects, it imports none of their stages
+    from aotc.graph.partition import Task
+    from aotc.hub import Lookup
+    from aotc.recipe import Recipe
+    from aotc.schedule.state import State
+    from aotc.search.model_tuning import TuningRun
+    from aotc.search.records import Record
+    from aotc.target import Target
 
 REPORT_FORMAT = "aotc-build-report"
 REPORT_VERSION = 1
@@ -169,3 +181,102 @@ def _written(path: Path, write: Callable) -> Path:
     with atomic_file(path) as f:
         write(f)
     return path
+
+
+def default_cost(task: Task, default: State, records: list[Record], target: Target) -> float | None:
+    """The measured latency of the task's default schedule, if it is among the records."""
+    from aotc.schedule.steps import steps_to_json
+
+    steps = json.loads(json.dumps(steps_to_json(default.steps)))
+    costs = [
+        r.mean_cost
+        for r in records
+        if r.ok and r.fingerprint == task.dag.fingerprint and r.target == str(target) and r.steps == steps
+    ]
+    return min(costs) if costs else None
+
+
+def build_report(
+    recipe: Recipe,
+    target: Target,
+    tasks: list[Task],
+    lookups: list[Lookup],
+    defaults: list[State],
+    records: list[Record],
+    records_file: Path,
+    run: TuningRun | None,
+    timings: dict[str, float],
+    start: float,
+    transfers: list[dict | None],
+) -> dict:
+    """The build report: per task where its kernel came from, its trials, latency and FLOP rate (best and
+    default), the tuning run's totals and curve, and the build's stage timings."""
+    counts: dict[str, int] = {}
+    for r in records:
+        if r.target == str(target):
+            counts[r.fingerprint] = counts.get(r.fingerprint, 0) + 1
+    rows = []
+    for i, (task, found, default, transfer) in enumerate(zip(tasks, lookups, defaults, transfers)):
+        best = found.record.mean_cost if found.record is not None else None
+        source = found.source if found.record is not None else "default schedule"
+        if transfer is not None and transfer["kernel"] == "transferred":
+            source = f"transferred from {transfer['from']} (measured here)"
+        flops = task.dag.flop_count
+        rows.append(
+            {
+                "id": i,
+                "name": task.name,
+                "workload_key": task.workload_key,
+                "fingerprint": task.dag.fingerprint,
+                "weight": task.weight,
+                "flops": flops,
+                "trials": counts.get(task.dag.fingerprint, 0),
+                "new_trials": run.new_trials[i] if run is not None else 0,
+                "best_latency_s": best,
+                "default_latency_s": default_cost(task, default, records, target),
+                "gflops": flops / best / 1e9 if best else None,
+                "source": source,
+                "lookup": str(found),
+                "transfer": transfer,
+                "dead": run.scheduler.progress[i].dead if run is not None else "",
+            }
+        )
+
+    def total(key: str) -> float | None:
+        values = [row[key] for row in rows]
+        return (
+            None if any(v is None for v in values) else sum(v * row["weight"] for v, row in zip(values, rows))
+        )
+
+    tuning: dict = {"enabled": run is not None, "records": str(records_file)}
+    if run is not None:
+        s = run.scheduler
+        tuning |= {
+            "budget_trials": recipe.tuning.trials,
+            "deadline_seconds": recipe.tuning.deadline,
+            "strategy": s.strategy,
+            "trials": s.total_trials,
+            "new_trials": run.summary.trials,
+            "rounds": run.summary.rounds,
+            "seconds": run.summary.seconds,
+            "stop_reason": run.summary.stop_reason,
+        }
+    curve = (
+        []
+        if run is None
+        else [[n, sec, lat if math.isfinite(lat) else None] for n, sec, lat in run.scheduler.curve]
+    )
+    return {
+        "package": str(recipe.output),
+        "model": str(recipe.model),
+        "target": str(target),
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
+        "seconds": time.perf_counter() - start,
+        "timings": dict(timings),
+        "tuning": tuning,
+        "estimated_latency_s": total("best_latency_s"),
+        "default_latency_s": total("default_latency_s"),
+        "tasks": rows,
+        "curve_columns": ["trials", "seconds", "estimated_latency_s"],
+        "curve": curve,
+    }

@@ -34,9 +34,11 @@ import onnx
 from timing import cpu_class, median_seconds
 from zoo import onnx_models as models
 
-from aotc.build import BuildResult, TuningOptions, build
+from aotc.api import with_overrides
+from aotc.build import BuildResult, build
 from aotc.recipe import load_recipe, parse_duration
 from aotc.search.measure import MeasureOptions
+from aotc.search.params import SearchParams
 from aotc.validate import random_inputs
 
 THREADS = 2
@@ -56,8 +58,9 @@ QUICK: dict[str, Callable[[], onnx.ModelProto]] = {
     "mlp": lambda: models.mlp(),
 }
 DEFAULT_MODELS = "resnet18,mobilenet_v2,bert"
-QUICK_TUNING = TuningOptions(
-    measure=MeasureOptions(repeat=1, min_repeat_ms=1, n_build_workers=2), population=32, per_round=8
+QUICK_TUNING = dict(
+    measure=MeasureOptions(repeat=1, min_repeat_ms=1, n_build_workers=2),
+    search=SearchParams(population=32, per_round=8),
 )
 
 
@@ -146,7 +149,7 @@ def run_model(
     workdir: Path,
     trials_per_task: int,
     deadline: str,
-    options: TuningOptions | None,
+    options: dict | None,
     log: Callable[[str], None],
     nhwc: bool = True,
 ) -> ModelRun:
@@ -161,7 +164,7 @@ def run_model(
         def tuned_build(folder: Path) -> BuildResult:
             tuning = f"{{trials: {budget}, deadline: {deadline}, records: {folder / 'records.jsonl'}}}"
             recipe = load_recipe(write_recipe(folder, model, tuning, nhwc))
-            return build(recipe, log=log, tuning_options=options)
+            return build(with_overrides(recipe, **(options or {})), log=log)
 
         tuned = tuned_build(workdir / "tuned")
         again = tuned_build(workdir / "from_store")

@@ -33,10 +33,12 @@ from models import private_store
 from timing import cpu_class
 from zoo import onnx_models as models
 
-from aotc.build import TuningOptions, build, load_model
+from aotc.api import with_overrides
+from aotc.build import build, load_model
 from aotc.graph.partition import Task, extract_tasks, partition
 from aotc.recipe import load_recipe
 from aotc.search.measure import MeasureOptions, Measurer
+from aotc.search.params import SearchParams
 from aotc.search.records import Record, load_records
 from aotc.target import Target, parse_target
 
@@ -46,7 +48,7 @@ TOPHUB = Path(__file__).resolve().parent.parent / "tophub"
 
 
 def run_build(
-    out: Path, name: str, target: str, trials: int, transfer: bool, options: TuningOptions, reuse: bool
+    out: Path, name: str, target: str, trials: int, transfer: bool, options: dict, reuse: bool
 ) -> dict:
     """One build (or its earlier output, with `reuse`); returns per task fingerprint the records in
     measurement order, the build's curve, and the transfer outcomes."""
@@ -57,7 +59,7 @@ def run_build(
     )
     report_file = out / name / "model.report" / "report.json"
     if not (reuse and report_file.exists()):
-        build(load_recipe(recipe), log=lambda _: None, tuning_options=options)
+        build(with_overrides(load_recipe(recipe), **options), log=lambda _: None)
     records: dict[str, list[Record]] = {}
     for rec in load_records(out / name / "records.jsonl"):
         records.setdefault(rec.fingerprint, []).append(rec)
@@ -115,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3, help="turns when measuring the best schedules again")
     args = ap.parse_args(argv)
 
-    options = TuningOptions(per_round=args.per_round)
+    options = dict(search=SearchParams(per_round=args.per_round))
     target = parse_target(args.target)
     here = cpu_class()
     with tempfile.TemporaryDirectory(prefix="aotc-transfer-") as tmp:

@@ -4,9 +4,11 @@ import aotc_runtime
 import numpy as np
 import pytest
 
-from aotc.build import TuningOptions, build
+from aotc.api import with_overrides
+from aotc.build import build
 from aotc.recipe import load_recipe
 from aotc.search.measure import MeasureOptions
+from aotc.search.params import SearchParams
 from aotc.validate import compare, random_inputs, reference_outputs
 from recipes.zoo import onnx_models as models
 
@@ -92,8 +94,11 @@ def test_tuned_build_uses_records_and_a_second_build_tunes_nothing(tmp_path):
     models.save(models.mlp(), path)
     recipe = tmp_path / "mlp.yaml"
     recipe.write_text(f"model: mlp.onnx\noutput: mlp.aotc\nvalidate: true\n{extra}")
-    fast = TuningOptions(measure=MeasureOptions(repeat=1, min_repeat_ms=1, n_build_workers=2), population=32)
-    first = build(load_recipe(recipe), log=logs.append, tuning_options=fast)
+    fast = dict(
+        measure=MeasureOptions(repeat=1, min_repeat_ms=1, n_build_workers=2),
+        search=SearchParams(population=32),
+    )
+    first = build(with_overrides(load_recipe(recipe), **fast), log=logs.append)
     kernels = aotc_runtime.load(str(first.package)).manifest["kernels"]
     assert any(k["schedule"] == "record" for k in kernels)
     assert any(line.startswith("tuning ") for line in logs)
@@ -101,7 +106,7 @@ def test_tuned_build_uses_records_and_a_second_build_tunes_nothing(tmp_path):
     assert records_after_first == 24
 
     logs.clear()
-    second = build(load_recipe(recipe), log=logs.append, tuning_options=fast)
+    second = build(with_overrides(load_recipe(recipe), **fast), log=logs.append)
     assert not any(line.startswith("tuning ") for line in logs)
     assert (tmp_path / "mlp.jsonl").read_text().count("\n") == records_after_first
     again = aotc_runtime.load(str(second.package)).manifest["kernels"]

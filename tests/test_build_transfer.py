@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from aotc.build import TuningOptions, build, load_model
+from aotc.api import with_overrides
+from aotc.build import build, load_model
 from aotc.graph.partition import extract_tasks, partition
 from aotc.hub import open_sources
 from aotc.hub.store import append_to_store
@@ -15,12 +16,14 @@ from aotc.recipe import load_recipe
 from aotc.schedule.default import default_schedule
 from aotc.search.common import ErrorCode, MeasureResult
 from aotc.search.measure import MeasureOptions
+from aotc.search.params import SearchParams
 from aotc.search.records import Record, load_records
 from aotc.target import parse_target
 from recipes.zoo import onnx_models as models
 
-FAST = TuningOptions(
-    measure=MeasureOptions(repeat=1, min_repeat_ms=1, n_build_workers=2), population=32, per_round=8
+FAST = dict(
+    measure=MeasureOptions(repeat=1, min_repeat_ms=1, n_build_workers=2),
+    search=SearchParams(population=32, per_round=8),
 )
 # Another CPU of this host's ISA: records made for it are transferable, never an exact hit here.
 OTHER = parse_target("llvm -mcpu=generic")
@@ -64,7 +67,7 @@ def test_transfer_seeds_an_untuned_build_and_the_next_build_is_an_exact_hit(tmp_
     tasks = foreign_records(recipe, tmp_path / "home")
     target = parse_target(recipe.target)
     logs: list[str] = []
-    result = build(recipe, log=logs.append, explain_cache=True, tuning_options=FAST)
+    result = build(with_overrides(recipe, **FAST), log=logs.append, explain_cache=True)
     assert result.validation and all(r["ok"] for r in result.validation)
     text = "\n".join(logs)
     assert "stale: record for -mcpu=generic" in text  # the exact key still never matches
@@ -99,7 +102,7 @@ def test_transfer_seeds_an_untuned_build_and_the_next_build_is_an_exact_hit(tmp_
     )
 
     logs.clear()
-    build(recipe, log=logs.append, explain_cache=True, tuning_options=FAST)
+    build(with_overrides(recipe, **FAST), log=logs.append, explain_cache=True)
     assert not any(line.startswith("measuring ") for line in logs)
     assert sum(
         line.split(": ", 1)[1].startswith("hit: ") for line in logs if line.startswith("task ")
@@ -111,7 +114,7 @@ def test_transfer_false_turns_it_off(tmp_path):
     recipe = mlp_recipe(tmp_path, "  trials: 0\n  transfer: false\n")
     foreign_records(recipe, tmp_path / "home")
     logs: list[str] = []
-    build(recipe, log=logs.append, explain_cache=True, tuning_options=FAST)
+    build(with_overrides(recipe, **FAST), log=logs.append, explain_cache=True)
     assert not any("transferred" in line or line.startswith("measuring ") for line in logs)
     assert not (tmp_path / "build" / "mlp.records.jsonl").exists()
     report = json.loads((tmp_path / "build" / "mlp.report" / "report.json").read_text())
@@ -122,7 +125,7 @@ def test_transfer_seeds_the_first_round_of_a_tuned_build(tmp_path):
     recipe = mlp_recipe(tmp_path, "  trials: 12\n")
     tasks = foreign_records(recipe, tmp_path / "home")
     logs: list[str] = []
-    result = build(recipe, log=logs.append, tuning_options=FAST)
+    result = build(with_overrides(recipe, **FAST), log=logs.append)
     assert any(line.startswith("tuning ") for line in logs) and result.tuning.trials == 12
     here = {json.dumps(r.steps) for r in load_records(tmp_path / "build" / "mlp.records.jsonl")}
     assert 2 * len(tasks) <= 12  # room for every task's default and transferred schedule

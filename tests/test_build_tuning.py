@@ -8,15 +8,18 @@ import aotc_runtime
 import numpy as np
 import pytest
 
-from aotc.build import TuningOptions, build
+from aotc.api import with_overrides
+from aotc.build import build
 from aotc.recipe import load_recipe
 from aotc.search.measure import MeasureOptions
+from aotc.search.params import SearchParams
 from aotc.search.records import load_records
 from aotc.validate import compare, random_inputs, reference_outputs
 from recipes.zoo import onnx_models as models
 
-FAST = TuningOptions(
-    measure=MeasureOptions(repeat=1, min_repeat_ms=1, n_build_workers=2), population=32, per_round=8
+FAST = dict(
+    measure=MeasureOptions(repeat=1, min_repeat_ms=1, n_build_workers=2),
+    search=SearchParams(population=32, per_round=8),
 )
 TASK_FIELDS = {
     "name",
@@ -69,7 +72,7 @@ def test_deadline_build_is_on_time_then_resume_measures_only_new_candidates(tmp_
     deadline = 20.0
     recipe = mlp_recipe(tmp_path, f"  deadline: {deadline:g}s\n")
     start = time.monotonic()
-    result = build(recipe, log=lambda _: None, tuning_options=FAST)
+    result = build(with_overrides(recipe, **FAST), log=lambda _: None)
     wall = time.monotonic() - start
     assert wall < deadline + 2.0, f"the build took {wall:.1f} s for a {deadline:g} s deadline"
     assert result.tuning.stop_reason == "deadline" and result.tuning.trials > 0
@@ -99,7 +102,7 @@ def test_deadline_build_is_on_time_then_resume_measures_only_new_candidates(tmp_
 
     more = 8
     resumed = mlp_recipe(tmp_path, f"  trials: {len(keys) + more}\n", validate=False)
-    again = build(resumed, log=lambda _: None, resume=True, tuning_options=FAST)
+    again = build(with_overrides(resumed, **FAST), log=lambda _: None, resume=True)
     after = record_keys(records)
     assert again.tuning.trials == more and len(after) == len(keys) + more
     assert len(set(after)) == len(after)  # nothing measured twice
@@ -108,7 +111,7 @@ def test_deadline_build_is_on_time_then_resume_measures_only_new_candidates(tmp_
 
     # every record went to the user store too: a build with a fresh record file tunes nothing
     elsewhere = mlp_recipe(tmp_path, "  trials: 50\n  records: fresh.jsonl\n", validate=False)
-    cached = build(elsewhere, log=lambda _: None, tuning_options=FAST)
+    cached = build(with_overrides(elsewhere, **FAST), log=lambda _: None)
     assert cached.tuning.trials == 0 and not (tmp_path / "fresh.jsonl").exists()
     assert kernel_library(cached.package) == kernel_library(again.package)
     sources = [k.get("record_source", "") for k in aotc_runtime.load(str(cached.package)).manifest["kernels"]]
@@ -123,7 +126,7 @@ def test_ctrl_c_during_tuning_still_writes_a_valid_package(tmp_path):
         rounds.append(report.round)
         raise KeyboardInterrupt
 
-    result = build(recipe, log=lambda _: None, callbacks=[interrupt], tuning_options=FAST)
+    result = build(with_overrides(recipe, **FAST), log=lambda _: None, callbacks=[interrupt])
     assert rounds == [1]
     # the first round measures the first task's default schedule (the baseline of the estimate)
     assert result.tuning.stop_reason == "interrupted" and result.tuning.trials == 1

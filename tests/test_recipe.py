@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from aotc.recipe import InputSpec, RecipeError, TuningSpec, format_recipe, load_recipe, parse_duration
+from aotc.recipe import InputSpec, RecipeError, TuningOptions, format_recipe, load_recipe, parse_duration
 from aotc.target import parse_target
 
 RECIPES = Path(__file__).resolve().parent.parent / "recipes"
@@ -55,7 +55,7 @@ def test_full_recipe(write, tmp_path):
     assert r.inputs == {"x": InputSpec((1, 64), "float32"), "mask": InputSpec(None, "bool")}
     assert r.target == "llvm -mcpu=skylake-avx512 -num-cores=4"
     assert r.output == tmp_path / "out" / "m.aotc"
-    assert r.tuning == TuningSpec(
+    assert r.tuning == TuningOptions(
         2000,
         5400.0,
         tmp_path / "tuning" / "m.jsonl",
@@ -67,7 +67,7 @@ def test_full_recipe(write, tmp_path):
 
 def test_defaults_are_resolved(write, tmp_path):
     r = load_recipe(write("model: models/m.onnx\n"))
-    assert r.inputs == {} and r.tuning == TuningSpec() and r.validate is True
+    assert r.inputs == {} and r.tuning == TuningOptions() and r.validate is True
     assert r.target == "llvm -mcpu=native"
     assert r.output == tmp_path / "build" / "m.aotc"
     d = r.to_dict()
@@ -87,7 +87,7 @@ def test_defaults_are_resolved(write, tmp_path):
 
 def test_null_values_mean_default(write):
     r = load_recipe(write("model: models/m.onnx\ninputs:\ntuning:\ntarget: ~\nvalidate: null\n"))
-    assert r.inputs == {} and r.tuning == TuningSpec() and r.target == "llvm -mcpu=native" and r.validate
+    assert r.inputs == {} and r.tuning == TuningOptions() and r.target == "llvm -mcpu=native" and r.validate
 
 
 def test_tophub_none_is_empty(write):

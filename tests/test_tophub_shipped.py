@@ -10,8 +10,9 @@ import yaml
 from aotc.build import load_model
 from aotc.graph.partition import extract_tasks, partition
 from aotc.hub import open_sources
-from aotc.hub.store import read_store_file, shipped_store_dir, store_files
+from aotc.hub.store import shipped_store_dir, store_files
 from aotc.recipe import load_recipe
+from aotc.search.records import read_record_file
 from aotc.target import parse_target
 from recipes.zoo import onnx_models as models
 
@@ -22,7 +23,7 @@ def test_shipped_store_parses_without_corrupt_lines():
     files = store_files(ROOT / "tophub")
     assert files, "tophub/ ships no records"
     for path in files:
-        content = read_store_file(path)
+        content = read_record_file(path)
         assert content.records and not content.corrupt, path
 
 
@@ -31,7 +32,7 @@ def shipped_cpu_classes() -> str:
     cpus = {
         parse_target(r.target).mcpu
         for path in store_files(ROOT / "tophub")
-        for r in read_store_file(path).records
+        for r in read_record_file(path).records
     }
     return ", ".join(sorted(cpus))
 

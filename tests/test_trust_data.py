@@ -35,14 +35,13 @@ from aotc.hub.store import (
     TargetKey,
     append_to_store,
     merge_into_store,
-    read_store_file,
     record_identity,
     store_files,
 )
 from aotc.recipe import RecipeError, load_recipe
 from aotc.schedule.state import State
 from aotc.search.common import MeasureResult
-from aotc.search.records import Record, RecordWarning, append_records, load_records
+from aotc.search.records import Record, RecordWarning, append_records, load_records, read_record_file
 from aotc.target import parse_target
 from aotc.topi.workloads import make_workload
 from recipes.zoo import onnx_models as models
@@ -149,7 +148,7 @@ def test_poisoned_store_line_never_wins_verify_names_it_and_prune_drops_it(home,
         assert f"{file}:{lineno}: " in out
     assert "below" in out and "not finite" in out
     assert hub("prune") == 0
-    kept = read_store_file(file)
+    kept = read_record_file(file)
     assert [r.steps for r in kept.records] == [good.steps] and not kept.corrupt
 
 
@@ -364,7 +363,7 @@ def test_absurd_shapes_are_refused_before_compiling_naming_the_size(tmp_path, mo
     onnx.save(model, tmp_path / "huge.onnx")
     recipe = tmp_path / "huge.yaml"
     recipe.write_text("model: huge.onnx\nvalidate: false\n")
-    monkeypatch.setattr("aotc.build.physical_memory", lambda: 64 << 30)
+    monkeypatch.setattr("aotc.execution_plan.physical_memory", lambda: 64 << 30)
     monkeypatch.setattr("aotc.build.lookup_kernels", lambda *a: pytest.fail("looked kernels up"))
     with pytest.raises(BuildError, match=r"needs \d+\.\d GB .*physical memory \(68.7 GB\).*memory_limit"):
         build(load_recipe(recipe), log=lambda _: None)
@@ -392,17 +391,20 @@ def test_zero_size_dimension_is_named_zero_size_not_dynamic(tmp_path):
 
 _TUNE_SCRIPT = """
 import sys
-from aotc.build import TuningOptions, build
+from aotc.api import with_overrides
+from aotc.build import build
 from aotc.recipe import load_recipe
 from aotc.search.measure import MeasureOptions
-fast = TuningOptions(measure=MeasureOptions(repeat=1, min_repeat_ms=1, n_build_workers=1), population=16, per_round=4)
-build(load_recipe(sys.argv[1]), log=lambda _: None, tuning_options=fast)
+from aotc.search.params import SearchParams
+fast = dict(measure=MeasureOptions(repeat=1, min_repeat_ms=1, n_build_workers=1), search=SearchParams(population=16, per_round=4))
+build(with_overrides(load_recipe(sys.argv[1]), **fast), log=lambda _: None)
 """
 
 
 def test_records_measured_before_a_kill_reach_the_user_store_on_resume(tmp_path, mlp, home):
-    from aotc.build import TuningOptions
+    from aotc.api import with_overrides
     from aotc.search.measure import MeasureOptions
+    from aotc.search.params import SearchParams
 
     recipe = tmp_path / "mlp.yaml"
     recipe.write_text("model: mlp.onnx\noutput: build/mlp.aotc\nvalidate: false\ntuning:\n  trials: 2000\n")
@@ -429,11 +431,12 @@ def test_records_measured_before_a_kill_reach_the_user_store_on_resume(tmp_path,
     recipe.write_text(
         f"model: mlp.onnx\noutput: build/mlp.aotc\nvalidate: false\ntuning:\n  trials: {done + 2}\n"
     )
-    fast = TuningOptions(
-        measure=MeasureOptions(repeat=1, min_repeat_ms=1, n_build_workers=1), population=16, per_round=2
+    fast = dict(
+        measure=MeasureOptions(repeat=1, min_repeat_ms=1, n_build_workers=1),
+        search=SearchParams(population=16, per_round=2),
     )
-    build(load_recipe(recipe), log=lambda _: None, resume=True, tuning_options=fast)
-    stored = {record_identity(r) for p in store_files(home / "tophub") for r in read_store_file(p).records}
+    build(with_overrides(load_recipe(recipe), **fast), log=lambda _: None, resume=True)
+    stored = {record_identity(r) for p in store_files(home / "tophub") for r in read_record_file(p).records}
     assert {record_identity(r) for r in measured if r.ok} <= stored
 
 

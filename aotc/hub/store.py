@@ -159,11 +159,6 @@ def _cores(n: int) -> str:
 # ----------------------------------------------------------------------------- reading
 
 
-# A store file is a record file: one reader (aotc.search.records.read_record_file) serves both. This name
-# stays for the tests that still import it from here.
-read_store_file = read_record_file
-
-
 def is_store_file_name(name: str) -> bool:
     """True for a name a store gives its files (`TargetKey.file_name`)."""
     return STORE_FILE_NAME.fullmatch(name) is not None
