@@ -80,6 +80,7 @@ def build(
     if not target.is_cpu:
         raise BuildError(f"target {target}: only llvm (CPU) targets can be built so far")
     check_signing_key(sign_key, log)
+    check_outputs_outside_stores(recipe)
     with timed(timings, "import+partition"):
         graph = load_model(recipe)
         groups = partition(graph)
@@ -124,6 +125,22 @@ def check_signing_key(sign_key: Path | None, log: Callable[[str], None]) -> None
         from aotc.signing import signing_key_id
 
         log(f"signing the package with key {signing_key_id(sign_key)} ({sign_key})")
+
+
+def check_outputs_outside_stores(recipe: Recipe) -> None:
+    """Refuse a package or records path inside a record store of the chain (the user store, the shipped
+    tophub, a shared directory): a build must not write over a store's files."""
+    writes = {"output": recipe.output, "tuning.records": records_path(recipe)}
+    for source in open_sources(None, recipe.tuning.tophub).sources:
+        if "://" in source.location:
+            continue
+        store = Path(source.location).expanduser().resolve()
+        for key, path in writes.items():
+            where = path.resolve()
+            if where == store or store in where.parents:
+                raise BuildError(
+                    f"{key} {path} is inside the {source.kind} record store {store}: a build does not write there"
+                )
 
 
 def load_model(recipe: Recipe) -> Graph:

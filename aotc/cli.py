@@ -286,6 +286,8 @@ def cmd_build(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     import numpy as np
 
+    from aotc.files import atomic_file
+
     model = load_package(args)
     if args.threads is not None:
         model.num_threads = args.threads
@@ -305,27 +307,34 @@ def cmd_run(args: argparse.Namespace) -> int:
             file = files[name]
             if file != f"{name}.npy":
                 print(f"  output {name!r} written as {file} (a file name inside {args.output})")
-            np.save(args.output / file, value)
+            with atomic_file(args.output / file) as f:  # replaces a planted symlink, never follows it
+                np.save(f, value)
     return OK
 
 
 def output_files(names: list[str]) -> dict[str, str]:
     """A file name inside the output directory per output name: `NAME.npy` where the name is a plain
     file name, else the name with every character other than letters, digits, `_`, `-` and `.` (and
-    leading dots) replaced by `_`, numbered where two collide. A package's output names are data from
-    its author: `../x` or `/etc/x` must not write outside the directory."""
+    leading dots) replaced by `_`, numbered where two collide. Plain names are placed first, so an
+    output really named `a_b` is always `a_b.npy`, never another's renamed file. A package's output
+    names are data from its author: `../x` or `/etc/x` must not write outside the directory."""
+
+    def stem(name: str) -> str:
+        clean = re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:200]
+        return "_" + clean.lstrip(".") if clean.startswith(".") or not clean else clean
+
     out: dict[str, str] = {}
     taken: set[str] = set()
-    for name in names:
-        stem = re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:200]
-        stem = "_" + stem.lstrip(".") if stem.startswith(".") or not stem else stem
-        file, n = f"{stem}.npy", 1
+    plain = [n for n in names if stem(n) == n]
+    for name in plain + [n for n in names if n not in plain]:
+        base = stem(name)
+        file, n = f"{base}.npy", 1
         while file.lower() in taken:
             n += 1
-            file = f"{stem}_{n}.npy"
+            file = f"{base}_{n}.npy"
         taken.add(file.lower())
         out[name] = file
-    return out
+    return {name: out[name] for name in names}
 
 
 def cmd_tune_op(args: argparse.Namespace) -> int:

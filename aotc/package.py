@@ -396,9 +396,9 @@ def _manifest(spec: PackageSpec, table: list[_WeightEntry], plan: dict, members:
 
 
 def _describe_signature(block: bytes | None, digest: str, trusted_keys: list[str] | None) -> str:
-    if block is None:
-        return "none (unsigned)"
     keys = load_trusted_keys(trusted_keys) if trusted_keys or os.environ.get(TRUSTED_KEYS_ENV) else {}
+    if block is None:
+        return "none (unsigned; loading with trusted keys refuses it)" if keys else "none (unsigned)"
     status = verify_signature(block, digest, "package", keys)
     if status.state == "verified":
         return f"verified, key {status.key_id} (trusted)"

@@ -20,8 +20,6 @@ from aotc_runtime.signing import (
     signed_message,
 )
 
-from aotc.files import write_atomic
-
 __all__ = ["SigningError", "generate_keypair", "public_key_path", "sign_digest", "signing_key_id"]
 
 
@@ -45,6 +43,9 @@ def generate_keypair(path: str | os.PathLike) -> tuple[Path, Path, str]:
     public = public_key_path(private)
     if private == public:
         raise SigningError(f"{private}: name the private key something other than *.pub (e.g. key.pem)")
+    if public.exists():
+        # it may be a key someone trusts (a directory of *.pub): never replace it with another
+        raise SigningError(f"{public}: already exists; not overwriting a public key (choose another name)")
     key = ed25519.Ed25519PrivateKey.generate()
     private_pem = key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
@@ -55,7 +56,7 @@ def generate_keypair(path: str | os.PathLike) -> tuple[Path, Path, str]:
     )
     raw = public_key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
     _write_new(private, private_pem, 0o600)
-    write_atomic(public, public_pem)
+    _write_new(public, public_pem, 0o644)
     return private, public, key_id(raw)
 
 

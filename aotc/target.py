@@ -247,6 +247,7 @@ def parse_target(text: str) -> Target:
         else:
             target = Target("llvm", mcpu=cpu, mattr=mattr, mtriple=triple, num_cores=cores)
         check_llvm_names(target)
+        check_features_checkable(target)
         return target
     except TargetError as err:
         raise TargetError(f"target {text!r}: {err}") from None
@@ -256,6 +257,45 @@ def parse_target(text: str) -> Target:
 
 _HELP_LINE = re.compile(r"^  (\S+)\s+- ")
 _FD_LOCK = threading.Lock()
+
+
+# -mattr names that change no instruction a CPU may lack: LLVM's tuning flags, the x86-64 baseline, and
+# extensions only intrinsics reach (aotc emits none of those), so a package need not require them.
+_TUNING_PREFIXES = ("prefer-", "fast-", "slow-", "tuning-", "false-deps-", "idivl-", "idivq-", "lea-", "pad-")
+_NO_CHECK_NEEDED = {
+    "x86_64": {"64bit", "cmov", "cx8", "fxsr", "mmx", "sse", "sse2", "macrofusion", "branchfusion"}
+    | {"aes", "vaes", "pclmul", "vpclmulqdq", "sha", "sha512", "rdrnd", "rdseed", "crc32", "fsgsbase"}
+    | {"xsave", "xsavec", "xsaveopt", "xsaves", "clflushopt", "clwb", "clzero", "invpcid", "rdpid", "shstk"}
+    | {"sahf", "prfchw", "cx16", "adx", "pku", "wbnoinvd", "mwaitx", "rdpru", "vzeroupper"},
+}
+
+
+def check_features_checkable(target: Target) -> None:
+    """Refuse a `+feature` of -mattr that a package's `requires` could not carry: one outside
+    CPU_FEATURES (so the runtime never checks it) that this host lacks too. LLVM may use such a feature
+    from plain IR (`+egpr`, APX's extra registers), and the package would then die with SIGILL on a CPU
+    without it, here first (validation)."""
+    if not target.is_cpu:
+        return
+    known = CPU_FEATURES.get(target.isa, {})
+    host: set[str] = set()
+    if target.isa == arch_of(_llvm().get_process_triple()):
+        host = {name for name, on in _llvm().get_host_cpu_features().items() if on}
+    harmless = _NO_CHECK_NEEDED.get(target.isa, set())
+    unchecked = [
+        name
+        for a in target.mattr
+        if a.startswith("+")
+        and (name := a[1:]) not in set(known) | host | harmless
+        and not name.startswith(_TUNING_PREFIXES)
+    ]
+    if unchecked:
+        raise TargetError(
+            f"-mattr {', '.join('+' + f for f in unchecked)}: a package cannot record "
+            f"{'this feature' if len(unchecked) == 1 else 'these features'} for the runtime to check on the "
+            f"device, and this host lacks {'it' if len(unchecked) == 1 else 'them'}; the features a package may "
+            f"require on {target.isa} are: {', '.join(sorted(known))}"
+        )
 
 
 def _llvm():

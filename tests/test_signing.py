@@ -207,7 +207,7 @@ ACCEPT, REFUSE = "accept", "refuse"
     "state, require, trusted_given, expected",
     [
         ("unsigned", False, False, ACCEPT),
-        ("unsigned", False, True, ACCEPT),
+        ("unsigned", False, True, REFUSE),  # trusted keys given: stripping the signature must not pass
         ("unsigned", True, True, REFUSE),
         ("verified", True, True, ACCEPT),
         ("untrusted-key", False, False, ACCEPT),
@@ -256,8 +256,23 @@ def test_without_cryptography_a_signature_cannot_be_made_or_checked_but_unsigned
             monkeypatch.setitem(sys.modules, name, None)
     monkeypatch.setitem(sys.modules, "cryptography", None)
     hint = r"pip install 'aotc-runtime\[sign\]'"
-    assert check_signature(None, DIGEST, "package", "m.aotc", [keys[0][1]]).state == "unsigned"
+    assert check_signature(None, DIGEST, "package", "m.aotc", {}).state == "unsigned"
     with pytest.raises(SignatureError, match=f"m.aotc: .*{hint}"):
         check_signature(alice_block, DIGEST, "package", "m.aotc", [keys[0][1]])
     with pytest.raises(SigningError, match=hint):
         sign_digest(keys[0][0], DIGEST, "package")
+
+
+@pytest.mark.parametrize("value", ["2", "y", "enable", "required"])
+def test_a_misspelt_require_signature_fails_closed(value, monkeypatch):
+    monkeypatch.setenv("AOTC_REQUIRE_SIGNATURE", value)
+    with pytest.raises(SignatureError, match="AOTC_REQUIRE_SIGNATURE"):
+        check_signature(None, DIGEST, "package", "m.aotc", {})
+
+
+def test_keygen_never_replaces_an_existing_public_key(tmp_path):
+    trusted = tmp_path / "c.pub"
+    trusted.write_text("someone's trusted key")
+    with pytest.raises(SigningError, match="not overwriting a public key"):
+        generate_keypair(tmp_path / "c.pem")
+    assert trusted.read_text() == "someone's trusted key" and not (tmp_path / "c.pem").exists()

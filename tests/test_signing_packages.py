@@ -91,6 +91,12 @@ def test_a_swapped_library_with_recomputed_checksums_is_refused_when_signatures_
         aotc_runtime.load(swapped, trusted_keys=[keys["team_pub"]])
     with pytest.raises(SignatureError, match="invalid signature"):
         aotc_runtime.load(swapped)  # an invalid signature is refused even with no policy
+    with zipfile.ZipFile(swapped) as zin, zipfile.ZipFile(tmp_path / "stripped.aotc", "w") as zout:
+        for info in zin.infolist():
+            if info.filename != "signature.json":
+                zout.writestr(info.filename, zin.read(info))
+    with pytest.raises(SignatureError, match="not signed and trusted keys were given"):
+        aotc_runtime.load(str(tmp_path / "stripped.aotc"), trusted_keys=[keys["team_pub"]])
 
 
 def test_a_forged_signature_block_is_invalid(packages, keys, tmp_path):

@@ -274,3 +274,13 @@ def test_as_target_takes_a_target_or_a_string_and_refuses_the_rest():
     assert as_target("llvm -mcpu=skylake-avx512") == t
     with pytest.raises(TypeError, match="target: expected a Target or a target string"):
         as_target(42)
+
+
+def test_a_feature_the_runtime_cannot_check_is_refused_unless_the_host_has_it():
+    """`+egpr` (APX) is outside CPU_FEATURES, so `requires` could not carry it: the package died with
+    SIGILL (rc 132) in validation and on any CPU without APX."""
+    with pytest.raises(TargetError, match=r"-mattr \+egpr: a package cannot record this feature"):
+        parse_target("llvm -mcpu=znver4 -mattr=+egpr")
+    parse_target("llvm -mcpu=znver3 -mattr=+avx2,+fma")  # in the table: recorded and checked
+    host = host_target()
+    parse_target(f"llvm -mcpu={host.mcpu} -mattr={','.join(host.mattr)}")  # the host's own features

@@ -353,6 +353,22 @@ def test_run_output_files_stay_inside_the_directory(tmp_path, monkeypatch, capsy
     assert not (tmp_path / "deep" / "escape.npy").exists()
     assert "written as" in capsys.readouterr().out
     assert output_files(["..", ".", "", "y"]) == {"..": "_.npy", ".": "__2.npy", "": "__3.npy", "y": "y.npy"}
+    # a plain name keeps its file even when a renamed one comes first and would take it
+    assert output_files(["a/b", "a_b"]) == {"a/b": "a_b_2.npy", "a_b": "a_b.npy"}
+
+
+def test_run_output_replaces_a_planted_symlink_instead_of_following_it(tmp_path, monkeypatch):
+    import aotc_runtime
+
+    monkeypatch.setattr(aotc_runtime, "load", lambda *a, **k: _FakeModel())
+    out = tmp_path / "out"
+    out.mkdir()
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    for name in output_files([n for n in _FakeModel().run({})]).values():
+        (out / name).symlink_to(victim)
+    assert main(["run", str(tmp_path / "x.aotc"), "--output", str(out)]) == 0
+    assert victim.read_text() == "precious" and not any(p.is_symlink() for p in out.iterdir())
 
 
 def test_absurd_shapes_are_refused_before_compiling_naming_the_size(tmp_path, monkeypatch):
@@ -445,3 +461,24 @@ def test_warnings_module_is_quiet_for_genuine_records(home):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert open_sources(None, None).lookup(matmul(), SKX).status == "hit"
+
+
+def test_a_pinned_file_url_must_match_its_pin(tmp_path):
+    path = tmp_path / "b.tophub"
+    path.write_bytes(bundle_bytes([genuine()], TargetKey.of(SKX))[0])
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    assert fetch_bundle(f"file://{path}#sha256={digest}") == path
+    with pytest.raises(BundleError, match="pinned"):
+        fetch_bundle(f"file://{path}#sha256={'0' * 64}")
+
+
+def test_a_build_never_writes_into_a_record_store(tmp_path, mlp, home):
+    store = home / "tophub"
+    store.mkdir(parents=True)
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(
+        f"model: mlp.onnx\noutput: {store / 'llvm-znver4-0123456789ab.jsonl'}\nvalidate: false\n"
+    )
+    with pytest.raises(BuildError, match="inside the user record store"):
+        build(load_recipe(recipe), log=lambda _: None)
+    assert list(store.iterdir()) == []

@@ -304,9 +304,7 @@ def fetch_bundle(url: str) -> Path:
     cache and verified (and checked against `#sha256=<hex>` when the URL carries one). When the download
     fails, an earlier verified copy is used with a warning; without one, HubError says why."""
     parts = urllib.parse.urlsplit(url)
-    if parts.scheme == "file":
-        return Path(urllib.request.url2pathname(parts.path))
-    if parts.scheme not in ("http", "https"):
+    if parts.scheme not in ("http", "https", "file"):
         raise HubError(
             f"tophub source {url!r}: unsupported URL scheme {parts.scheme!r} (use https:// or file://)"
         )
@@ -315,6 +313,11 @@ def fetch_bundle(url: str) -> Path:
         pin = parts.fragment[len("sha256=") :].lower()
         if not re.fullmatch(r"[0-9a-f]{64}", pin):
             raise HubError(f"tophub source {url!r}: #sha256= needs 64 hex digits")
+    if parts.scheme == "file":
+        path = Path(urllib.request.url2pathname(parts.path))
+        if pin and not (path.is_file() and _sha256_file(path) == pin):
+            raise BundleError(f"tophub bundle {path}: not a file whose sha256 is the pinned {pin}")
+        return path
     clean = urllib.parse.urlunsplit(parts._replace(fragment=""))
     name = os.path.basename(parts.path) or "bundle.tophub"
     # a pinned URL has its own cache entry: an unpinned (or otherwise pinned) copy never stands in for it

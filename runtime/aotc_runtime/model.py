@@ -70,6 +70,8 @@ def load(
     None: $AOTC_TRUSTED_KEYS). An invalid signature is always refused, a signature by a key outside
     given trusted keys too; unsigned packages load unless `require_signature` (None:
     $AOTC_REQUIRE_SIGNATURE) asks for a trusted signature."""
+    if num_threads is not None:
+        checked_num_threads(num_threads)  # before any of the package's code is loaded
     contents = read_package(path)
     check_signature(
         contents.signature, contents.digest, "package", str(path), trusted_keys, require_signature

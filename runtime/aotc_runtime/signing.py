@@ -229,16 +229,25 @@ def _ed25519_valid(public_key: bytes, signature: bytes, message: bytes) -> bool:
 
 
 def require_signature_default() -> bool:
-    """`AOTC_REQUIRE_SIGNATURE` set to 1/true/yes/on (any case)."""
-    return os.environ.get(REQUIRE_SIGNATURE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+    """`AOTC_REQUIRE_SIGNATURE`: 1/true/yes/on or 0/false/no/off/empty (any case); any other value is
+    a SignatureError, since reading a misspelt policy as "not required" would fail open."""
+    value = os.environ.get(REQUIRE_SIGNATURE_ENV, "").strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("", "0", "false", "no", "off"):
+        return False
+    raise SignatureError(
+        f"{REQUIRE_SIGNATURE_ENV}={os.environ[REQUIRE_SIGNATURE_ENV]!r}: expected 1/true/yes/on or 0/false/no/off"
+    )
 
 
 def enforce(status: SignatureStatus, require_signature: bool | None, what: str) -> SignatureStatus:
     """Return `status` if policy accepts it, else raise SignatureError naming `what`, the key and why.
 
-    An invalid signature is always refused; unsigned is refused when signatures are required; a valid
-    signature by a key outside the trusted set is refused when signatures are required or trusted keys
-    were given. None for `require_signature` reads `AOTC_REQUIRE_SIGNATURE`.
+    An invalid signature is always refused; unsigned is refused when signatures are required or
+    trusted keys were given (naming the keys to trust means the package must come from one of them:
+    stripping the signature must not get past them); a valid signature by a key outside the trusted
+    set is refused when signatures are required or trusted keys were given. None for `require_signature` reads `AOTC_REQUIRE_SIGNATURE`.
     """
     if status.state not in STATES:
         raise ValueError(f"unknown signature state {status.state!r}")
@@ -246,8 +255,9 @@ def enforce(status: SignatureStatus, require_signature: bool | None, what: str) 
     key = f" (key {status.key_id})" if status.key_id else ""
     if status.state == "invalid":
         raise SignatureError(f"{what}: refused, invalid signature{key}: {status.message}")
-    if status.state == "unsigned" and required:
-        raise SignatureError(f"{what}: refused, it is not signed and a signature is required")
+    if status.state == "unsigned" and (required or status.trusted_keys_given):
+        why = "a signature is required" if required else "trusted keys were given"
+        raise SignatureError(f"{what}: refused, it is not signed and {why}")
     if status.state == "untrusted-key" and (required or status.trusted_keys_given):
         raise SignatureError(f"{what}: refused, untrusted signature{key}: {status.message}")
     return status
