@@ -29,7 +29,7 @@ from aotc.schedule.state import State
 from aotc.search.model_tuning import TuningRun, deadline_reserve, tune_tasks
 from aotc.search.records import Record, load_records
 from aotc.search.scheduler import TuneSummary
-from aotc.target import Target, parse_target
+from aotc.target import Target, check_features_checkable, parse_target
 
 
 @dataclass
@@ -79,8 +79,9 @@ def build(
     target = parse_target(recipe.target)
     if not target.is_cpu:
         raise BuildError(f"target {target}: only llvm (CPU) targets can be built so far")
+    check_features_checkable(target)
     check_signing_key(sign_key, log)
-    check_outputs_outside_stores(recipe)
+    check_outputs(recipe)
     with timed(timings, "import+partition"):
         graph = load_model(recipe)
         groups = partition(graph)
@@ -127,10 +128,14 @@ def check_signing_key(sign_key: Path | None, log: Callable[[str], None]) -> None
         log(f"signing the package with key {signing_key_id(sign_key)} ({sign_key})")
 
 
-def check_outputs_outside_stores(recipe: Recipe) -> None:
-    """Refuse a package or records path inside a record store of the chain (the user store, the shipped
-    tophub, a shared directory): a build must not write over a store's files."""
+def check_outputs(recipe: Recipe) -> None:
+    """Before any work, refuse a package or records path that is a directory, or that lies inside a
+    record store of the chain (the user store, the shipped tophub, a shared directory): a build must
+    not write over a store's files."""
     writes = {"output": recipe.output, "tuning.records": records_path(recipe)}
+    for key, path in writes.items():
+        if path.is_dir():
+            raise BuildError(f"{key} {path} is a directory; name a file in it (e.g. {path / 'model.aotc'})")
     for source in open_sources(None, recipe.tuning.tophub).sources:
         if "://" in source.location:
             continue

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-__all__ = ["atomic_file", "write_atomic"]
+__all__ = ["atomic_file", "write_all_atomic", "write_atomic"]
 
 
 @contextlib.contextmanager
@@ -36,3 +36,11 @@ def write_atomic(path: str | os.PathLike, data: bytes, mode: int = 0o644) -> Non
     """Write `data` to `path` whole or not at all (see `atomic_file`)."""
     with atomic_file(path, mode) as f:
         f.write(data)
+
+
+def write_all_atomic(files: dict[Path, bytes], mode: int = 0o644) -> None:
+    """Write every file in full before any is renamed into place: a failure while writing (a full disk)
+    changes none of them."""
+    with contextlib.ExitStack() as stack:
+        for path, data in files.items():
+            stack.enter_context(atomic_file(path, mode)).write(data)

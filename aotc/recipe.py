@@ -24,7 +24,7 @@ from aotc.search.model_tuning import (
     duration_problem,
     parse_duration,
 )
-from aotc.target import TargetError, parse_target
+from aotc.target import TargetError, check_features_checkable, parse_target
 
 DEFAULT_TARGET = "llvm -mcpu=native"
 DTYPES = ("float32", "float16", "float64", "int8", "uint8", "int16", "int32", "int64", "bool")
@@ -286,7 +286,7 @@ class _Loader:
     def target(self, node: Node, key: str) -> str:
         text = self.string(node, key)
         try:
-            parse_target(text)
+            check_features_checkable(parse_target(text))
         except TargetError as err:
             raise self.fail(node, key, f"invalid target: {err}") from None
         return text.strip()

@@ -247,7 +247,6 @@ def parse_target(text: str) -> Target:
         else:
             target = Target("llvm", mcpu=cpu, mattr=mattr, mtriple=triple, num_cores=cores)
         check_llvm_names(target)
-        check_features_checkable(target)
         return target
     except TargetError as err:
         raise TargetError(f"target {text!r}: {err}") from None
@@ -271,7 +270,7 @@ _NO_CHECK_NEEDED = {
 
 
 def check_features_checkable(target: Target) -> None:
-    """Refuse a `+feature` of -mattr that a package's `requires` could not carry: one outside
+    """For a target a package is built for (not a record's, which may come from any CPU): refuse a `+feature` of -mattr that a package's `requires` could not carry: one outside
     CPU_FEATURES (so the runtime never checks it) that this host lacks too. LLVM may use such a feature
     from plain IR (`+egpr`, APX's extra registers), and the package would then die with SIGILL on a CPU
     without it, here first (validation)."""

@@ -601,3 +601,24 @@ def test_shipped_store_can_be_left_out_or_replaced(tmp_path, monkeypatch):
     assert [s.kind for s in open_sources(None, None).sources] == ["user"]
     monkeypatch.setenv("AOTC_SHIPPED_TOPHUB", str(tmp_path))
     assert shipped_store_dir() == tmp_path
+
+
+def test_export_by_cpu_name_finds_the_full_target_of_its_records(tmp_path, home, capsys):
+    """A host build's records carry every -mattr feature of the host; `--target "llvm -mcpu=X"` (as
+    the README writes it) exported nothing."""
+    dag = matmul()
+    full = parse_target("llvm -mcpu=znver4 -mattr=+avx512f,+avx2 -num-cores=2")
+    team = store(tmp_path / "team", [record(dag, split_state(dag, 4), 3e-5, full)])
+    bundle = tmp_path / "zen.tophub"
+    assert hub("export", "--target", "llvm -mcpu=znver4", "-o", str(bundle), "--from", str(team)) == 0
+    assert len(read_bundle(bundle).records) == 1
+    other = parse_target("llvm -mcpu=znver4 -num-cores=8")
+    both = store(
+        tmp_path / "both",
+        [record(dag, split_state(dag, 4), 3e-5, full), record(dag, split_state(dag, 8), 3e-5, other)],
+    )
+    assert (
+        hub("export", "--target", "llvm -mcpu=znver4", "-o", str(tmp_path / "x.tophub"), "--from", str(both))
+        == 1
+    )
+    assert "name one with its -mattr" in capsys.readouterr().err

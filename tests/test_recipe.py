@@ -268,3 +268,8 @@ def test_committed_mlp_recipe_loads_in_place():
     r = load_recipe(RECIPES / "mlp.yaml")
     assert r.model == RECIPES / "models" / "mlp.onnx"
     assert r.output == RECIPES.parent / "build" / "mlp.aotc"
+
+
+def test_a_target_feature_the_runtime_cannot_check_is_a_recipe_error(write):
+    with pytest.raises(RecipeError, match=r"target: .*\+egpr: a package cannot record this feature"):
+        load_recipe(write("model: models/m.onnx\ntarget: llvm -mcpu=znver4 -mattr=+egpr\n"))

@@ -6,7 +6,15 @@ import sys
 
 import pytest
 
-from aotc.target import CPU_FEATURES, HOST_CPU_ENV, TargetError, cpu_features, host_target, parse_target
+from aotc.target import (
+    CPU_FEATURES,
+    HOST_CPU_ENV,
+    TargetError,
+    check_features_checkable,
+    cpu_features,
+    host_target,
+    parse_target,
+)
 
 
 def test_explicit_cpu_and_features():
@@ -280,7 +288,9 @@ def test_a_feature_the_runtime_cannot_check_is_refused_unless_the_host_has_it():
     """`+egpr` (APX) is outside CPU_FEATURES, so `requires` could not carry it: the package died with
     SIGILL (rc 132) in validation and on any CPU without APX."""
     with pytest.raises(TargetError, match=r"-mattr \+egpr: a package cannot record this feature"):
-        parse_target("llvm -mcpu=znver4 -mattr=+egpr")
-    parse_target("llvm -mcpu=znver3 -mattr=+avx2,+fma")  # in the table: recorded and checked
+        check_features_checkable(parse_target("llvm -mcpu=znver4 -mattr=+egpr"))
+    check_features_checkable(parse_target("llvm -mcpu=znver3 -mattr=+avx2,+fma"))  # in the table
     host = host_target()
-    parse_target(f"llvm -mcpu={host.mcpu} -mattr={','.join(host.mattr)}")  # the host's own features
+    check_features_checkable(parse_target(f"llvm -mcpu={host.mcpu} -mattr={','.join(host.mattr)}"))
+    # a record's target (another team's CPU) still parses: only what a build targets is checked
+    parse_target("llvm -mcpu=sapphirerapids -mattr=+amx-tile,+egpr")

@@ -482,3 +482,12 @@ def test_a_build_never_writes_into_a_record_store(tmp_path, mlp, home):
     with pytest.raises(BuildError, match="inside the user record store"):
         build(load_recipe(recipe), log=lambda _: None)
     assert list(store.iterdir()) == []
+
+
+def test_an_output_that_is_a_directory_is_refused_before_work(tmp_path, mlp):
+    (tmp_path / "models").mkdir()
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("model: mlp.onnx\noutput: models\nvalidate: false\n")
+    with pytest.raises(BuildError, match="is a directory"):
+        build(load_recipe(recipe), log=lambda _: None)
+    assert not (tmp_path / "models.report").exists()

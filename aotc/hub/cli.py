@@ -216,12 +216,33 @@ def _export(args) -> int:
     target = parse_target(args.target)
     sources = _sources(args)
     records = [rec for rec, _ in sources.all_records()]
-    manifest = export_bundle(records, TargetKey.of(target), args.output, args.sign)
+    manifest = export_bundle(records, export_key(target, args.target, records), args.output, args.sign)
     print(
         f"wrote {args.output}: best record of {len(manifest['workloads'])} workload(s) for "
         f"{short_target(str(target))}, from {len(records)} record(s)"
     )
     return 0
+
+
+def export_key(target, text: str, records: list) -> TargetKey:
+    """The target key to export: the target's own, or, when the user named only a CPU (no -mattr or
+    -num-cores, e.g. "llvm -mcpu=znver4"), the one full key of that CPU's records (a host build's
+    records carry every feature of the host); several such keys are a HubError listing them."""
+    wanted = TargetKey.of(target)
+    if "-mattr" in text or "-num-cores" in text or "native" in text or "-mcpu" not in text:
+        return wanted
+    keys = {
+        key
+        for rec in records
+        if (key := TargetKey.of_record(rec.target, rec.host)).kind == wanted.kind
+        and (key.arch, key.cpu) == (wanted.arch, wanted.cpu)
+    }
+    if len(keys) > 1:
+        listed = "\n  ".join(sorted(k.text for k in keys))
+        raise HubError(
+            f"records of {len(keys)} {wanted.cpu} targets; name one with its -mattr/-num-cores:\n  {listed}"
+        )
+    return keys.pop() if keys else wanted
 
 
 def _import(args) -> int:

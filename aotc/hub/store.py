@@ -25,12 +25,11 @@ import json
 import os
 import platform
 import re
-import tempfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from aotc.files import write_atomic
+from aotc.files import write_all_atomic, write_atomic
 from aotc.search.records import (
     Record,
     append_records,
@@ -222,28 +221,6 @@ def append_to_store(directory: str | os.PathLike, records: Iterable[Record], _lo
         for name, recs in groups.items():
             append_records(directory / name, recs)
     return sum(len(r) for r in groups.values())
-
-
-def write_all_atomic(files: dict[Path, bytes]) -> None:
-    """Write every file to a temporary beside it, then rename them all into place: a failure while
-    writing (a full disk) changes none of them."""
-    staged: list[tuple[str, Path]] = []
-    try:
-        for path, data in files.items():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-            staged.append((tmp, path))
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-        for tmp, path in staged:
-            os.replace(tmp, path)
-    except BaseException:
-        for tmp, _ in staged:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-        raise
 
 
 def record_identity(rec: Record) -> tuple:
