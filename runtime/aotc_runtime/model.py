@@ -7,7 +7,7 @@ import os
 import statistics
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -62,6 +62,7 @@ def load(
     num_threads: int | None = None,
     trusted_keys: Iterable[str | os.PathLike] | None = None,
     require_signature: bool | None = None,
+    max_concurrency: int | None = None,
 ) -> CompiledModel:
     """Verify the package at `path` (format, version, checksums, the manifest against the kernel
     library's own plan, the host, its signature) and only then load its library.
@@ -69,27 +70,92 @@ def load(
     A signature is checked against `trusted_keys` (public-key PEM files or directories of *.pub;
     None: $AOTC_TRUSTED_KEYS). An invalid signature is always refused, a signature by a key outside
     given trusted keys too; unsigned packages load unless `require_signature` (None:
-    $AOTC_REQUIRE_SIGNATURE) asks for a trusted signature."""
+    $AOTC_REQUIRE_SIGNATURE) asks for a trusted signature.
+
+    `max_concurrency` bounds the `run` calls that proceed at once, each with its own workspace (None:
+    the cores this process may run on); callers beyond it wait."""
     if num_threads is not None:
         checked_num_threads(num_threads)  # before any of the package's code is loaded
+    concurrency = available_cores() if max_concurrency is None else checked_max_concurrency(max_concurrency)
     contents = read_package(path)
     check_signature(
         contents.signature, contents.digest, "package", str(path), trusted_keys, require_signature
     )
     sha = contents.manifest["members"][LIBRARY]["sha256"]
     lib_path = install_library(memoryview(contents.library), sha)
-    model = CompiledModel(str(path), contents, lib_path)
+    model = CompiledModel(str(path), contents, lib_path, concurrency)
     if num_threads is not None:
         model.num_threads = num_threads
     return model
 
 
+class CallSlot:
+    """What one `run` call owns while it runs: a workspace and the argument arrays of the entry function."""
+
+    def __init__(self, workspace_bytes: int, num_inputs: int, num_outputs: int) -> None:
+        self.workspace = aligned_empty(max(workspace_bytes, 1))
+        self.workspace_ptr = ctypes.c_void_p(self.workspace.__array_interface__["data"][0])
+        self.in_argv = (ctypes.c_void_p * max(num_inputs, 1))()
+        self.out_argv = (ctypes.c_void_p * max(num_outputs, 1))()
+
+
+class CallSlotPool:
+    """At most `limit` call slots, made when first needed; `acquire` waits while all are in use.
+    `peak_in_use` is the most slots ever in use at once (calls that really ran side by side)."""
+
+    def __init__(self, limit: int, make: Callable[[], CallSlot]) -> None:
+        self.limit = limit
+        self._make = make
+        self._free: list[CallSlot] = []
+        self._made = 0
+        self.in_use = 0
+        self.peak_in_use = 0
+        self._cond = threading.Condition()
+
+    @contextmanager
+    def acquire(self) -> Iterator[CallSlot]:
+        with self._cond:
+            while not self._free and self._made >= self.limit:
+                self._cond.wait()
+            if self._free:
+                slot = self._free.pop()
+            else:
+                self._made += 1  # counted before making it so that no other caller overshoots the limit
+                slot = None
+            self.in_use += 1
+            self.peak_in_use = max(self.peak_in_use, self.in_use)
+        try:
+            if slot is None:
+                slot = self._make()
+        except BaseException:
+            with self._cond:
+                self._made -= 1
+                self.in_use -= 1
+                self._cond.notify()
+            raise
+        try:
+            yield slot
+        finally:
+            with self._cond:
+                self._free.append(slot)
+                self.in_use -= 1
+                self._cond.notify()
+
+    @property
+    def allocated(self) -> int:
+        """Slots (workspaces) made so far."""
+        return self._made
+
+
 class CompiledModel:
-    """A model ready to run. `run` is thread-safe; concurrent calls are serialized (one workspace).
+    """A model ready to run. `run` is thread-safe: up to `max_concurrency` calls run at once, each with
+    its own workspace (made when first needed); further callers wait for one to finish.
 
     Everything it calls and every buffer it passes come from the checked plan of `contents`."""
 
-    def __init__(self, path: str, contents: PackageContents, lib_path: str) -> None:
+    def __init__(
+        self, path: str, contents: PackageContents, lib_path: str, max_concurrency: int | None = None
+    ) -> None:
         self.path = path
         self._manifest = contents.manifest
         self._plan = plan = contents.plan
@@ -102,14 +168,12 @@ class CompiledModel:
         if weights.size != plan.weights_nbytes:
             raise PackageError(f"{path}: {weights.size} bytes of weights for a plan of {plan.weights_nbytes}")
         self._weights = weights
-        self._workspace = aligned_empty(max(plan.workspace_bytes, 1))
         self._lib = _open_library(path, lib_path)
         self._fn = self._entry(plan.entry)
-        self._in_argv = (ctypes.c_void_p * max(len(self.inputs), 1))()
-        self._out_argv = (ctypes.c_void_p * max(len(self.outputs), 1))()
         self._weights_ptr = ctypes.c_void_p(weights.__array_interface__["data"][0])
-        self._workspace_ptr = ctypes.c_void_p(self._workspace.__array_interface__["data"][0])
-        self._lock = threading.Lock()
+        limit = available_cores() if max_concurrency is None else checked_max_concurrency(max_concurrency)
+        sizes = (plan.workspace_bytes, len(self.inputs), len(self.outputs))
+        self.call_slots = CallSlotPool(limit, lambda: CallSlot(*sizes))
         self._num_threads: int | None = None
         self._set_call_threads = self._lib.aotc_set_call_threads
         self._set_call_threads.restype = None
@@ -129,6 +193,11 @@ class CompiledModel:
     @property
     def name(self) -> str:
         return self._manifest["name"]
+
+    @property
+    def max_concurrency(self) -> int:
+        """How many `run` calls may proceed at once, each in its own workspace."""
+        return self.call_slots.limit
 
     @property
     def num_threads(self) -> int:
@@ -162,13 +231,13 @@ class CompiledModel:
         threads = self._num_threads if num_threads is None else checked_num_threads(num_threads)
         arrays, in_ptrs = self._bind_inputs(inputs)
         results, out_ptrs = self._bind_outputs(outputs, arrays, in_ptrs)
-        in_argv, out_argv = self._in_argv, self._out_argv
-        with self._lock, self._threads(threads):
+        with self.call_slots.acquire() as slot, self._threads(threads):
+            in_argv, out_argv = slot.in_argv, slot.out_argv
             for i, p in enumerate(in_ptrs):
                 in_argv[i] = p
             for i, p in enumerate(out_ptrs):
                 out_argv[i] = p
-            status = self._fn(in_argv, out_argv, self._weights_ptr, self._workspace_ptr)
+            status = self._fn(in_argv, out_argv, self._weights_ptr, slot.workspace_ptr)
         self._check_status(status)
         return dict(zip(self._output_names, results))
 
@@ -302,10 +371,10 @@ class CompiledModel:
         filled as `run` fills them."""
         feeds, in_ptrs = self._bind_inputs(inputs if inputs is not None else self.random_inputs(seed))
         _outputs, out_ptrs = self._bind_outputs(outputs, feeds, in_ptrs)  # alive while kernels write
-        calls = self._plan_calls(in_ptrs, out_ptrs)
-        times = [[] for _ in calls]
+        times: list[list[float]] = [[] for _ in self._plan.calls]
         clock = time.perf_counter
-        with self._lock, self._threads(self._num_threads):
+        with self.call_slots.acquire() as slot, self._threads(self._num_threads):
+            calls = self._plan_calls(in_ptrs, out_ptrs, slot.workspace_ptr.value or 0)
             for i in range(warmup + max(repeat, 1)):
                 for (fn, argv), spent in zip(calls, times):
                     start = clock()
@@ -345,14 +414,14 @@ class CompiledModel:
         return statistics.median(spent)
 
     def _plan_calls(
-        self, in_ptrs: list[int], out_ptrs: list[int]
+        self, in_ptrs: list[int], out_ptrs: list[int], workspace_ptr: int
     ) -> list[tuple[ctypes._CFuncPtr, ctypes.Array]]:
         """Each call of the checked execution plan as (kernel function, its argument array)."""
         bases = {
             "input": in_ptrs,
             "output": out_ptrs,
             "weight": [self._weights_ptr.value or 0],
-            "workspace": [self._workspace_ptr.value or 0],
+            "workspace": [workspace_ptr],
         }
         calls = []
         for call in self._plan.calls:
@@ -396,6 +465,13 @@ def checked_num_threads(n: object) -> int:
         raise ValueError(
             f"num_threads must be an int from 1 to {cores} (the cores this process may run on), got {n!r}"
         )
+    return n
+
+
+def checked_max_concurrency(n: object) -> int:
+    """`n` if it is a usable bound on concurrent calls: an int of at least 1."""
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ValueError(f"max_concurrency must be an int of at least 1, got {n!r}")
     return n
 
 
