@@ -17,7 +17,8 @@ from aotc.search.interference import (
     noise_score,
     sample_cpu,
 )
-from aotc.search.measure import MeasureOptions, Measurer, time_flushed, time_kernel
+from aotc.search.measure import MeasureOptions, Measurer
+from aotc.search.timing import time_flushed, time_kernel
 from aotc.target import host_target
 
 from .test_measure import matmul_relu, tiled_state
