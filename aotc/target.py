@@ -162,6 +162,26 @@ def host_cores() -> int:
         return os.cpu_count() or 1
 
 
+def cpu_class() -> str:
+    """The CPU class every figure is measured on: LLVM's name for the host CPU, its widest vector ISA,
+    the model name and the cores this process may use (e.g. `znver4 (AVX-512, AMD EPYC, 2 cores)`)."""
+    import platform
+
+    import llvmlite.binding as llvm
+
+    feats = llvm.get_host_cpu_features()
+    isa = "AVX-512" if feats.get("avx512f") else "AVX2" if feats.get("avx2") else "SSE/NEON"
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next(
+                (line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model
+            )
+    except OSError:
+        pass
+    return f"{llvm.get_host_cpu_name()} ({isa}, {model}, {host_cores()} cores)"
+
+
 def host_target() -> Target:
     """The machine we run on: its CPU name and every feature LLVM reports for it, or the CPU that
     $AOTC_HOST_CPU names with LLVM's own features for it, those this host lacks turned off."""

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+
+from aotc.target import cpu_class  # noqa: F401 - the benchmarks' CPU class lives where `aotc benchmark` uses it
 
 
 def median_seconds(fn: Callable[[], object], min_seconds: float = 0.5, repeat: int = 7) -> float:
@@ -26,24 +27,6 @@ def median_seconds(fn: Callable[[], object], min_seconds: float = 0.5, repeat: i
             fn()
         samples.append((time.perf_counter() - start) / number)
     return statistics.median(samples)
-
-
-def cpu_class() -> str:
-    """The CPU class every figure is measured on: LLVM's name for the host CPU, its widest vector ISA,
-    the model name and the cores this process may use (e.g. `znver4 (AVX-512, AMD EPYC, 2 cores)`)."""
-    import llvmlite.binding as llvm
-
-    feats = llvm.get_host_cpu_features()
-    isa = "AVX-512" if feats.get("avx512f") else "AVX2" if feats.get("avx2") else "SSE/NEON"
-    model = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next(
-                (line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model
-            )
-    except OSError:
-        pass
-    return f"{llvm.get_host_cpu_name()} ({isa}, {model}, {len(os.sched_getaffinity(0))} cores)"
 
 
 BUSY_LOOP = """
