@@ -15,6 +15,7 @@ the values and never more than 2 LSB.
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -31,6 +32,30 @@ LSB_SHARE = 0.999
 LSB_MAX = 2
 """No quantized output value may be further than this many LSB from the reference."""
 QUANTIZED_DTYPES = ("int8", "uint8")
+
+
+REFERENCE_MODULES = {".onnx": "onnxruntime", ".tflite": "ai_edge_litert"}
+"""The module that computes the reference outputs, per model suffix (both come with `aotc[validate]`)."""
+VALIDATE_EXTRA = "pip install 'aotc[validate]'"
+
+
+class ReferenceUnavailable(RuntimeError):
+    """The reference runtime a validation needs is not installed; the message says how to install it."""
+
+
+def require_reference(model: str | Path) -> None:
+    """Raise ReferenceUnavailable unless `model`'s reference runtime can be imported. A build calls it
+    before any work: validation is on by default, and a missing oracle found after tuning wastes it."""
+    module = REFERENCE_MODULES.get(Path(model).suffix.lower())
+    if module is not None and importlib.util.find_spec(module) is None:
+        raise reference_unavailable(model, module)
+
+
+def reference_unavailable(model: str | Path, module: str) -> ReferenceUnavailable:
+    return ReferenceUnavailable(
+        f"validating against {model} needs {module}, which is not installed: {VALIDATE_EXTRA} "
+        "(or turn validation off: `validate: false` in the recipe)"
+    )
 
 
 class ValidationError(RuntimeError):
@@ -63,7 +88,12 @@ def reference_outputs(model: Path, inputs: Mapping[str, np.ndarray]) -> dict[str
         return litert_outputs(model, inputs)
     if suffix != ".onnx":
         raise ValueError(f"{model}: no reference runtime for {suffix!r} models")
-    import onnxruntime as ort
+    try:
+        import onnxruntime as ort
+    except ModuleNotFoundError as err:
+        if err.name != "onnxruntime":  # installed but broken: its own error says more
+            raise
+        raise reference_unavailable(model, err.name) from None
 
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = 1
@@ -75,7 +105,12 @@ def reference_outputs(model: Path, inputs: Mapping[str, np.ndarray]) -> dict[str
 def litert_outputs(model: Path, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Outputs of the LiteRT interpreter with TFLite's builtin kernels (one thread, no XNNPACK delegate:
     the kernels whose fixed-point arithmetic aotc's quantized operators reproduce)."""
-    from ai_edge_litert.interpreter import Interpreter, OpResolverType
+    try:
+        from ai_edge_litert.interpreter import Interpreter, OpResolverType
+    except ModuleNotFoundError as err:
+        if err.name != "ai_edge_litert":  # installed but broken: its own error says more
+            raise
+        raise reference_unavailable(model, err.name) from None
 
     interp = Interpreter(
         model_path=str(model),
@@ -179,6 +214,7 @@ def validate_package(
     `compiled` is the package already loaded (under the caller's signature policy), else it is loaded."""
     import aotc_runtime
 
+    require_reference(model)
     inputs = random_inputs(input_shapes, seed)
     if compiled is None:
         compiled = aotc_runtime.load(str(package))
