@@ -30,6 +30,7 @@ from aotc.search.model_tuning import TuningRun, deadline_reserve, tune_tasks
 from aotc.search.records import Record, load_records
 from aotc.search.scheduler import TuneSummary
 from aotc.target import Target, check_features_checkable, parse_target
+from aotc.validate import require_reference
 
 
 @dataclass
@@ -82,6 +83,8 @@ def build(
     check_features_checkable(target)
     check_signing_key(sign_key, log)
     check_outputs(recipe)
+    if recipe.validate:
+        require_reference(recipe.model)
     with timed(timings, "import+partition"):
         graph = load_model(recipe)
         groups = partition(graph)
