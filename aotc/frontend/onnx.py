@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from aotc.frontend.batch import MODEL_BATCH, BatchTracker, rebatch_size
 from aotc.frontend.errors import (
     ConversionError,
     DynamicShapeError,
@@ -163,13 +164,14 @@ class _Converter:
         self.value_names |= {t.name for t in graph.initializer}
         self.node_names: set[str] = set()
         self.node: _OnnxNode | None = None
+        self.batch = BatchTracker(source)
         for t in graph.initializer:
             self.values[t.name] = self._constant_value(t.name, numpy_helper.to_array(t))
 
     def fail(self, msg: str) -> ConversionError:
         n = self.node
         where = f"node {n.name} ({n.op_type})" if n else "graph"
-        return ConversionError(f"{self.source}: {where}: {msg}")
+        return ConversionError(f"{self.source}: {where}: {msg}{self.batch.note() if n else ''}")
 
     def bind_inputs(self, shapes: dict[str, Any]) -> list[Value]:
         runtime = [vi for vi in self.graph.input if vi.name not in self.values]
@@ -185,7 +187,7 @@ class _Converter:
             if given is None and not _is_static(dims):
                 problems.append((vi.name, dims))
                 continue
-            v = Value(vi.name, _input_type(vi, dims, given, self.source))
+            v = Value(vi.name, _input_type(vi, dims, given, self.source, self.batch))
             self.values[vi.name] = v
             inputs.append(v)
         if problems:
@@ -314,16 +316,25 @@ def _shape_template(dims: list[int | str | None] | None) -> str:
     return "[" + ", ".join(str(d) if isinstance(d, int) else "?" for d in dims) + "]"
 
 
-def _input_type(vi: onnx.ValueInfoProto, dims: list | None, given: Any, source: str) -> TensorType:
+def _input_type(
+    vi: onnx.ValueInfoProto, dims: list | None, given: Any, source: str, batch: BatchTracker
+) -> TensorType:
     dtype = _DTYPES[vi.type.tensor_type.elem_type]
     if given is None:
         return TensorType(tuple(dims), dtype)
     shape, given_dtype = _split_given(vi.name, given)
-    if dims is not None and (
+    rebatched = rebatch_size(dims, shape) if dims is not None else None
+    if rebatched is not None:
+        batch.add(vi.name, rebatched)
+    elif dims is not None and (
         len(dims) != len(shape) or any(isinstance(d, int) and d != s for d, s in zip(dims, shape))
     ):
+        hint = ""
+        if dims and len(dims) == len(shape) and isinstance(dims[0], int) and dims[0] != shape[0]:
+            hint = f"; only a leading (batch) dimension of {MODEL_BATCH} can be changed"
         raise InputShapeError(
-            f"{source}: input {vi.name}: given shape {list(shape)} contradicts the model's {_dims_str(dims)}"
+            f"{source}: input {vi.name}: given shape {list(shape)} contradicts the model's "
+            f"{_dims_str(dims)}{hint}"
         )
     return TensorType(shape, given_dtype or dtype)
 
@@ -687,6 +698,8 @@ def _reshape_op(cv: _Converter, n: _OnnxNode) -> list[Value]:
     shape = [int(s) for s in spec.tolist()]
     if not n.attr("allowzero", 0):
         shape = [x.type.shape[d] if s == 0 else s for d, s in enumerate(shape)]
+    if not x.is_constant:
+        shape = cv.batch.reshape_target(shape, x.type.shape)
     if any(s == 0 for s in shape) or shape.count(-1) > 1 or any(s < -1 for s in shape):
         raise cv.fail(f"cannot reshape {x.type} to {spec.tolist()}")
     if -1 in shape:

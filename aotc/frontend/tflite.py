@@ -18,6 +18,7 @@ import numpy as np
 import tflite
 from tflite.utils import BUILTIN_OPCODE2NAME
 
+from aotc.frontend.batch import MODEL_BATCH, BatchTracker, rebatch_size
 from aotc.frontend.errors import (
     ConversionError,
     DynamicShapeError,
@@ -314,13 +315,14 @@ class Converter:
         self.node_names: set[str] = set()
         self.op: TfOperator | None = None
         self.shapes_overridden = False
+        self.batch = BatchTracker(self.source)
 
     # -- errors and tensors --
 
     def fail(self, msg: str) -> ConversionError:
         op = self.op
         where = f"operator {_op_label(self.model, op)} ({op.code})" if op else "graph"
-        return ConversionError(f"{self.source}: {where}: {msg}")
+        return ConversionError(f"{self.source}: {where}: {msg}{self.batch.note() if op else ''}")
 
     def tensor(self, index: int) -> TfTensor:
         return self.model.tensors[index]
@@ -408,10 +410,17 @@ class Converter:
                     f"shapes: set `inputs: {{{t.name}: {{shape: [...]}}}}` in the recipe"
                 )
             return t.shape
-        if len(shape) != len(signature) or any(s >= 0 and s != g for s, g in zip(signature, shape)):
+        dims = [s if s >= 0 else None for s in signature]
+        rebatched = rebatch_size(dims, shape)
+        if rebatched is not None:
+            self.batch.add(t.name, rebatched)
+        elif len(shape) != len(signature) or any(s >= 0 and s != g for s, g in zip(signature, shape)):
+            hint = ""
+            if signature and len(shape) == len(signature) and signature[0] >= 0 and signature[0] != shape[0]:
+                hint = f"; only a leading (batch) dimension of {MODEL_BATCH} can be changed"
             raise InputShapeError(
                 f"{self.source}: input {t.name}: given shape {list(shape)} contradicts the model's "
-                f"{['?' if s < 0 else s for s in signature]}"
+                f"{['?' if s < 0 else s for s in signature]}{hint}"
             )
         if shape != t.shape:
             self.shapes_overridden = True

@@ -476,6 +476,8 @@ def _reshape(cv: Converter, op: TfOperator) -> list[Value]:
             raise cv.fail("needs a constant shape input when input shapes are given")
         given = np.asarray(cv.tensor(_out(op)).shape)
     shape = [int(s) for s in np.asarray(given).reshape(-1)]
+    if not x.is_constant:
+        shape = cv.batch.reshape_target(shape, x.type.shape)
     if shape.count(-1) > 1 or any(s < -1 for s in shape):
         raise cv.fail(f"cannot reshape {x.type} to {shape}")
     if -1 in shape:
