@@ -21,6 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
+from aotc.frontend.batch import run_by_sample
+
 RTOL = 1e-4
 """Relative to each reference element."""
 ATOL = 1e-5
@@ -99,7 +101,8 @@ def reference_outputs(model: Path, inputs: Mapping[str, np.ndarray]) -> dict[str
     opts.intra_op_num_threads = 1
     sess = ort.InferenceSession(str(model), opts, providers=["CPUExecutionProvider"])
     names = [o.name for o in sess.get_outputs()]
-    return dict(zip(names, sess.run(names, dict(inputs))))
+    declared = {i.name: i.shape for i in sess.get_inputs()}  # a re-batched model runs sample by sample
+    return run_by_sample(lambda feeds: dict(zip(names, sess.run(names, feeds))), inputs, declared)
 
 
 def litert_outputs(model: Path, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -121,15 +124,21 @@ def litert_outputs(model: Path, inputs: Mapping[str, np.ndarray]) -> dict[str, n
     missing = sorted({d["name"] for d in details} - set(inputs))
     if missing:
         raise ValueError(f"{model}: no values for inputs {missing}")
-    for d in details:
-        value = np.asarray(inputs[d["name"]], d["dtype"])
-        if tuple(d["shape"]) != value.shape:
-            interp.resize_tensor_input(d["index"], value.shape)
-    interp.allocate_tensors()
-    for d in details:
-        interp.set_tensor(d["index"], np.asarray(inputs[d["name"]], d["dtype"]))
-    interp.invoke()
-    return {d["name"]: interp.get_tensor(d["index"]).copy() for d in interp.get_output_details()}
+
+    def run(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        for d in details:
+            value = np.asarray(feeds[d["name"]], d["dtype"])
+            if tuple(d["shape"]) != value.shape:
+                interp.resize_tensor_input(d["index"], value.shape)
+        interp.allocate_tensors()
+        for d in details:
+            interp.set_tensor(d["index"], np.asarray(feeds[d["name"]], d["dtype"]))
+        interp.invoke()
+        return {d["name"]: interp.get_tensor(d["index"]).copy() for d in interp.get_output_details()}
+
+    # a re-batched model runs sample by sample (-1 in a shape signature is a dynamic dimension)
+    declared = {d["name"]: [int(s) if s >= 0 else None for s in d["shape_signature"]] for d in details}
+    return run_by_sample(run, inputs, declared)
 
 
 def lsb_histogram(got: np.ndarray, ref: np.ndarray) -> dict[int, int]:
