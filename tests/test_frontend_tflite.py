@@ -624,7 +624,8 @@ def test_input_shapes(tmp_path):
     with pytest.raises(InputShapeError, match="unknown inputs"):
         load_tflite(data, {"y": ((1, 4), None)})
     with pytest.raises(InputShapeError, match="contradicts"):
-        load_tflite(data, {"x": ((2, 4), None)})
+        load_tflite(data, {"x": ((1, 5), None)})
+    assert load_tflite(data, {"x": ((2, 4), None)}).inputs[0].type.shape == (2, 4)  # re-batched
     with pytest.raises(InputShapeError, match="int8"):
         load_tflite(data, {"x": ((1, 4), "int8")})
 
