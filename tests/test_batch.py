@@ -6,9 +6,19 @@ import threading
 
 import aotc_runtime
 import numpy as np
+import onnx
+import onnxruntime as ort
 import pytest
+from onnx import TensorProto, helper, numpy_helper
 
+import aotc
+from aotc.frontend.batch import rebatch_size, run_by_sample
+from aotc.frontend.errors import ConversionError, InputShapeError
+from aotc.frontend.onnx import load_onnx
+from aotc.frontend.tflite import load_tflite
+from aotc.graph.interpret import run_graph
 from aotc.package import write_package
+from recipes.zoo.tflite_models import ModelBuilder, run_litert
 from tests.concurrency import failures_in_threads
 from tests.test_package import SHAPE, tiny_reference, tiny_spec
 
@@ -124,3 +134,139 @@ def test_profile_uses_a_call_slot(tiny_path):
     times = model.profile([x_input(0)], repeat=2, warmup=0)
     assert len(times) == len(model.manifest["execution_plan"])
     assert model.call_slots.in_use == 0
+
+
+# ----------------------------------------------------------------------------- re-batching
+
+
+def dense_model(
+    batch: int | str = 1, reshape_to: tuple[int, ...] = (1, -1), head: int = 4
+) -> onnx.ModelProto:
+    """x[batch, 64] -> relu(x @ w + b) -> Reshape(reshape_to) -> softmax over the last axis: a model exported
+    with a fixed batch whose Reshape bakes that batch in (as exporters write a flatten)."""
+    rng = np.random.default_rng(0)
+    weights = {
+        "w": rng.standard_normal((64, 32)).astype("float32"),
+        "b": rng.standard_normal(32).astype("float32"),
+        "s": np.array(reshape_to, np.int64),
+    }
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["m"], name="dense"),
+        helper.make_node("Add", ["m", "b"], ["a"], name="bias"),
+        helper.make_node("Relu", ["a"], ["r"], name="relu"),
+        helper.make_node("Reshape", ["r", "s"], ["f"], name="flatten"),
+        helper.make_node("Softmax", ["f"], ["y"], name="softmax", axis=-1),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "dense",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(v, k) for k, v in weights.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def per_sample_onnxruntime(model: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return np.concatenate([sess.run(None, {"x": x[i : i + 1]})[0] for i in range(len(x))])
+
+
+def test_rebatch_size_only_changes_a_leading_one():
+    assert rebatch_size([1, 64], (4, 64)) == 4
+    assert rebatch_size([1, "n"], (4, 7)) == 4
+    assert rebatch_size([1, 64], (1, 64)) is None
+    assert rebatch_size([2, 64], (4, 64)) is None
+    assert rebatch_size([1, 64], (4, 32)) is None
+    assert rebatch_size([1, 64], (4, 64, 1)) is None
+
+
+def test_a_batch_one_onnx_model_compiles_at_batch_four():
+    model = dense_model()
+    graph = load_onnx(model.SerializeToString(), {"x": ((4, 64), None)})
+    assert graph.inputs[0].type.shape == (4, 64) and graph.outputs[0].type.shape == (4, 32)
+    x = np.random.default_rng(1).standard_normal((4, 64)).astype("float32")
+    got = run_graph(graph, {"x": x})["y"]
+    np.testing.assert_allclose(got, per_sample_onnxruntime(model, x), rtol=1e-5, atol=1e-6)
+
+
+def test_a_dynamic_batch_is_given_in_the_recipe():
+    model = dense_model(batch="N", reshape_to=(-1, 32))
+    graph = load_onnx(model.SerializeToString(), {"x": ((3, 64), None)})
+    x = np.random.default_rng(2).standard_normal((3, 64)).astype("float32")
+    want = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
+    np.testing.assert_allclose(run_graph(graph, {"x": x})["y"], want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_reshape_that_bakes_the_batch_elsewhere_is_refused_naming_its_node():
+    model = dense_model(reshape_to=(8, 4))  # [1, 32] -> [8, 4]: the batch is not the leading 1
+    with pytest.raises(ConversionError, match=r"node flatten \(Reshape\).*re-batched from batch 1 to 4"):
+        load_onnx(model.SerializeToString(), {"x": ((4, 64), None)})
+
+
+def test_only_a_leading_one_can_be_rebatched():
+    with pytest.raises(InputShapeError, match=r"contradicts the model's \[2, 64\]; only a leading"):
+        load_onnx(dense_model(batch=2, reshape_to=(2, -1)).SerializeToString(), {"x": ((4, 64), None)})
+    with pytest.raises(InputShapeError, match="contradicts"):
+        load_onnx(dense_model().SerializeToString(), {"x": ((4, 32), None)})
+
+
+def test_inputs_rebatched_to_different_sizes_are_refused():
+    model = helper.make_model(
+        helper.make_graph(
+            [helper.make_node("Add", ["a", "b"], ["y"])],
+            "add",
+            [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 8]) for n in "ab"],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        ),
+        opset_imports=[helper.make_opsetid("", 17)],
+    )
+    with pytest.raises(InputShapeError, match="re-batched to 3 but input a to 2"):
+        load_onnx(model.SerializeToString(), {"a": ((2, 8), None), "b": ((3, 8), None)})
+
+
+def test_a_batch_one_tflite_model_compiles_at_batch_three(tmp_path):
+    mb = ModelBuilder()
+    x = mb.input((1, 2, 6))
+    y = mb.op("RESHAPE", [x, mb.const(np.array([1, -1], np.int32))])
+    mb.output(mb.op("SOFTMAX", [y], ("SoftmaxOptions", {"Beta": 1.0})))
+    data = mb.build()
+    path = tmp_path / "m.tflite"
+    path.write_bytes(data)
+    graph = load_tflite(str(path), {"input0": ((3, 2, 6), None)})
+    feed = np.random.default_rng(3).standard_normal((3, 2, 6)).astype("float32")
+    got = next(iter(run_graph(graph, {graph.inputs[0].name: feed}).values()))
+    want = np.concatenate([next(iter(run_litert(data, [feed[i : i + 1]]).values())) for i in range(3)])
+    assert got.shape == (3, 12)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_run_by_sample_runs_the_reference_at_its_own_batch():
+    calls = []
+
+    def reference(feeds):
+        calls.append({n: a.shape for n, a in feeds.items()})
+        return {"y": feeds["x"] * 2 + feeds["bias"]}
+
+    x, bias = np.arange(12.0).reshape(3, 4), np.ones((1, 4))
+    got = run_by_sample(reference, {"x": x, "bias": bias}, {"x": [1, 4], "bias": [1, 4]})
+    np.testing.assert_array_equal(got["y"], x * 2 + 1)
+    assert calls == [{"x": (1, 4), "bias": (1, 4)}] * 3
+    calls.clear()
+    run_by_sample(reference, {"x": x, "bias": bias}, {"x": ["n", 4], "bias": [1, 4]})
+    assert calls == [{"x": (3, 4), "bias": (1, 4)}]
+
+
+def test_compile_rebatches_and_validates_against_onnxruntime(tmp_path):
+    path = tmp_path / "dense.onnx"
+    onnx.save(dense_model(), str(path))
+    pkg = aotc.compile(path, inputs={"x": [4, 64]}, output=tmp_path / "dense4.aotc", log=lambda _: None)
+    assert pkg.validation and all(r["ok"] for r in pkg.validation)
+    model = pkg.load()
+    assert model.inputs[0].shape == (4, 64)
+    x = np.random.default_rng(4).standard_normal((4, 64)).astype("float32")
+    np.testing.assert_allclose(
+        model.run({"x": x})["y"], per_sample_onnxruntime(dense_model(), x), rtol=1e-4, atol=1e-5
+    )
