@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 import statistics
 import threading
@@ -319,21 +320,22 @@ class CompiledModel:
     ) -> dict:
         """Time `run` (milliseconds per call) on `inputs`, or on seeded random inputs when None.
 
-        Each of `repeat` measurements averages `number` calls; None picks the number so that one
-        measurement lasts at least `min_repeat_ms`."""
-        feeds = self._bind_inputs(inputs)[0] if inputs is not None else self.random_inputs(seed)
-        outs = {t.name: np.empty(t.shape, t.dtype) for t in self.outputs}
-        for _ in range(warmup):
-            self.run(feeds, outputs=outs)
+        Each of `repeat` measurements averages `number` calls (None: enough calls for one measurement to
+        last `min_repeat_ms`): median/mean/std/min/max of those, plus every `aotc_runtime.bench` statistic
+        of the calls themselves (percentiles, throughput). Streams and durations: `aotc_runtime.bench`."""
+        from aotc_runtime.bench import Budget, measure, model_calls
+
+        calls = model_calls(self, inputs, 1, seed=seed)
+        repeat = max(repeat, 1)
+        warm = Budget(runs=warmup)
         if number is None:
-            number = self._calibrate(feeds, outs, min_repeat_ms / 1e3)
-        times = []
-        for _ in range(max(repeat, 1)):
-            start = time.perf_counter()
-            for _ in range(number):
-                self.run(feeds, outputs=outs)
-            times.append((time.perf_counter() - start) / number * 1e3)
+            probe = measure(calls, Budget(runs=max(warmup, 3)), Budget(runs=0))
+            number = min(max(1, math.ceil(min_repeat_ms / max(probe.percentile(50), 1e-6))), 1 << 20)
+            warm = Budget(runs=0)
+        timed = measure(calls, Budget(runs=repeat * number), warm, threads=self.num_threads)
+        times = np.asarray(timed.latencies_ms).reshape(repeat, number).mean(axis=1).tolist()
         return {
+            **timed.to_dict(),
             "median_ms": statistics.median(times),
             "mean_ms": statistics.fmean(times),
             "std_ms": statistics.pstdev(times),
@@ -343,17 +345,6 @@ class CompiledModel:
             "number": number,
             "num_threads": self.num_threads,
         }
-
-    def _calibrate(self, feeds: list[np.ndarray], outs: dict[str, np.ndarray], min_seconds: float) -> int:
-        number = 1
-        while number < 1 << 20:
-            start = time.perf_counter()
-            for _ in range(number):
-                self.run(feeds, outputs=outs)
-            if time.perf_counter() - start >= min_seconds:
-                break
-            number *= 2
-        return number
 
     def profile(
         self,
