@@ -214,8 +214,10 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("--atol", type=finite_float(0.0), default=None)
     add_trust_arguments(v)
 
+    from aotc.benchmark import add_benchmark_parser
     from aotc.hub.cli import add_hub_parser
 
+    add_benchmark_parser(sub)
     add_hub_parser(sub)
     return ap
 
@@ -232,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
             "tune-op": cmd_tune_op,
             "keygen": cmd_keygen,
             "hub": cmd_hub,
+            "benchmark": cmd_benchmark,
         }
         return commands[args.command](args)
     except KeyboardInterrupt:
@@ -415,6 +418,12 @@ def cmd_validate(args: argparse.Namespace) -> int:
     for row in report:
         print(format_report_row(row))
     return OK
+
+
+def cmd_benchmark(args: argparse.Namespace) -> int:
+    from aotc.benchmark import cmd_benchmark as run_benchmark
+
+    return run_benchmark(args)
 
 
 def cmd_hub(args: argparse.Namespace) -> int:
