@@ -85,8 +85,8 @@ class ModelRun:
 @contextmanager
 def private_store(home: Path, shipped: str = "none") -> Iterator[None]:
     """Builds inside see only the store under `home` and, as the shipped store, `shipped`: `AOTC_HOME`
-    set, `AOTC_TOPHUB` unset and by default the project's shipped `tophub/` left out (so the first build
-    tunes from scratch)."""
+    set, `AOTC_TOPHUB` unset and by default the shipped `aotc/tophub/` left out (so the first build tunes
+    from scratch)."""
     saved = {k: os.environ.get(k) for k in ("AOTC_HOME", "AOTC_TOPHUB", "AOTC_SHIPPED_TOPHUB")}
     os.environ["AOTC_HOME"] = str(home)
     os.environ.pop("AOTC_TOPHUB", None)

@@ -6,7 +6,7 @@ from-scratch tuning's best, with and without records transferred from another CP
 
 Two `aotc build`s of the same model for `--target`, each in a fresh private store and with the same trial
 budget: "scratch" sees no records at all (`tuning.transfer: false`); "transfer" also sees `--source`, a
-store of records made for another CPU of the same ISA (default: the project's shipped tophub/, tuned on
+store of records made for another CPU of the same ISA (default: the project's shipped aotc/tophub/, tuned on
 znver4, so the default target is an AVX2 znver3 build on this AVX-512 host). Per task, from the order in
 which each build's records were measured: the trials that task needed until its best came within 5% of
 the scratch build's final best for it (`>N`: not within its N trials), and the same for the estimated
@@ -44,7 +44,7 @@ from aotc.target import Target, parse_target
 
 WITHIN = 1.05
 MODELS = {"small_cnn": models.small_cnn, "mlp": models.mlp}
-TOPHUB = Path(__file__).resolve().parent.parent / "tophub"
+TOPHUB = Path(__file__).resolve().parent.parent / "aotc" / "tophub"
 
 
 def run_build(

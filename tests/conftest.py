@@ -1,5 +1,5 @@
 """Every test runs with a private tophub store and without shared stores, so no test reads or writes
-the user's `~/.cache/aotc` or depends on the shipped `tophub/` records (tests that need them set
+the user's `~/.cache/aotc` or depends on the shipped `aotc/tophub/` records (tests that need them set
 `AOTC_HOME` / `AOTC_TOPHUB` themselves)."""
 
 import pytest
@@ -16,7 +16,7 @@ def private_tophub_store(tmp_path_factory):
 
 @pytest.fixture
 def isolated_home(tmp_path, monkeypatch):
-    """A test's own AOTC_HOME (returned), with neither shared stores nor the shipped `tophub/`."""
+    """A test's own AOTC_HOME (returned), with neither shared stores nor the shipped `aotc/tophub/`."""
     monkeypatch.setenv("AOTC_HOME", str(tmp_path / "home"))
     monkeypatch.delenv("AOTC_TOPHUB", raising=False)
     monkeypatch.setenv("AOTC_SHIPPED_TOPHUB", "none")

@@ -594,7 +594,7 @@ def test_shipped_store_can_be_left_out_or_replaced(tmp_path, monkeypatch):
 
     monkeypatch.delenv("AOTC_SHIPPED_TOPHUB", raising=False)
     monkeypatch.delenv("AOTC_TOPHUB", raising=False)
-    assert shipped_store_dir() == Path(__file__).resolve().parents[1] / "tophub"
+    assert shipped_store_dir() == Path(__file__).resolve().parents[1] / "aotc" / "tophub"
     assert [s.kind for s in open_sources(None, None).sources] == ["user", "tophub"]
     monkeypatch.setenv("AOTC_SHIPPED_TOPHUB", "none")
     assert shipped_store_dir() is None

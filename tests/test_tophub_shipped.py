@@ -1,4 +1,4 @@
-"""The shipped tophub/ records: readable, and on the CPU class they were tuned for, a full hit for every
+"""The shipped aotc/tophub/ records: readable, and on the CPU class they were tuned for, a full hit for every
 recipe's example model (so `make demo` and the other recipes build tuned kernels without tuning)."""
 
 import shutil
@@ -20,8 +20,8 @@ ROOT = Path(__file__).parent.parent
 
 
 def test_shipped_store_parses_without_corrupt_lines():
-    files = store_files(ROOT / "tophub")
-    assert files, "tophub/ ships no records"
+    files = store_files(ROOT / "aotc" / "tophub")
+    assert files, "aotc/tophub/ ships no records"
     for path in files:
         content = read_record_file(path)
         assert content.records and not content.corrupt, path
@@ -31,7 +31,7 @@ def shipped_cpu_classes() -> str:
     """The -mcpu values of the shipped records (the key also needs their exact features and core count)."""
     cpus = {
         parse_target(r.target).mcpu
-        for path in store_files(ROOT / "tophub")
+        for path in store_files(ROOT / "aotc" / "tophub")
         for r in read_record_file(path).records
     }
     return ", ".join(sorted(cpus))
@@ -44,7 +44,7 @@ RECIPES = sorted(p.stem for p in (ROOT / "recipes").glob("*.yaml"))
 def test_every_recipe_is_a_full_hit_on_the_shipped_cpu_class(name, tmp_path, monkeypatch):
     monkeypatch.delenv("AOTC_TOPHUB", raising=False)
     monkeypatch.delenv("AOTC_SHIPPED_TOPHUB", raising=False)
-    assert shipped_store_dir() == ROOT / "tophub"
+    assert shipped_store_dir() == ROOT / "aotc" / "tophub"
     path = ROOT / "recipes" / f"{name}.yaml"
     model = Path(yaml.safe_load(path.read_text())["model"])
     if not (path.parent / model).exists():  # the large example ONNX models come from recipes/make_models.py
@@ -54,7 +54,9 @@ def test_every_recipe_is_a_full_hit_on_the_shipped_cpu_class(name, tmp_path, mon
     target = parse_target(recipe.target)
     sources = open_sources(None, None, user_store=tmp_path / "empty-user-store")
     if not sources.records_for(target):
-        pytest.skip(f"tophub/ ships records for {shipped_cpu_classes()} only, this target is {target.mcpu}")
+        pytest.skip(
+            f"aotc/tophub/ ships records for {shipped_cpu_classes()} only, this target is {target.mcpu}"
+        )
     tasks = extract_tasks(partition(load_model(recipe)))
     looked = [sources.lookup(task.dag, target) for task in tasks]
     assert [x.status for x in looked] == ["hit"] * len(tasks), [str(x) for x in looked]

@@ -1,8 +1,8 @@
 """Where a build finds tuned records: the chain of record sources and the per-task query.
 
-Chain, in order: the recipe's own records file -> the user's store -> the project's shipped `tophub/`
--> shared stores named by the recipe's `tuning.tophub` or `AOTC_TOPHUB` (a store directory, a bundle
-file, or a `file://` / `https://` bundle URL). `AOTC_TOPHUB=none` or `tophub: none` in the recipe
+Chain, in order: the recipe's own records file -> the user's store -> the shipped `aotc/tophub/` -> shared
+stores named by the recipe's `tuning.tophub` or `AOTC_TOPHUB` (a store directory, a bundle file, or a
+`file://` / `https://` bundle URL). `AOTC_TOPHUB=none` or `tophub: none` in the recipe
 leaves only the recipe's records. A query takes the fastest valid record for the exact key (workload
 fingerprint, target key, record format version) across all sources; on equal cost the earlier
 source wins. Anything that almost matches is reported as stale, naming the part that differed.

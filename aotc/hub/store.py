@@ -65,18 +65,19 @@ def download_cache_dir() -> Path:
     return user_store_dir().parent / "tophub-downloads"
 
 
+SHIPPED_STORE = Path(__file__).resolve().parents[1] / "tophub"
+"""`aotc/tophub/`: package data, so a checkout and an installed wheel find it at the same place."""
+
+
 def shipped_store_dir() -> Path | None:
-    """The project's `tophub/` folder (repository root), or None where it is absent (an installed wheel).
+    """The records that ship with aotc (`SHIPPED_STORE`), or None where that folder is absent.
 
     `AOTC_SHIPPED_TOPHUB` overrides it: `none` leaves it out (a build that must tune from scratch), a
     directory stands in for it."""
     override = os.environ.get("AOTC_SHIPPED_TOPHUB")
     if override:
         return None if override.lower() == "none" else Path(override)
-    import aotc
-
-    path = Path(aotc.__file__).resolve().parent.parent / "tophub"
-    return path if path.is_dir() else None
+    return SHIPPED_STORE if SHIPPED_STORE.is_dir() else None
 
 
 # ----------------------------------------------------------------------------- keys
