@@ -3,7 +3,8 @@
 `report.json` is the data (per task: name, workload key, fingerprint, weight, FLOPs, trials, best and
 default-schedule latency, where the kernel came from, and what schedules transferred from other CPUs
 measured here; the tuning curve as [trials, wall seconds,
-estimated end-to-end latency] triples). `report.md` is the same as tables; `curve.png` plots the
+estimated end-to-end latency] triples; the written package's measured latency, a short benchmark at the
+target's thread count). `report.md` is the same as tables; `curve.png` plots the
 estimated end-to-end latency against trials and against wall time. Every file is written atomically.
 """
 
@@ -81,6 +82,7 @@ def format_markdown(report: dict) -> str:
     lines += [
         f"- estimated end-to-end latency: {_ms(report.get('estimated_latency_s'))} ms "
         f"(default schedules: {_ms(report.get('default_latency_s'))} ms)",
+        f"- measured end-to-end latency: {_measured_line(report.get('measured_latency'))}",
         "",
         "| ID | Task | Weight | MFLOP | Trials | Best (ms) | Default (ms) | GFLOP/s | Kernel from |",
         "|---:|------|-------:|------:|-------:|----------:|-------------:|--------:|-------------|",
@@ -98,6 +100,46 @@ def format_markdown(report: dict) -> str:
     if report.get("curve"):
         lines += ["", "Tuning curve: `curve.png` (estimated end-to-end latency vs trials and vs wall time)."]
     return "\n".join(lines) + "\n"
+
+
+MEASURE_WARMUP_SECONDS, MEASURE_WARMUP_RUNS = 0.1, 10
+MEASURE_SECONDS, MEASURE_RUNS = 1.0, 200
+"""The build's benchmark of the package it wrote: 1 s or 200 runs, whichever comes first (200 runs give
+stable percentiles of a fast model and keep a build of one short)."""
+
+
+def measure_package(package: str | Path, target: Target) -> dict:
+    """The written package's measured latency (`aotc_runtime.bench`'s result) at the target's thread
+    count (at most the cores this process may use), or {"skipped": why} where this host cannot load it
+    (another architecture, CPU features it lacks, a signature policy the package does not meet)."""
+    import aotc_runtime
+    from aotc_runtime.bench import Budget, benchmark
+
+    from aotc.target import host_cores
+
+    threads = max(1, min(target.hw.num_cores, host_cores()))
+    try:
+        model = aotc_runtime.load(str(package), num_threads=threads)
+    except aotc_runtime.PackageError as err:
+        return {"skipped": str(err)}
+    result = benchmark(
+        model,
+        budget=Budget(seconds=MEASURE_SECONDS, runs=MEASURE_RUNS),
+        warmup=Budget(seconds=MEASURE_WARMUP_SECONDS, runs=MEASURE_WARMUP_RUNS),
+    )
+    return result.to_dict()
+
+
+def _measured_line(measured: dict | None) -> str:
+    if measured is None:
+        return "not measured"
+    if "skipped" in measured:
+        return f"not measured on this host ({measured['skipped']})"
+    lat = measured["latency_ms"]
+    return (
+        f"p50 {lat['p50_ms']:.4f} ms (p90 {lat['p90_ms']:.4f}, p99 {lat['p99_ms']:.4f}, min {lat['min']:.4f}) "
+        f"over {measured['runs']} runs at {measured['threads']} threads"
+    )
 
 
 def _transfer_line(transfer: dict) -> str:

@@ -123,6 +123,15 @@ def test_benchmark_of_a_model_gives_each_stream_its_own_outputs(mlp_model):
     assert 1 <= data["concurrent_runs"] <= 2
 
 
+def test_result_says_how_many_calls_the_model_ran_at_once(mlp_package):
+    budget, none = Budget(runs=6), Budget(runs=0)
+    serial = aotc_runtime.load(str(mlp_package), max_concurrency=1)
+    assert benchmark(serial, budget=budget, warmup=none, streams=2).concurrent_runs == 1
+    two = aotc_runtime.load(str(mlp_package), max_concurrency=2)
+    assert benchmark(two, budget=budget, warmup=none, streams=3).concurrent_runs == 2
+    assert benchmark(two, budget=budget, warmup=none, streams=1).concurrent_runs == 1
+
+
 def test_benchmark_checks_inputs_before_timing(mlp_model):
     with pytest.raises(ValueError, match="input 'input'"):
         benchmark(mlp_model, {"input": np.zeros((2, 64), np.float32)}, budget=Budget(runs=1))
@@ -237,3 +246,21 @@ def test_compare_refuses_a_model_with_other_inputs(mlp_package, tmp_path, capsys
     onnx.save(m, str(other))
     code, _, err = run_cli(capsys, mlp_package, "--compare", other, "--runs", "1")
     assert code == 2 and "renamed" in err and "package's" in err
+
+
+# ----------------------------------------------------------------------------- the build report
+
+
+def test_measure_package_at_the_target_threads_or_says_why_not(mlp_package, monkeypatch):
+    from aotc.report import format_markdown, measure_package
+    from aotc.target import parse_target
+
+    measured = measure_package(mlp_package, parse_target("llvm -num-cores=1"))
+    assert measured["threads"] == 1 and measured["runs"] >= 1
+    monkeypatch.setenv("AOTC_REQUIRE_SIGNATURE", "1")  # an unsigned package does not load under this policy
+    skipped = measure_package(mlp_package, parse_target("llvm"))
+    assert set(skipped) == {"skipped"} and "signature" in skipped["skipped"]
+    report = {"package": "p.aotc", "model": "m.onnx", "target": "llvm", "seconds": 1.0, "tasks": []}
+    assert "measured end-to-end latency: not measured on this host (" in format_markdown(
+        {**report, "measured_latency": skipped}
+    )

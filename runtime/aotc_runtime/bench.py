@@ -205,9 +205,9 @@ def model_calls(
 
 
 def concurrent_runs(model) -> int:
-    """How many `run` calls the model executes at once: its `max_concurrent_runs` where it has one,
-    else 1 (a model with one workspace serializes its calls)."""
-    n = getattr(model, "max_concurrent_runs", 1)
+    """How many `run` calls the model executes at once: its `max_concurrency` (a workspace per call),
+    else 1 (a model of one workspace serializes its calls)."""
+    n = getattr(model, "max_concurrency", 1)
     return n if isinstance(n, int) and n >= 1 else 1
 
 
