@@ -250,9 +250,18 @@ def peer_calls(
     """The reference runtime's name and one callable per stream running `model` on `inputs` with `threads`
     intra-op threads: one shared onnxruntime session (its `run` is thread-safe), or a LiteRT interpreter
     per stream (with its default delegates, as users get it)."""
+    import importlib.util
+
+    from aotc.validate import REFERENCE_MODULES, VALIDATE_EXTRA, ReferenceUnavailable
+
     suffix = model.suffix.lower()
     if not model.is_file():
         raise FileNotFoundError(f"--compare {model}: no such file")
+    module = REFERENCE_MODULES.get(suffix)
+    if module is not None and importlib.util.find_spec(module) is None:
+        raise ReferenceUnavailable(
+            f"--compare {model} needs {module}, which is not installed: {VALIDATE_EXTRA}"
+        )
     if suffix == ".onnx":
         return _onnxruntime_calls(model, inputs, streams, threads)
     if suffix == ".tflite":

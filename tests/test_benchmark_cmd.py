@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import threading
 import time
 from pathlib import Path
@@ -264,3 +265,9 @@ def test_measure_package_at_the_target_threads_or_says_why_not(mlp_package, monk
     assert "measured end-to-end latency: not measured on this host (" in format_markdown(
         {**report, "measured_latency": skipped}
     )
+
+
+def test_compare_names_the_missing_reference_runtime(mlp_package, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # as if not installed
+    code, _, err = run_cli(capsys, mlp_package, "--compare", MLP, "--runs", "1")
+    assert code == 1 and "needs onnxruntime" in err and "aotc[validate]" in err
