@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import tempfile
 import time
@@ -20,6 +21,7 @@ from aotc.graph.partition import Task, extract_tasks, partition
 from aotc.graph.passes import optimize
 from aotc.hub import Lookup, RecordSources, Transfer, find_transfers, open_sources
 from aotc.hub.transfer import describe_outcome, transfer_outcome
+from aotc.progress import build_log
 from aotc.recipe import Recipe
 from aotc.report import build_report, report_dir, write_report
 from aotc.schedule.default import default_schedule
@@ -61,7 +63,7 @@ class Schedules:
 
 def build(
     recipe: Recipe,
-    log: Callable[[str], None] = print,
+    log: Callable[[str], None] | None = None,
     *,
     resume: bool = False,
     explain_cache: bool = False,
@@ -74,8 +76,10 @@ def build(
 
     Tuning stops at `tuning.trials` or `tuning.deadline`, whichever comes first; a deadline leaves time
     for codegen and packaging. Ctrl-C during tuning stops it and still writes the package (a second one
-    aborts). `callbacks` get (scheduler, round report) after every tuning round.
+    aborts). `callbacks` get (scheduler, round report) after every tuning round. Messages go to `log`
+    (default: INFO messages of the `aotc.build` logger); warnings always go to `logging`.
     """
+    log = log or build_log
     start, started, timings = time.perf_counter(), time.monotonic(), {}
     target = parse_target(recipe.target)
     if not target.is_cpu:
@@ -193,6 +197,11 @@ def choose_schedules(
     """Look every task up in the record chain, measure other CPUs' schedules here, tune when the recipe
     has a budget, and look up again; every record the build's log holds reaches the user store."""
     tuning = recipe.tuning
+    if tuning.trials == 0 and tuning.deadline is not None:
+        logging.getLogger("aotc.build").warning(
+            f"tuning.trials is 0, so the tuning.deadline of {tuning.deadline:g} s is not used and nothing is "
+            "tuned; leave trials out to tune until the deadline (`aotc build --deadline` does)"
+        )
     records = records_path(recipe)
     known = _load(records)
     sources = open_sources(records, tuning.tophub)

@@ -1,18 +1,24 @@
 """The `aotc` command: argument parsing and exit codes; each subcommand calls one function elsewhere.
 
-Exit codes: 0 ok, 1 build or runtime error, 2 usage or recipe error, 3 validation mismatch.
+Exit codes: 0 ok, 1 build or runtime error, 2 usage or recipe error, 3 validation mismatch, 130
+interrupted (Ctrl-C; a build interrupted while tuning still writes its package first).
+Results go to stdout (`--json` makes them one JSON document); messages and progress to stderr.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import logging
 import math
+import os
 import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
-OK, BUILD_ERROR, USAGE_ERROR, MISMATCH = 0, 1, 2, 3
+OK, BUILD_ERROR, USAGE_ERROR, MISMATCH, INTERRUPTED = 0, 1, 2, 3, 130
+RECIPE_SUFFIXES = (".yaml", ".yml")
 MAX_THREADS = 4096  # a sanity bound; the runtime bounds the team to the cores it may use
 MAX_REPEAT = 100_000
 MAX_SEED = 2**32 - 1
@@ -76,6 +82,55 @@ def memory_size(text: str) -> int:
     return size
 
 
+def input_spec(text: str) -> tuple[str, tuple[int, ...], str | None]:
+    """An argparse type: `NAME=SHAPE[:DTYPE]`, e.g. `input=1,3,224,224:float32` or `x=[4,64]`."""
+    name, sep, rest = text.partition("=")
+    shape_text, _, dtype = rest.partition(":")
+    try:
+        shape = tuple(int(v) for v in shape_text.strip("[]() ").split(",") if v.strip())
+    except ValueError:
+        shape = ()
+    if not sep or not name or not shape or any(d <= 0 for d in shape):
+        raise argparse.ArgumentTypeError(
+            f"expected NAME=SHAPE[:DTYPE] with positive dimensions, e.g. input=1,3,224,224:float32, got {text!r}"
+        )
+    return name, shape, dtype or None
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows each option's default in its help, except where there is none to show (None, off)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if action.default in (None, False, [], argparse.SUPPRESS) or "default" in (action.help or ""):
+            return action.help or ""
+        return super()._get_help_string(action)
+
+
+def add_verbosity_arguments(p: argparse.ArgumentParser, suppress: bool = True) -> None:
+    """`-v/--verbose` and `-q/--quiet` (before or after the subcommand)."""
+    default = argparse.SUPPRESS if suppress else 0
+    p.add_argument(
+        "-v", "--verbose", action="count", default=default, help="more messages (debug); repeatable"
+    )
+    p.add_argument(
+        "-q",
+        "--quiet",
+        action="store_const",
+        const=-1,
+        dest="verbose",
+        default=default,
+        help="warnings and errors only; no progress display",
+    )
+
+
+def add_json_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print the result as one JSON document")
+
+
+def print_json(data) -> None:
+    print(json.dumps(data, indent=1, default=str, allow_nan=False))
+
+
 def add_trust_arguments(p: argparse.ArgumentParser) -> None:
     """`--trusted-key` and `--require-signature` for commands that load a package or bundle."""
     p.add_argument(
@@ -104,27 +159,72 @@ def load_package(args: argparse.Namespace):
 
 
 def _parser() -> argparse.ArgumentParser:
-    from aotc.recipe import MAX_TRIALS
+    from aotc import __version__
+    from aotc.recipe import DEFAULT_TARGET, MAX_TRIALS
 
     ap = argparse.ArgumentParser(
-        prog="aotc", description="Ahead-of-time compiler for trained neural networks."
+        prog="aotc",
+        description="Ahead-of-time compiler for trained neural networks.",
+        formatter_class=HelpFormatter,
+        epilog="Exit codes: 0 ok, 1 build or runtime error, 2 usage or recipe error, 3 validation "
+        "mismatch, 130 interrupted.",
     )
-    sub = ap.add_subparsers(dest="command", required=True)
+    ap.add_argument("--version", action="version", version=f"aotc {__version__}")
+    add_verbosity_arguments(ap, suppress=False)
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    b = sub.add_parser("build", help="compile the model of a recipe into a package")
-    b.add_argument("recipe", type=Path)
+    def command(name: str, **kwargs) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, formatter_class=HelpFormatter, **kwargs)
+        add_verbosity_arguments(p)
+        return p
+
+    b = command(
+        "build",
+        help="compile a model (.onnx, .tflite) or the model of a recipe (.yaml) into a package",
+        description="aotc build model.onnx [-o model.aotc] [--target ...] compiles a model file as it is; "
+        "aotc build recipe.yaml compiles what the recipe says. The options below override either.",
+    )
+    b.add_argument(
+        "source", type=Path, metavar="MODEL|RECIPE", help="a .onnx/.tflite model or a .yaml recipe"
+    )
+    b.add_argument(
+        "--target",
+        help=f"target string, e.g. 'llvm -mcpu=znver4' (default: the recipe's, else {DEFAULT_TARGET!r})",
+    )
+    b.add_argument(
+        "-o",
+        "--output",
+        type=Path,
+        metavar="FILE",
+        help="package file to write (default: the recipe's output; for a model, MODEL_STEM.aotc here)",
+    )
+    b.add_argument(
+        "--input",
+        type=input_spec,
+        action="append",
+        metavar="NAME=SHAPE[:DTYPE]",
+        help="fix an input's shape (and dtype), e.g. input=1,3,224,224:float32; repeatable",
+    )
     b.add_argument("--print-config", action="store_true", help="print the resolved recipe and exit")
     b.add_argument(
         "--trials",
         type=bounded_int(0, MAX_TRIALS),
         metavar="N",
-        help="total tuning trials (overrides tuning.trials)",
+        help="total tuning trials (overrides tuning.trials; 0: no tuning, a deadline then unused)",
     )
     b.add_argument(
         "--deadline",
         type=deadline_seconds,
         metavar="DURATION",
-        help="tuning wall-clock limit, e.g. 90s, 30m, 1h30m (overrides tuning.deadline)",
+        help="tune until this wall-clock limit, e.g. 90s, 30m, 1h30m (overrides tuning.deadline; without "
+        "--trials it also lifts a recipe's trials: 0)",
+    )
+    b.add_argument(
+        "--no-validate",
+        dest="validate",
+        action="store_false",
+        default=None,
+        help="do not compare the package with onnxruntime / LiteRT before writing it (overrides validate)",
     )
     b.add_argument(
         "--memory-limit",
@@ -151,45 +251,53 @@ def _parser() -> argparse.ArgumentParser:
         "CPUs (transferred) measured here",
     )
 
-    r = sub.add_parser("run", help="run a package on inputs from .npy files")
-    r.add_argument("package", type=Path)
-    r.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy")
-    r.add_argument("--output", type=Path, help="directory to write each output as NAME.npy")
-    r.add_argument("--threads", type=bounded_int(1, MAX_THREADS))
+    r = command("run", help="run a package on inputs from .npy files")
+    r.add_argument("package", type=Path, help="the .aotc package")
+    r.add_argument(
+        "--input", action="append", default=[], metavar="NAME=FILE.npy", help="an input's array; repeatable"
+    )
+    r.add_argument("--output", type=Path, metavar="DIR", help="directory to write each output as NAME.npy")
+    r.add_argument(
+        "--threads",
+        type=bounded_int(1, MAX_THREADS),
+        help="threads (default: the cores this process may use)",
+    )
     add_trust_arguments(r)
 
-    t = sub.add_parser("tune-op", help="tune one named operator and print its best GFLOP/s")
+    t = command("tune-op", help="tune one named operator and print its best GFLOP/s")
     t.add_argument("op", help="matmul, dense, conv2d, conv2d_relu, depthwise, softmax")
-    t.add_argument("--shape", help="comma-separated shape parameters (see the operator's defaults)")
-    t.add_argument("--trials", type=bounded_int(1, MAX_TRIALS), default=200)
+    t.add_argument("--shape", help="comma-separated shape parameters (default: the operator's default shape)")
+    t.add_argument("--trials", type=bounded_int(1, MAX_TRIALS), default=200, help="measurements to spend")
     t.add_argument("--records", type=Path, help="JSON-lines record log to append to (and resume from)")
-    t.add_argument("--target", default="llvm -mcpu=native")
-    t.add_argument("--seed", type=bounded_int(0, MAX_SEED), default=0)
+    t.add_argument("--target", default="llvm -mcpu=native", help="target string")
+    t.add_argument("--seed", type=bounded_int(0, MAX_SEED), default=0, help="search seed")
 
-    pr = sub.add_parser(
+    pr = command(
         "profile",
         help="time every kernel call of a package where it runs in the model (seeded random inputs)",
     )
-    pr.add_argument("package", type=Path)
-    pr.add_argument("--threads", type=bounded_int(1, MAX_THREADS))
+    pr.add_argument("package", type=Path, help="the .aotc package")
     pr.add_argument(
-        "--repeat",
-        type=bounded_int(1, MAX_REPEAT),
-        default=20,
-        help="profiled runs of the whole plan (default 20)",
+        "--threads",
+        type=bounded_int(1, MAX_THREADS),
+        help="threads (default: the cores this process may use)",
+    )
+    pr.add_argument(
+        "--repeat", type=bounded_int(1, MAX_REPEAT), default=20, help="profiled runs of the whole plan"
     )
     pr.add_argument(
         "--alone",
         action="store_true",
         help="also time each call back to back (warm, as tuned) and show what the sequence costs it",
     )
-    pr.add_argument("--seed", type=bounded_int(0, MAX_SEED), default=0)
+    pr.add_argument("--seed", type=bounded_int(0, MAX_SEED), default=0, help="seed of the random inputs")
+    add_json_argument(pr)
     add_trust_arguments(pr)
 
-    i = sub.add_parser(
+    i = command(
         "inspect", help="describe a package: inputs, outputs, kernels, sizes, digest, signature, provenance"
     )
-    i.add_argument("package", type=Path)
+    i.add_argument("package", type=Path, help="the .aotc package")
     i.add_argument(
         "--trusted-key",
         action="append",
@@ -198,20 +306,25 @@ def _parser() -> argparse.ArgumentParser:
         help="public key (PEM, or a directory of *.pub) to check the signature against; repeatable "
         "(default: $AOTC_TRUSTED_KEYS)",
     )
+    add_json_argument(i)
 
-    k = sub.add_parser("keygen", help="make an Ed25519 key pair for signing packages and bundles")
+    k = command("keygen", help="make an Ed25519 key pair for signing packages and bundles")
     k.add_argument(
         "key", type=Path, help="private key file to create (PEM, mode 0600); KEY.pub gets the public key"
     )
 
-    v = sub.add_parser(
+    v = command(
         "validate", help="compare a package with onnxruntime (or LiteRT for .tflite) on seeded random inputs"
     )
-    v.add_argument("package", type=Path)
-    v.add_argument("--model", type=Path, required=True)
-    v.add_argument("--seed", type=bounded_int(0, MAX_SEED), default=0)
-    v.add_argument("--rtol", type=finite_float(0.0), default=None)
-    v.add_argument("--atol", type=finite_float(0.0), default=None)
+    v.add_argument("package", type=Path, help="the .aotc package")
+    v.add_argument("--model", type=Path, required=True, help="the model it was built from (.onnx, .tflite)")
+    v.add_argument("--seed", type=bounded_int(0, MAX_SEED), default=0, help="seed of the random inputs")
+    v.add_argument(
+        "--rtol", type=finite_float(0.0), default=None, help="relative tolerance (default: 1e-4, see README)"
+    )
+    v.add_argument(
+        "--atol", type=finite_float(0.0), default=None, help="absolute tolerance (default: 1e-5, see README)"
+    )
     add_trust_arguments(v)
 
     from aotc.benchmark import add_benchmark_parser
@@ -223,7 +336,26 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one `aotc` command; returns its exit code. Output to a reader that went away (`aotc hub ls |
+    head`) ends the command quietly with 0: what it did not read is not wanted."""
+    try:
+        try:
+            code = run_command(argv)
+        except SystemExit:  # argparse's --help, --version and usage errors print, then exit
+            sys.stdout.flush()
+            raise
+        sys.stdout.flush()  # here, not at interpreter exit, where a broken pipe could not be handled
+        return code
+    except BrokenPipeError:
+        quiet_stdout()
+        return OK
+
+
+def run_command(argv: list[str] | None) -> int:
     args = _parser().parse_args(argv)
+    from aotc.progress import configure_logging
+
+    configure_logging(args.verbose)
     try:
         commands = {
             "build": cmd_build,
@@ -237,13 +369,26 @@ def main(argv: list[str] | None = None) -> int:
             "benchmark": cmd_benchmark,
         }
         return commands[args.command](args)
+    except BrokenPipeError:
+        raise  # handled by main
     except KeyboardInterrupt:
         print("aotc: interrupted", file=sys.stderr)
-        return 130
+        return INTERRUPTED
     except Exception as err:  # noqa: BLE001 - every failure becomes one clear line and an exit code
         code = _exit_code(err)
         print(f"aotc: error: {err}", file=sys.stderr)
         return code
+
+
+def quiet_stdout() -> None:
+    """Point file descriptor 1 at /dev/null after a broken pipe, so that flushing stdout's buffer at
+    exit does not fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # not a real file (a test's capture): nothing to flush
+        pass
 
 
 def _exit_code(err: Exception) -> int:
@@ -264,26 +409,86 @@ def _exit_code(err: Exception) -> int:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from dataclasses import replace
+    from contextlib import nullcontext
 
-    from aotc.api import compile, with_overrides
-    from aotc.recipe import Recipe, format_recipe
+    from aotc.api import compile
+    from aotc.progress import LiveTuning, terminal
+    from aotc.recipe import format_recipe
     from aotc.validate import format_report_row
 
-    recipe = with_overrides(Recipe.from_yaml(args.recipe), trials=args.trials, deadline=args.deadline)
-    if args.memory_limit is not None:
-        recipe = replace(recipe, memory_limit=args.memory_limit)
+    recipe = build_recipe(args)
     if args.print_config:
         print(format_recipe(recipe))
         return OK
-    package = compile(recipe, resume=args.resume, explain_cache=args.explain_cache, sign_key=args.sign)
+    # on a terminal, one display redrawn in place; elsewhere (a log file, CI) one line per round
+    display = LiveTuning() if terminal() and args.verbose >= 0 else None
+    with display or nullcontext():
+        package = compile(
+            recipe,
+            resume=args.resume,
+            explain_cache=args.explain_cache,
+            sign_key=args.sign,
+            callbacks=[display] if display else (),
+            log=None,
+        )
     result = package.result
     if result.validation is not None:
         print("validation against the reference:")
         for row in result.validation:
             print(format_report_row(row))
     print(f"wrote {result.package} in {result.seconds:.1f} s (report: {result.report})")
+    if result.tuning is not None and result.tuning.stop_reason == "interrupted":
+        print(
+            "aotc: interrupted: tuning stopped early; the package holds the best schedules so far",
+            file=sys.stderr,
+        )
+        return INTERRUPTED
     return OK
+
+
+def build_recipe(args: argparse.Namespace):
+    """The recipe `aotc build` compiles: the recipe file's, or one made for a model file, with the
+    command line's options applied."""
+    from dataclasses import replace
+
+    from aotc.api import with_overrides
+    from aotc.recipe import MODEL_SUFFIXES, InputSpec, Recipe
+    from aotc.search.model_tuning import TuningOptions
+
+    source: Path = args.source
+    suffix = source.suffix.lower()
+    inputs = {name: InputSpec(shape, dtype) for name, shape, dtype in args.input or []}
+    if suffix in RECIPE_SUFFIXES:
+        recipe = Recipe.from_yaml(source)
+        if inputs:
+            recipe = replace(recipe, inputs={**recipe.inputs, **inputs})
+    elif suffix in MODEL_SUFFIXES:
+        if not source.is_file():
+            raise FileNotFoundError(f"model file not found: {source}")
+        output = Path.cwd() / f"{source.stem}.aotc"
+        recipe = Recipe(model=source, inputs=inputs, output=output, tuning=TuningOptions())
+    else:
+        raise ValueError(  # a usage error (exit 2)
+            f"{source}: expected a model (.onnx, .tflite) or a recipe (.yaml, .yml), got "
+            f"{suffix or 'a file without a suffix'!r}"
+        )
+    changes = {
+        key: value
+        for key, value in (("target", args.target), ("output", args.output), ("validate", args.validate))
+        if value is not None
+    }
+    if args.memory_limit is not None:
+        changes["memory_limit"] = args.memory_limit
+    if changes:
+        recipe = replace(recipe, **changes)
+    trials = args.trials
+    if args.deadline is not None and trials is None and recipe.tuning.trials == 0:
+        # a deadline asked for on the command line is a request to tune: it lifts the recipe's off switch
+        logging.getLogger("aotc.build").info(
+            "--deadline given: tuning until the deadline (the recipe's trials: 0 is lifted)"
+        )
+        recipe = replace(recipe, tuning=recipe.tuning.replace(trials=None))
+    return with_overrides(recipe, trials=trials, deadline=args.deadline)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -373,8 +578,32 @@ def cmd_tune_op(args: argparse.Namespace) -> int:
 def cmd_inspect(args: argparse.Namespace) -> int:
     from aotc.package import describe_package
 
-    print(describe_package(str(args.package), trusted_keys=args.trusted_key))
+    if args.json:
+        print_json(package_summary(args.package, args.trusted_key))
+    else:
+        print(describe_package(str(args.package), trusted_keys=args.trusted_key))
     return OK
+
+
+def package_summary(path: Path, trusted_keys: list[Path] | None) -> dict:
+    """`aotc inspect --json`: the verified package's digest, size, signature state and whole manifest."""
+    from aotc_runtime import verify_package
+    from aotc_runtime.signing import TRUSTED_KEYS_ENV, load_trusted_keys, verify_signature
+
+    checked = verify_package(str(path))
+    signature = None
+    if checked.signature is not None:
+        keys = load_trusted_keys(trusted_keys) if trusted_keys or os.environ.get(TRUSTED_KEYS_ENV) else {}
+        status = verify_signature(checked.signature, checked.digest, "package", keys)
+        signature = {"state": status.state, "key_id": status.key_id, "message": status.message}
+    return {
+        "package": str(path),
+        "size": path.stat().st_size,
+        "digest": f"sha256:{checked.digest}",
+        "integrity": "ok",
+        "signature": signature,
+        "manifest": checked.manifest,
+    }
 
 
 def cmd_keygen(args: argparse.Namespace) -> int:
@@ -397,7 +626,19 @@ def cmd_profile(args: argparse.Namespace) -> int:
         model.num_threads = args.threads
     calls = model.profile(repeat=args.repeat, seed=args.seed, alone=args.alone)
     whole = model.benchmark(seed=args.seed)["median_ms"]
-    print(format_profile(calls, whole, model.num_threads))
+    if args.json:
+        from dataclasses import asdict
+
+        print_json(
+            {
+                "package": str(args.package),
+                "threads": model.num_threads,
+                "whole_run_median_ms": whole,
+                "calls": [asdict(call) | {"gflops": call.gflops} for call in calls],
+            }
+        )
+    else:
+        print(format_profile(calls, whole, model.num_threads))
     return OK
 
 

@@ -12,7 +12,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from aotc.cli import add_trust_arguments
+from aotc.cli import HelpFormatter, add_json_argument, add_trust_arguments, print_json
 from aotc.hub.bundle import BundleError, export_bundle, is_bundle, read_bundle
 from aotc.hub.lookup import RecordSources, explain_package, open_sources, sources_from_paths
 from aotc.hub.store import (
@@ -24,6 +24,7 @@ from aotc.hub.store import (
     store_files,
     user_store_dir,
 )
+from aotc.progress import render_text, table
 from aotc.search.records import read_record_file
 from aotc.target import TargetError, parse_target
 
@@ -31,49 +32,64 @@ from aotc.target import TargetError, parse_target
 def add_hub_parser(subparsers) -> None:
     """Add `hub` and its subcommands to the CLI's subparsers."""
     hub = subparsers.add_parser(
-        "hub", help="the tophub record store: ls, verify, prune, export, import, explain"
+        "hub",
+        help="the tophub record store: ls, verify, prune, export, import, explain",
+        formatter_class=HelpFormatter,
     )
     sub = hub.add_subparsers(dest="hub_command", metavar="COMMAND")
 
-    ls = sub.add_parser("ls", help="records per source and target: workloads, records, best costs")
+    def command(name: str, **kwargs) -> argparse.ArgumentParser:
+        return sub.add_parser(name, formatter_class=HelpFormatter, **kwargs)
+
+    ls = command("ls", help="records per source and target: workloads, records, best costs")
     ls.add_argument(
-        "--from", dest="paths", nargs="+", metavar="PATH", help="list these instead of the sources"
+        "--from",
+        dest="paths",
+        nargs="+",
+        metavar="PATH",
+        help="list these record files, stores or bundles instead of the sources (default: the chain)",
     )
     ls.add_argument("--target", help="only records for this target")
-    ls.add_argument("-v", "--verbose", action="store_true", help="one line per workload")
+    ls.add_argument("-v", "--verbose", dest="workloads", action="store_true", help="one line per workload")
+    add_json_argument(ls)
 
-    verify = sub.add_parser("verify", help="check a bundle, a store directory or a record file")
-    verify.add_argument("path", nargs="?", help="default: the user store")
+    verify = command("verify", help="check a bundle, a store directory or a record file")
+    verify.add_argument(
+        "path", nargs="?", help="a bundle, store directory or record file (default: the user store)"
+    )
     add_trust_arguments(verify)
 
-    prune = sub.add_parser(
-        "prune", help="keep the best records per workload; drop failed and unknown-version lines"
-    )
+    prune = command("prune", help="keep the best records per workload; drop failed and unknown-version lines")
     prune.add_argument("path", nargs="?", help="store directory (default: the user store)")
-    prune.add_argument(
-        "--keep", type=_keep_count, default=3, help="records kept per workload and target (default 3)"
-    )
+    prune.add_argument("--keep", type=_keep_count, default=3, help="records kept per workload and target")
 
-    export = sub.add_parser("export", help="write the best record per workload for a target as a bundle")
-    export.add_argument("--target", required=True, help="target string, e.g. 'llvm -mcpu=znver4'")
+    export = command("export", help="write the best record per workload for a target as a bundle")
+    export.add_argument(
+        "--target",
+        required=True,
+        help="target string, e.g. 'llvm -mcpu=znver4' (without -mattr/-num-cores: the records of that CPU)",
+    )
     export.add_argument("-o", "--output", required=True, help="bundle file to write (e.g. team.tophub)")
     export.add_argument(
         "--sign", type=Path, metavar="KEY", help="sign the bundle with this Ed25519 private key (PEM)"
     )
     export.add_argument(
-        "--from", dest="paths", nargs="+", metavar="PATH", help="record files, stores or bundles"
+        "--from",
+        dest="paths",
+        nargs="+",
+        metavar="PATH",
+        help="record files, stores or bundles (default: the chain)",
     )
 
-    imp = sub.add_parser(
-        "import", help="verify a bundle and merge it into the user store (best per key wins)"
-    )
-    imp.add_argument("bundle")
+    imp = command("import", help="verify a bundle and merge it into the user store (best per key wins)")
+    imp.add_argument("bundle", help="the .tophub bundle file or URL")
     add_trust_arguments(imp)
     imp.add_argument("--store", help="store directory (default: the user store)")
 
-    explain = sub.add_parser("explain", help="per task of a package: hit / miss / stale against the sources")
-    explain.add_argument("package")
+    explain = command("explain", help="per task of a package: hit / miss / stale against the sources")
+    explain.add_argument("package", help="the .aotc package")
     explain.add_argument("--records", help="the recipe's records file, first in the chain")
+    add_json_argument(explain)
 
     hub.set_defaults(hub_parser=hub)
 
@@ -106,6 +122,8 @@ def cmd_hub(args: argparse.Namespace) -> int:
         return 2
     try:
         return handlers[command](args)
+    except BrokenPipeError:
+        raise  # the reader of our output went away: `aotc` ends quietly
     except (HubError, TargetError, OSError) as err:
         print(f"aotc hub {command}: {err}", file=sys.stderr)
         return 1
@@ -123,39 +141,81 @@ def _sources(args) -> RecordSources:
 
 
 def _ls(args) -> int:
-    sources = _sources(args)
-    wanted = TargetKey.of(parse_target(args.target)) if args.target else None
+    listing = list_sources(_sources(args), parse_target(args.target) if args.target else None)
+    if args.json:
+        print_json({"sources": listing})
+        return 0
+    for src in listing:
+        problem = f"  ({src['problem']})" if src["problem"] else ""
+        count = sum(t["records"] for t in src["targets"])
+        print(f"{src['name']}{problem}" + ("" if count or problem else "  (empty)"))
+        for t in src["targets"]:
+            print(
+                f"  {short_target(t['target'])}: {len(t['workloads'])} workload(s), {t['records']} record(s)"
+                + (f" ({t['failed']} failed)" if t["failed"] else "")
+            )
+            if args.workloads:
+                for w in t["workloads"]:
+                    best = w["best_cost_s"]
+                    cost = f"best {best * 1e3:.4f} ms" if best is not None else "no valid record"
+                    print(f"    {w['workload_key']}  {cost}  ({w['records']} record(s))")
+        if src["foreign_lines"] or src["corrupt_lines"]:
+            print(
+                f"  + {src['foreign_lines']} line(s) of another format version, "
+                f"{src['corrupt_lines']} corrupt line(s)"
+            )
+    return 0
+
+
+def list_sources(sources: RecordSources, target=None) -> list[dict]:
+    """Per source of the chain: its name, problem, and per target key its workloads (records, best
+    cost in seconds or None), record and failed counts; only `target`'s records when given."""
+    wanted = TargetKey.of(target) if target is not None else None
     sources.all_records()
+    out = []
     for src in sources.sources:
-        files = [f for f in src.files]
-        problem = f"  ({src.problem})" if src.problem else ""
-        count = sum(len(f.records) for f in files)
-        print(f"{src.name}{problem}" + ("" if count or problem else "  (empty)"))
+        files = list(src.files)
         by_target: dict[TargetKey, list] = defaultdict(list)
         for content in files:
             for rec in content.records:
                 by_target[TargetKey.of_record(rec.target, rec.host)].append(rec)
+        targets = []
         for key, recs in sorted(by_target.items(), key=lambda kv: kv[0].text):
             if wanted is not None and key != wanted:
                 continue
             per_workload: dict[str, list] = defaultdict(list)
             for rec in recs:
                 per_workload[rec.workload_key].append(rec)
-            failed = sum(not r.ok for r in recs)
-            print(
-                f"  {short_target(key.text)}: {len(per_workload)} workload(s), {len(recs)} record(s)"
-                + (f" ({failed} failed)" if failed else "")
+            workloads = []
+            for wk, wrecs in sorted(per_workload.items()):
+                best = min(r.mean_cost for r in wrecs)
+                workloads.append(
+                    {
+                        "workload_key": wk,
+                        "records": len(wrecs),
+                        "best_cost_s": best if best < float("inf") else None,
+                    }
+                )
+            targets.append(
+                {
+                    "target": key.text,
+                    "records": len(recs),
+                    "failed": sum(not r.ok for r in recs),
+                    "workloads": workloads,
+                }
             )
-            if args.verbose:
-                for wk, wrecs in sorted(per_workload.items()):
-                    best = min(r.mean_cost for r in wrecs)
-                    cost = f"best {best * 1e3:.4f} ms" if best < float("inf") else "no valid record"
-                    print(f"    {wk}  {cost}  ({len(wrecs)} record(s))")
-        foreign = sum(len(f.foreign) for f in files)
-        corrupt = sum(len(f.corrupt) for f in files)
-        if foreign or corrupt:
-            print(f"  + {foreign} line(s) of another format version, {corrupt} corrupt line(s)")
-    return 0
+        out.append(
+            {
+                "name": src.name,
+                "kind": src.kind,
+                "location": src.location,
+                "problem": src.problem or "",
+                "targets": targets,
+                "foreign_lines": sum(len(f.foreign) for f in files),
+                "corrupt_lines": sum(len(f.corrupt) for f in files),
+            }
+        )
+    return out
 
 
 def _verify(args) -> int:
@@ -225,17 +285,21 @@ def _export(args) -> int:
 
 
 def export_key(target, text: str, records: list) -> TargetKey:
-    """The target key to export: the target's own, or, when the user named only a CPU (no -mattr or
-    -num-cores, e.g. "llvm -mcpu=znver4"), the one full key of that CPU's records (a host build's
-    records carry every feature of the host); several such keys are a HubError listing them."""
+    """The target key to export: the target's own when the user named everything (-mattr and
+    -num-cores), else the one key of that CPU's records that agrees with what was named (a host build's
+    records carry every feature of the host, and its core count when given): `llvm -mcpu=znver4` or
+    `llvm -mcpu=znver4 -num-cores=8` as users type them. Several such keys are a HubError listing them."""
     wanted = TargetKey.of(target)
-    if "-mattr" in text or "-num-cores" in text or "native" in text or "-mcpu" not in text:
+    named_features, named_cores = "-mattr" in text, "-num-cores" in text
+    if (named_features and named_cores) or "native" in text or "-mcpu" not in text:
         return wanted
     keys = {
         key
         for rec in records
         if (key := TargetKey.of_record(rec.target, rec.host)).kind == wanted.kind
         and (key.arch, key.cpu) == (wanted.arch, wanted.cpu)
+        and (not named_features or key.features == wanted.features)
+        and (not named_cores or key.cores == wanted.cores)
     }
     if len(keys) > 1:
         listed = "\n  ".join(sorted(k.text for k in keys))
@@ -263,14 +327,27 @@ def _import(args) -> int:
 def _explain(args) -> int:
     sources = open_sources(Path(args.records) if args.records else None, None)
     target, rows = explain_package(args.package, sources)
+    counts = {s: sum(r.status == s for _, r in rows) for s in ("hit", "miss", "stale")}
+    if args.json:
+        print_json(
+            {
+                "package": str(args.package),
+                "target": str(target),
+                "sources": [{"name": s.name, "problem": s.problem or ""} for s in sources.sources],
+                "tasks": [
+                    {"task": task, "status": r.status, "reason": r.reason, "source": r.source}
+                    for task, r in rows
+                ],
+                "counts": counts,
+            }
+        )
+        return 0
     print(f"package {args.package}, target {short_target(str(target))}")
     print(
         "sources: "
         + ", ".join(s.name + (f" (skipped: {s.problem})" if s.problem else "") for s in sources.sources)
     )
-    width = max((len(task) for task, _ in rows), default=4)
-    for task, result in rows:
-        print(f"  {task:<{width}}  {result}")
-    counts = {s: sum(r.status == s for _, r in rows) for s in ("hit", "miss", "stale")}
+    listing = render_text(table(["Task", "Result"], [[task, str(result)] for task, result in rows]))
+    print("\n".join("  " + line for line in listing.splitlines()))
     print(f"{counts['hit']} hit, {counts['miss']} miss, {counts['stale']} stale")
     return 0

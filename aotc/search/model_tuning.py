@@ -3,6 +3,7 @@ and the one options object (`TuningOptions`) that says how much, where records g
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import re
@@ -64,8 +65,9 @@ def duration_problem(seconds: float | None) -> str:
 class TuningOptions:
     """How a model is tuned, every setting with its one default.
 
-    Budget: `trials` (total measurements, spent by the task scheduler; 0: none) and/or `deadline`
-    (seconds, or a duration such as "30m"; the package is written by then); neither means no tuning.
+    Budget: `trials` (total measurements, spent by the task scheduler) and/or `deadline` (seconds, or a
+    duration such as "30m"; the package is written by then); neither means no tuning, and so does
+    `trials=0` whatever the deadline (0 is the off switch; leave trials out to tune until a deadline).
     Records: `records`, the build's own log (default: next to the package); `tophub`, shared stores
     (None: $AOTC_TOPHUB, [] none); `transfer`, measure records of other CPUs of the target's ISA here.
     Measurement: `measure`. Search: `search`, the search policy (aotc.search.params: population, per
@@ -198,5 +200,41 @@ def tune_tasks(
             warm_start(model)
         limits = [f"{trials} trials" if trials is not None else "", "a deadline" if deadline else ""]
         log(f"tuning {todo} of {len(tasks)} tasks with {' and '.join(x for x in limits if x)}")
+        if trials is not None:
+            warn_small_budget(scheduler, trials, params.per_round)
     summary = scheduler.tune(trials, deadline)
+    if deadline is not None and not only_seeds and summary.stop_reason == "deadline":
+        warn_short_deadline(scheduler)
     return TuningRun(scheduler, summary, [p.trials - r for p, r in zip(scheduler.progress, restored)])
+
+
+def warn_small_budget(scheduler: TaskScheduler, trials: int, per_round: int) -> None:
+    """Warn when `trials` cannot give every live task one full search round after its default schedule:
+    the scheduler then shrinks every round and has none left to spend where it helps most."""
+    live = scheduler.live()
+    left = trials - scheduler.total_trials
+    baseline = sum(scheduler.baseline_trials[i] for i in live if scheduler.progress[i].rounds == 0)
+    needed = baseline + len(live) * per_round
+    if left >= needed:
+        return
+    n = len(live)
+    each = max(1, min(per_round, left // max(n, 1)))  # the round size TaskScheduler.tune will use
+    logging.getLogger("aotc.tuning").warning(
+        f"a budget of {left} trials for {n} tasks: the task scheduler sizes its rounds to {each} "
+        f"candidates (a full round is {per_round}), and the default schedules ({baseline} trials) and one "
+        f"warm-up round per task use it up, leaving no round for the tasks that gain most. Give at least "
+        f"{needed} trials for one full round per task, {needed + n * per_round} or more for the scheduler to "
+        "choose"
+    )
+
+
+def warn_short_deadline(scheduler: TaskScheduler) -> None:
+    """Warn when the deadline ended tuning before any search round (only default schedules measured)."""
+    searched = [r for r in scheduler.history if r.how != "baseline"]
+    if searched:
+        return
+    measured = sum(1 for r in scheduler.history)
+    logging.getLogger("aotc.tuning").warning(
+        f"the deadline left time for {measured} round(s) measuring default schedules and no search round; "
+        "give a longer deadline to tune"
+    )

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 import random
-import sys
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -31,7 +30,7 @@ from aotc.schedule.state import State
 from aotc.search.common import CostModel
 from aotc.search.measure import MeasureError, MeasureOptions, Measurer
 from aotc.search.params import STRATEGIES, SearchParams
-from aotc.search.task import SearchTask, TaskSearch, progress_bar
+from aotc.search.task import SearchTask, TaskSearch
 from aotc.target import Target, as_target
 from aotc.te.dag import ComputeDAG
 
@@ -186,7 +185,7 @@ class TaskScheduler:
         seed: int = SearchParams.seed,
         callbacks: Sequence[Callable[[TaskScheduler, RoundReport], None]] = (),
         log: Callable[[str], None] | None = None,
-        table: bool = True,
+        table: bool = False,
         baseline_trials: int | Sequence[int] = 0,
     ):
         if strategy not in STRATEGIES:
@@ -232,6 +231,9 @@ class TaskScheduler:
         self._start = time.monotonic()
         self._budget: int | None = None
         self._deadline: float | None = None
+        self._tuned_from = 0
+        # a callback that draws every round itself (aotc.progress.LiveTuning) replaces the per-round line
+        self._draws_rounds = any(getattr(cb, "shows_rounds", False) for cb in self.callbacks)
 
     # ---- state ----
 
@@ -260,6 +262,26 @@ class TaskScheduler:
     def live(self) -> list[int]:
         return [i for i, p in enumerate(self.progress) if not p.dead]
 
+    @property
+    def budget(self) -> int | None:
+        """The trial budget of the run in progress (restored trials included), None when unlimited."""
+        return self._budget
+
+    @property
+    def deadline(self) -> float | None:
+        """The time.monotonic() the run in progress must end by, if any."""
+        return self._deadline
+
+    @property
+    def started(self) -> float:
+        """The time.monotonic() the run in progress started."""
+        return self._start
+
+    @property
+    def trials_at_start(self) -> int:
+        """Trials already counted (restored) when the run in progress started."""
+        return self._tuned_from
+
     # ---- the loop ----
 
     def tune(self, trials: int | None, deadline: float | None = None) -> TuneSummary:
@@ -268,7 +290,7 @@ class TaskScheduler:
         cleanly: the round in flight is dropped and the summary says "interrupted"."""
         self._start = time.monotonic()
         self._budget, self._deadline = trials, deadline
-        tuned_from = self.total_trials
+        tuned_from = self._tuned_from = self.total_trials
         n_live = max(1, len(self.live()))
         if trials is not None:
             self.per_round = max(1, min(self.per_round, (trials - self.total_trials) // n_live))
@@ -361,7 +383,8 @@ class TaskScheduler:
         )
         self.history.append(report)
         self.curve.append((report.total_trials, report.seconds, report.latency))
-        self.log(self.progress_line(report))
+        if not self._draws_rounds:
+            self.log(self.progress_line(report))
         if self.table:
             self.log(self.format_table())
         for cb in self.callbacks:
@@ -448,20 +471,13 @@ class TaskScheduler:
     def progress_line(self, r: RoundReport) -> str:
         task = self.tasks[r.task]
         best = self.progress[r.task].best_cost
-        if self._budget is not None:
-            bar_done, bar_total, budget = r.total_trials, self._budget, f"/{self._budget}"
-        else:
-            bar_done, bar_total, budget = 0, 0, ""
+        budget = f"/{self._budget}" if self._budget is not None else ""
         if self._deadline is not None:
-            span = self._deadline - self._start
-            if self._budget is None:
-                bar_done, bar_total = int(r.seconds), max(1, int(span))
-            clock = f"  {r.seconds:6.1f}/{span:.0f} s"
+            clock = f"  {r.seconds:6.1f}/{self._deadline - self._start:.0f} s"
         else:
             clock = f"  {r.seconds:6.1f} s"
-        bar = progress_bar(bar_done, bar_total) + " " if sys.stdout.isatty() and bar_total else ""
         return (
-            f"{bar}round {r.round:3d}  trials {r.total_trials}{budget}{clock}  "
+            f"round {r.round:3d}  trials {r.total_trials}{budget}{clock}  "
             f"est. latency {_ms(r.latency)} ms  | task {r.task} {task.name} ({r.how}): "
             f"{r.trials} trials, best {_ms(best)} ms"
         )
@@ -486,17 +502,9 @@ class TaskScheduler:
 
     def format_table(self) -> str:
         """The per-task table (docs/search.md#task-scheduler), then the estimated end-to-end latency."""
-        lines = [
-            "|  ID | Task                           | Latency (ms) | GFLOP/s | Trials | Weight |",
-            "|-----|--------------------------------|--------------|---------|--------|--------|",
-        ]
-        for row in self.rows():
-            lat = _ms(row["best_latency_s"] or math.inf)
-            gf = f"{row['gflops']:7.2f}" if row["gflops"] is not None else "      -"
-            lines.append(
-                f"| {row['id']:3d} | {row['name'][:30]:<30} | {lat:>12} | {gf} | {row['trials']:6d} "
-                f"| {row['weight']:6d} |"
-            )
+        from aotc.progress import render_text, tasks_table
+
+        lines = [render_text(tasks_table(self))]
         lines.append(
             f"estimated end-to-end latency: {_ms(self.estimated_latency())} ms  "
             f"trials: {self.total_trials}  elapsed: {time.monotonic() - self._start:.1f} s"
