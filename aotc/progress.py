@@ -74,12 +74,23 @@ def terminal(stream: IO | None = None) -> bool:
 # ----------------------------------------------------------------------------- tables
 
 
-def table(columns: Sequence[str], rows: Sequence[Sequence[Any]], *, right: Sequence[str] = (), title=None):
-    """A rich Table of `rows` under `columns`; the columns named in `right` are right-aligned."""
+def table(
+    columns: Sequence[str],
+    rows: Sequence[Sequence[Any]],
+    *,
+    right: Sequence[str] = (),
+    title: str | None = None,
+    markdown: bool = False,
+):
+    """A rich Table of `rows` under `columns`; the columns named in `right` are right-aligned;
+    `markdown` draws it as a Markdown table (for report.md)."""
     from rich import box
     from rich.table import Table
 
-    t = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    if markdown:
+        t = Table(title=title, box=box.MARKDOWN, show_edge=True, pad_edge=True)
+    else:
+        t = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
     for name in columns:
         t.add_column(name, justify="right" if name in right else "left", no_wrap=True)
     for row in rows:
@@ -95,7 +106,7 @@ def render_text(renderable, width: int = 1000) -> str:
     Console(file=buffer, width=width, color_system=None, force_terminal=False, soft_wrap=False).print(
         renderable
     )
-    return "\n".join(line.rstrip() for line in buffer.getvalue().splitlines())
+    return "\n".join(line.rstrip() for line in buffer.getvalue().splitlines()).strip("\n")
 
 
 def ms(seconds: float | None) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -19,6 +20,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from aotc.files import atomic_file
+from aotc.progress import render_text, table
+from aotc.target import cpu_class
 
 if TYPE_CHECKING:  # annotations only: the report reads these objects, it imports none of their stages
     from aotc.graph.partition import Task
@@ -49,7 +52,7 @@ def write_report(directory: Path, report: dict) -> list[Path]:
     ]
     curve = [p for p in report.get("curve", []) if p[2] is not None]
     if curve:
-        written.append(_written(directory / "curve.png", lambda f: plot_curve(curve, f)))
+        written.append(_written(directory / "curve.png", lambda f: plot_curve(curve, f, curve_title(report))))
     return written
 
 
@@ -79,20 +82,41 @@ def format_markdown(report: dict) -> str:
         )
     else:
         lines.append("- tuning: off")
+    estimated, default = report.get("estimated_latency_s"), report.get("default_latency_s")
     lines += [
-        f"- estimated end-to-end latency: {_ms(report.get('estimated_latency_s'))} ms "
-        f"(default schedules: {_ms(report.get('default_latency_s'))} ms)",
+        f"- estimated end-to-end latency: {_ms(estimated)} ms "
+        f"(default schedules: {_ms(default)} ms, speedup {_speedup(default, estimated)})",
         f"- measured end-to-end latency: {_measured_line(report.get('measured_latency'))}",
         "",
-        "| ID | Task | Weight | MFLOP | Trials | Best (ms) | Default (ms) | GFLOP/s | Kernel from |",
-        "|---:|------|-------:|------:|-------:|----------:|-------------:|--------:|-------------|",
     ]
+    # a source that is a file (records:/abs/path/x.jsonl) is listed once below the table, not per row
+    paths: dict[str, int] = {}
+    rows = []
     for t in report["tasks"]:
-        gflops = f"{t['gflops']:.2f}" if t.get("gflops") is not None else "-"
-        lines.append(
-            f"| {t['id']} | {t['name']} | {t['weight']} | {t['flops'] / 1e6:.3f} | {t['trials']} "
-            f"| {_ms(t.get('best_latency_s'))} | {_ms(t.get('default_latency_s'))} | {gflops} | {t['source']} |"
+        source = t["source"]
+        kind, sep, where = source.partition(":")
+        if sep and "/" in where:
+            source = f"{kind} [{paths.setdefault(source, len(paths) + 1)}]"
+        best, default = t.get("best_latency_s"), t.get("default_latency_s")
+        rows.append(
+            [
+                t["id"],
+                t["name"],
+                t["weight"],
+                f"{t['flops'] / 1e6:.3f}",
+                t["trials"],
+                _ms(best),
+                _ms(default),
+                _speedup(default, best),
+                f"{t['gflops']:.2f}" if t.get("gflops") is not None else "-",
+                source,
+            ]
         )
+    columns = ["ID", "Task", "Weight", "MFLOP", "Trials", "Best (ms)", "Default (ms)", "Speedup", "GFLOP/s"]
+    right = [c for c in columns if c != "Task"]
+    lines.append(render_text(table([*columns, "Kernel from"], rows, right=right, markdown=True)))
+    if paths:
+        lines += [""] + [f"[{n}] `{source}`  " for source, n in paths.items()]
     transferred = [t for t in report["tasks"] if t.get("transfer")]
     if transferred:
         lines += ["", "## Schedules transferred from other CPUs (measured here)", ""]
@@ -142,6 +166,22 @@ def _measured_line(measured: dict | None) -> str:
     )
 
 
+def _speedup(default: float | None, best: float | None) -> str:
+    """How many times faster the chosen schedule is than the default one ("-" where either is unknown)."""
+    if default is None or best is None or not best > 0 or not math.isfinite(default / best):
+        return "-"
+    return f"{default / best:.2f}x"
+
+
+def curve_title(report: dict) -> str:
+    """The curve's title: model file, target (its feature list counted, not listed) and CPU."""
+    target = re.sub(
+        r"-mattr=(\S+)", lambda m: f"-mattr=<{m.group(1).count(',') + 1} features>", str(report["target"])
+    )
+    cpu = f" on {report['cpu']}" if report.get("cpu") else ""
+    return f"{Path(report['model']).name}: {target}{cpu}"
+
+
 def _transfer_line(transfer: dict) -> str:
     cells = []
     for c in transfer["candidates"]:
@@ -154,8 +194,8 @@ def _transfer_line(transfer: dict) -> str:
     )
 
 
-def plot_curve(curve: list, file) -> None:
-    """Two subplots: estimated end-to-end latency (ms) vs trials, and vs wall seconds."""
+def plot_curve(curve: list, file, title: str = "tuning curve") -> None:
+    """Two subplots: estimated end-to-end latency (ms) vs trials, and vs wall seconds, under `title`."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -170,7 +210,7 @@ def plot_curve(curve: list, file) -> None:
         ax.set_xlabel(label)
         ax.set_ylabel("estimated end-to-end latency (ms)")
         ax.grid(True, alpha=0.3)
-    fig.suptitle("tuning curve")
+    fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(file, format="png", dpi=100)
 
@@ -312,6 +352,7 @@ def build_report(
         "package": str(recipe.output),
         "model": str(recipe.model),
         "target": str(target),
+        "cpu": cpu_class(),
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
         "seconds": time.perf_counter() - start,
         "timings": dict(timings),

@@ -330,6 +330,20 @@ def test_one_line_per_round_when_not_a_terminal_and_a_small_budget_warns(tmp_pat
     assert not any(line.startswith("|") or "Latency (ms)" in line for line in lines)
     assert len(lines) <= rounds + 6  # the rounds, plus a handful of messages: no table per round
     assert "warning: a budget of 8 trials for 4 tasks" in err and "Give at least 260 trials" in err
+    markdown = (tmp_path / "mlp.report" / "report.md").read_text()
+    assert "| Speedup |" in markdown and markdown.count(str(tmp_path)) == 2  # the model, the records once
+    assert (tmp_path / "mlp.report" / "curve.png").exists()
+
+
+def test_the_curve_is_titled_with_model_target_and_cpu():
+    from aotc.report import curve_title
+
+    report = {
+        "model": "/data/resnet18.onnx",
+        "target": "llvm -mcpu=znver4 -mattr=+avx2,+fma",
+        "cpu": "znver4 (AVX2)",
+    }
+    assert curve_title(report) == "resnet18.onnx: llvm -mcpu=znver4 -mattr=<2 features> on znver4 (AVX2)"
 
 
 def test_live_display_replaces_the_round_lines():
