@@ -75,14 +75,15 @@ def compile(  # noqa: A001 - the verb users expect, as in aotc.compile(...)
     resume: bool = False,
     explain_cache: bool = False,
     callbacks: Sequence[Callable] = (),
-    log: Callable[[str], None] = print,
+    log: Callable[[str], None] | None = None,
 ) -> Package:
     """Compile an ONNX or TFLite model (a path) for `target`, tuning it as `tuning` says (default: no
     tuning; stored records still apply), validating it against onnxruntime / LiteRT when `validate`.
 
     `model` may also be a Recipe (`Recipe.from_yaml("recipe.yaml")`), which then says everything but
     the build flags (`sign_key`, `resume`, `explain_cache`, `callbacks`, `log`). Without `output` the
-    package is written to a temporary directory: `save` it where it belongs."""
+    package is written to a temporary directory: `save` it where it belongs. Messages go to `log`, by
+    default the `aotc.build` logger (INFO), so `logging` settings decide where they show."""
     scratch = None
     if isinstance(model, Recipe):
         recipe = model
