@@ -113,34 +113,39 @@ class CallSlotPool:
         self.peak_in_use = 0
         self._cond = threading.Condition()
 
-    @contextmanager
-    def acquire(self) -> Iterator[CallSlot]:
+    def take(self) -> CallSlot:
+        """A free slot (made if fewer than `limit` exist), waiting while all are in use; `give` it back."""
         with self._cond:
             while not self._free and self._made >= self.limit:
                 self._cond.wait()
-            if self._free:
-                slot = self._free.pop()
-            else:
-                self._made += 1  # counted before making it so that no other caller overshoots the limit
-                slot = None
             self.in_use += 1
-            self.peak_in_use = max(self.peak_in_use, self.in_use)
+            if self.in_use > self.peak_in_use:
+                self.peak_in_use = self.in_use
+            if self._free:
+                return self._free.pop()
+            self._made += 1  # counted before making it so that no other caller overshoots the limit
         try:
-            if slot is None:
-                slot = self._make()
+            return self._make()
         except BaseException:
             with self._cond:
                 self._made -= 1
                 self.in_use -= 1
                 self._cond.notify()
             raise
+
+    def give(self, slot: CallSlot) -> None:
+        with self._cond:
+            self._free.append(slot)
+            self.in_use -= 1
+            self._cond.notify()
+
+    @contextmanager
+    def acquire(self) -> Iterator[CallSlot]:
+        slot = self.take()
         try:
             yield slot
         finally:
-            with self._cond:
-                self._free.append(slot)
-                self.in_use -= 1
-                self._cond.notify()
+            self.give(slot)
 
     @property
     def allocated(self) -> int:
@@ -232,14 +237,23 @@ class CompiledModel:
         threads = self._num_threads if num_threads is None else checked_num_threads(num_threads)
         arrays, in_ptrs = self._bind_inputs(inputs)
         results, out_ptrs = self._bind_outputs(outputs, arrays, in_ptrs)
-        with self.call_slots.acquire() as slot, self._threads(threads):
+        # plain try/finally, not context managers: on a small model this path is most of a call's time
+        slot = self.call_slots.take()
+        try:
+            if threads:
+                self._set_call_threads(threads)
             in_argv, out_argv = slot.in_argv, slot.out_argv
             for i, p in enumerate(in_ptrs):
                 in_argv[i] = p
             for i, p in enumerate(out_ptrs):
                 out_argv[i] = p
             status = self._fn(in_argv, out_argv, self._weights_ptr, slot.workspace_ptr)
-        self._check_status(status)
+        finally:
+            if threads:
+                self._set_call_threads(0)  # the library's thread-local setting is 0 between calls
+            self.call_slots.give(slot)
+        if status:
+            self._check_status(status)
         return dict(zip(self._output_names, results))
 
     @contextmanager
