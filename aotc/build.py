@@ -23,7 +23,7 @@ from aotc.hub import Lookup, RecordSources, Transfer, find_transfers, open_sourc
 from aotc.hub.transfer import describe_outcome, transfer_outcome
 from aotc.progress import build_log
 from aotc.recipe import Recipe
-from aotc.report import build_report, report_dir, write_report
+from aotc.report import build_report, measure_package, report_dir, write_report
 from aotc.schedule.default import default_schedule
 from aotc.schedule.layout import rewrite_layout
 from aotc.schedule.lower import lower
@@ -344,8 +344,10 @@ def write_package_and_report(
             from aotc.validate import validate_package
 
             validation = validate_package(tmp, recipe.model, input_shapes=spec_inputs(spec))
+        with timed(timings, "measure"):
+            measured = measure_package(tmp, parse_target(recipe.target))
         with timed(timings, "report"):
-            directory = write_report(report_dir(out), report())[0].parent
+            directory = write_report(report_dir(out), {**report(), "measured_latency": measured})[0].parent
         os.replace(tmp, out)
     except BaseException:
         if os.path.exists(tmp):

@@ -4,6 +4,7 @@ the measured latency in the build report."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 import threading
@@ -250,6 +251,19 @@ def test_compare_refuses_a_model_with_other_inputs(mlp_package, tmp_path, capsys
 
 
 # ----------------------------------------------------------------------------- the build report
+
+
+def test_build_report_has_the_measured_latency_next_to_the_estimate(mlp_package):
+    directory = mlp_package.parent / "mlp.report"
+    report = json.loads((directory / "report.json").read_text())
+    measured = report["measured_latency"]
+    assert set(measured) == RESULT_KEYS and measured["runs"] >= 1
+    assert measured["threads"] == len(os.sched_getaffinity(0))  # the host target: every core it may use
+    lat = measured["latency_ms"]
+    assert 0 < lat["min"] <= lat["p50_ms"] <= lat["p99_ms"]
+    md = (directory / "report.md").read_text()
+    estimate = md.index("- estimated end-to-end latency:")
+    assert md.index(f"- measured end-to-end latency: p50 {lat['p50_ms']:.4f} ms") > estimate
 
 
 def test_measure_package_at_the_target_threads_or_says_why_not(mlp_package, monkeypatch):
