@@ -578,11 +578,14 @@ def cmd_tune_op(args: argparse.Namespace) -> int:
 def cmd_inspect(args: argparse.Namespace) -> int:
     from aotc.package import describe_package
 
+    summary = package_summary(args.package, args.trusted_key)
     if args.json:
-        print_json(package_summary(args.package, args.trusted_key))
+        print_json(summary)
     else:
         print(describe_package(str(args.package), trusted_keys=args.trusted_key))
-    return OK
+    # described in full, but a package that loading refuses is not "ok" for a script checking the exit code
+    invalid = summary["signature"] is not None and summary["signature"]["state"] == "invalid"
+    return BUILD_ERROR if invalid else OK
 
 
 def package_summary(path: Path, trusted_keys: list[Path] | None) -> dict:

@@ -234,18 +234,22 @@ def format_profile(calls: list, whole_ms: float, threads: int) -> str:
     in_sum = sum(c.median_ms for c in calls)
     total = in_sum or math.inf
     alone = bool(calls) and all(c.alone_ms is not None for c in calls)
-    width = max((len(c.kernel) for c in calls), default=6)
-    extra = f"  {'alone ms':>8}  {'lost ms':>8}" if alone else ""
-    lines = [
-        f"{'#':>3}  {'kernel':<{width}}  {'median ms':>9}  {'min ms':>8}  {'share':>6}  {'GFLOP/s':>8}{extra}",
+    columns = ["#", "kernel", "median ms", "min ms", "share", "GFLOP/s"] + (
+        ["alone ms", "lost ms"] if alone else []
+    )
+    rows = [
+        [
+            c.index,
+            c.kernel,
+            f"{c.median_ms:.3f}",
+            f"{c.min_ms:.3f}",
+            f"{c.median_ms / total:.1%}",
+            f"{c.gflops:.1f}" if c.flops else None,
+            *([f"{c.alone_ms:.3f}", f"{c.median_ms - c.alone_ms:.3f}"] if alone else []),
+        ]
+        for c in calls
     ]
-    for c in calls:
-        rate = f"{c.gflops:8.1f}" if c.flops else f"{'-':>8}"
-        cells = f"  {c.alone_ms:8.3f}  {c.median_ms - c.alone_ms:8.3f}" if alone else ""
-        lines.append(
-            f"{c.index:>3}  {c.kernel:<{width}}  {c.median_ms:9.3f}  {c.min_ms:8.3f}  "
-            f"{c.median_ms / total:6.1%}  {rate}{cells}"
-        )
+    lines = [render_text(table(columns, rows, right=[c for c in columns if c != "kernel"]))]
     lines.append(
         f"{len(calls)} kernel calls at {threads} threads: {in_sum:.3f} ms in sum; "
         f"the whole run (one call of the entry function) {whole_ms:.3f} ms"

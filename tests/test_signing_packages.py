@@ -113,6 +113,7 @@ def test_a_forged_signature_block_is_invalid(packages, keys, tmp_path):
     with pytest.raises(SignatureError, match="does not verify"):
         aotc_runtime.load(forged, trusted_keys=[keys["team_pub"]])
     assert "INVALID" in describe_package(forged)
+    assert main(["inspect", forged]) == 1  # shown in full, but not "ok" for a script
 
 
 def test_inspect_names_the_signature_state(packages, keys, capsys):

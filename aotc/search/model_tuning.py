@@ -202,7 +202,13 @@ def tune_tasks(
         log(f"tuning {todo} of {len(tasks)} tasks with {' and '.join(x for x in limits if x)}")
         if trials is not None:
             warn_small_budget(scheduler, trials, params.per_round)
-    summary = scheduler.tune(trials, deadline)
+    try:
+        summary = scheduler.tune(trials, deadline)
+    finally:
+        for callback in callbacks:  # a display of the tuning (aotc.progress.LiveTuning) ends with it
+            close = getattr(callback, "close", None)
+            if callable(close):
+                close()
     if deadline is not None and not only_seeds and summary.stop_reason == "deadline":
         warn_short_deadline(scheduler)
     return TuningRun(scheduler, summary, [p.trials - r for p, r in zip(scheduler.progress, restored)])
