@@ -510,7 +510,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.output:
         args.output.mkdir(parents=True, exist_ok=True)
     for name, value in outputs.items():
-        print(f"{name}: {value.dtype}{list(value.shape)}  min {value.min():.6g}  max {value.max():.6g}")
+        shown = name if name.isprintable() else repr(name)  # names are the package author's data
+        print(f"{shown}: {value.dtype}{list(value.shape)}  min {value.min():.6g}  max {value.max():.6g}")
         if args.output:
             file = files[name]
             if file != f"{name}.npy":

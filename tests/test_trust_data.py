@@ -491,3 +491,16 @@ def test_an_output_that_is_a_directory_is_refused_before_work(tmp_path, mlp):
     with pytest.raises(BuildError, match="is a directory"):
         build(load_recipe(recipe), log=lambda _: None)
     assert not (tmp_path / "models.report").exists()
+
+
+def test_run_never_prints_an_output_name_raw_to_the_terminal(tmp_path, monkeypatch, capsys):
+    import aotc_runtime
+
+    class Model(_FakeModel):
+        def run(self, inputs):
+            return {"\x1b[31mred": np.ones(1)}
+
+    monkeypatch.setattr(aotc_runtime, "load", lambda *a, **k: Model())
+    assert main(["run", str(tmp_path / "x.aotc")]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\\x1b[31mred" in out
