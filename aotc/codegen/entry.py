@@ -70,10 +70,16 @@ class KernelCall:
 
 
 def build_entry_ir(
-    calls: list[KernelCall], target: Target, num_inputs: int, num_outputs: int, plan: bytes = b""
+    calls: list[KernelCall],
+    target: Target,
+    num_inputs: int,
+    num_outputs: int,
+    plan: bytes = b"",
+    symbol: str = ENTRY_SYMBOL,
 ) -> str:
-    """LLVM IR text of a module defining `aotc_run` and declaring every kernel it calls; a non-empty
-    `plan` goes into the `.aotc_plan` section."""
+    """LLVM IR text of a module defining the entry `symbol` (`aotc_run`; a package of several input
+    shapes has one entry each) and declaring every kernel it calls; a non-empty `plan` goes into the
+    `.aotc_plan` section."""
     _check_calls(calls, num_inputs, num_outputs)
     max_args = max((len(c.args) for c in calls), default=0)
     body = ["entry:"]
@@ -84,7 +90,9 @@ def build_entry_ir(
     body.append("  ret i32 0")
     symbols = list(dict.fromkeys(c.symbol for c in calls))
     decls = [f'declare i32 @"{s}"(ptr) nounwind' for s in symbols]
-    header = f"define i32 @{ENTRY_SYMBOL}(ptr %inputs, ptr %outputs, ptr %weights, ptr %workspace) #0 {{"
+    if not _NAME_RE.match(symbol):
+        raise ValueError(f"entry symbol {symbol!r} is not a usable C identifier")
+    header = f"define i32 @{symbol}(ptr %inputs, ptr %outputs, ptr %weights, ptr %workspace) #0 {{"
     return "\n".join(
         [
             f'target triple = "{target.triple}"',
