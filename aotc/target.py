@@ -32,14 +32,44 @@ class HardwareParams:
     vector_bytes: int
     vector_registers: int = 16  # architectural SIMD registers: 16 ymm on AVX2, 32 zmm on AVX-512
     cache_line_bytes: int = 64
+    # GPU limits (a CPU target keeps the defaults, which nothing reads there)
     max_threads_per_block: int = 1024
     warp_size: int = 32
-    max_shared_memory_per_block: int = 48 * 1024
+    max_shared_memory_per_block: int = 48 * 1024  # statically declared __shared__ / __local
+    max_threads_per_multiprocessor: int = 2048
+    registers_per_block: int = 65536
+    max_vthread_extent: int = 8
+
+
+# Per CUDA architecture: (SMs of its reference part, max threads per SM). Threads per block (1024), warp
+# size (32), registers per block (64 K) and static shared memory per block (48 KiB: more needs the driver's
+# opt-in) are the same on all of them (CUDA C Programming Guide, "Compute Capabilities").
+_CUDA_ARCHS = {
+    "sm_80": (108, 2048),  # A100
+    "sm_86": (84, 1536),  # RTX 3090 / A40
+    "sm_89": (128, 1536),  # RTX 4090 / L40
+    "sm_90": (132, 2048),  # H100 SXM
+}
+CUDA_ARCHS = tuple(_CUDA_ARCHS)
+
+# OpenCL devices differ widely (Intel, Mali, Adreno, PoCL): the portable floor. 256 work-items and 32 KiB
+# of local memory are what OpenCL's full profile guarantees or nearly every GPU gives; a warp size of 1
+# promises no lock-step execution.
+_OPENCL_HW = HardwareParams(
+    num_cores=1,
+    vector_bytes=16,
+    max_threads_per_block=256,
+    warp_size=1,
+    max_shared_memory_per_block=32 * 1024,
+    max_threads_per_multiprocessor=256,
+    registers_per_block=0,
+    max_vthread_extent=8,
+)
 
 
 @dataclass(frozen=True)
 class Target:
-    """`llvm -mcpu=... -mattr=... -mtriple=... -num-cores=N` or `cuda -arch=sm_XX`."""
+    """`llvm -mcpu=... -mattr=... -mtriple=... -num-cores=N`, `cuda -arch=sm_XX` or `opencl`."""
 
     kind: str
     mcpu: str = "generic"
@@ -59,6 +89,8 @@ class Target:
             return self.mtriple
         if self.kind == "cuda":
             return "nvptx64-nvidia-cuda"
+        if self.kind == "opencl":
+            return "spir64-unknown-unknown"
         import llvmlite.binding as llvm
 
         return llvm.get_process_triple()
@@ -70,6 +102,11 @@ class Target:
     @property
     def is_cpu(self) -> bool:
         return self.kind == "llvm"
+
+    @property
+    def is_gpu(self) -> bool:
+        """CUDA or OpenCL: kernels launched over a grid of thread blocks (`HardwareParams` bounds them)."""
+        return self.kind in ("cuda", "opencl")
 
     @property
     def isa(self) -> str:
@@ -86,7 +123,7 @@ class Target:
                 parts.append(f"-mattr={','.join(self.mattr)}")
             if self.num_cores:
                 parts.append(f"-num-cores={self.num_cores}")
-        else:
+        elif self.kind == "cuda":
             parts.append(f"-arch={self.arch}")
         return " ".join(parts)
 
@@ -144,8 +181,13 @@ def arch_of(triple: str) -> str:
 
 
 def _default_hardware(t: Target) -> HardwareParams:
+    if t.kind == "opencl":
+        return _OPENCL_HW
     if t.kind == "cuda":
-        return HardwareParams(num_cores=1, vector_bytes=16)
+        # an arch past the table gets the newest one's figures: the per-block limits have not changed
+        known = [a for a in CUDA_ARCHS if int(a[3:]) <= int(t.arch[3:] or 0)] or [CUDA_ARCHS[0]]
+        sms, threads_per_sm = _CUDA_ARCHS[known[-1]]
+        return HardwareParams(num_cores=sms, vector_bytes=16, max_threads_per_multiprocessor=threads_per_sm)
     cores = t.num_cores or host_cores()
     arch = t.isa
     vector_bytes = _vector_bytes(t)
@@ -230,22 +272,26 @@ def parse_target(text: str) -> Target:
     if not words:
         raise TargetError("empty target string")
     kind, opts = words[0], words[1:]
-    if kind not in ("llvm", "cuda"):
-        raise TargetError(f"target {text!r}: unknown kind {kind!r} (expected 'llvm' or 'cuda')")
+    if kind not in ("llvm", "cuda", "opencl"):
+        raise TargetError(f"target {text!r}: unknown kind {kind!r} (expected 'llvm', 'cuda' or 'opencl')")
     values: dict[str, str] = {}
     for opt in opts:
         if not opt.startswith("-") or "=" not in opt:
             raise TargetError(f"target {text!r}: option {opt!r} is not of the form -key=value")
         key, value = opt[1:].split("=", 1)
-        allowed = ("mcpu", "mattr", "mtriple", "num-cores") if kind == "llvm" else ("arch",)
+        allowed = {"llvm": ("mcpu", "mattr", "mtriple", "num-cores"), "cuda": ("arch",), "opencl": ()}[kind]
         if key not in allowed:
-            raise TargetError(f"target {text!r}: unknown option -{key} (allowed: {', '.join(allowed)})")
+            raise TargetError(
+                f"target {text!r}: unknown option -{key} (allowed: {', '.join(allowed) or 'none'})"
+            )
         values[key] = value
     if kind == "cuda":
         arch = values.get("arch", "sm_80")
         if not arch.startswith("sm_") or not arch[3:].isdigit():
             raise TargetError(f"target {text!r}: -arch must look like sm_80, got {arch!r}")
         return Target("cuda", arch=arch)
+    if kind == "opencl":
+        return Target("opencl")
     cores = 0
     if "num-cores" in values:
         if not values["num-cores"].isdigit() or int(values["num-cores"]) < 1:

@@ -47,7 +47,8 @@ def test_cuda_arch():
     "text, message",
     [
         ("", "empty"),
-        ("opencl", "unknown kind"),
+        ("rocm", "unknown kind"),
+        ("opencl -arch=sm_80", "unknown option -arch"),
         ("llvm -mcpu", "-key=value"),
         ("llvm -foo=1", "unknown option -foo"),
         ("llvm -mattr=avx2", "must start with"),
@@ -294,3 +295,24 @@ def test_a_feature_the_runtime_cannot_check_is_refused_unless_the_host_has_it():
     check_features_checkable(parse_target(f"llvm -mcpu={host.mcpu} -mattr={','.join(host.mattr)}"))
     # a record's target (another team's CPU) still parses: only what a build targets is checked
     parse_target("llvm -mcpu=sapphirerapids -mattr=+amx-tile,+egpr")
+
+
+def test_gpu_targets_have_per_arch_limits():
+    h100, a100, ocl = (
+        parse_target("cuda -arch=sm_90"),
+        parse_target("cuda -arch=sm_80"),
+        parse_target("opencl"),
+    )
+    assert h100.is_gpu and ocl.is_gpu and not parse_target("llvm").is_gpu and not h100.is_cpu
+    assert (h100.hw.num_cores, a100.hw.num_cores) == (132, 108)
+    assert parse_target("cuda -arch=sm_86").hw.max_threads_per_multiprocessor == 1536
+    assert (h100.hw.max_threads_per_block, h100.hw.warp_size, h100.hw.max_shared_memory_per_block) == (
+        1024,
+        32,
+        48 * 1024,
+    )
+    assert (ocl.hw.max_threads_per_block, ocl.hw.max_shared_memory_per_block, str(ocl)) == (
+        256,
+        32768,
+        "opencl",
+    )
