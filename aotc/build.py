@@ -15,14 +15,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from aotc.errors import BuildError
-from aotc.execution_plan import check_memory, kernel_source, kernel_symbol, package_spec, spec_inputs
+from aotc.execution_plan import (
+    check_memory,
+    kernel_source,
+    kernel_symbol,
+    merge_tasks,
+    package_spec,
+    spec_inputs,
+)
 from aotc.graph.ir import Graph
-from aotc.graph.partition import Task, extract_tasks, partition
+from aotc.graph.partition import FusedGroup, Task, extract_tasks, partition
 from aotc.graph.passes import optimize
 from aotc.hub import Lookup, RecordSources, Transfer, find_transfers, open_sources
 from aotc.hub.transfer import describe_outcome, transfer_outcome
 from aotc.progress import build_log
-from aotc.recipe import Recipe
+from aotc.recipe import InputSpec, Recipe
 from aotc.report import build_report, measure_package, report_dir, write_report
 from aotc.schedule.default import default_schedule
 from aotc.schedule.layout import rewrite_layout
@@ -90,19 +97,22 @@ def build(
     if recipe.validate:
         require_reference(recipe.model)
     with timed(timings, "import+partition"):
-        graph = load_model(recipe)
-        groups = partition(graph)
-        tasks = extract_tasks(groups)
+        variants = load_variants(recipe)
+        tasks = merge_tasks([extract_tasks(groups) for _, groups in variants])
+    graph = variants[0][0]
+    for g, groups in variants:
+        check_memory(g, groups, recipe.memory_limit)
+    calls = sum(len(groups) for _, groups in variants)
+    sizes = "" if len(variants) == 1 else f" at {len(variants)} batch sizes"
     log(
-        f"{graph.name}: {len(graph.nodes)} nodes -> {len(groups)} kernels calls of {len(tasks)} distinct tasks"
+        f"{graph.name}: {len(graph.nodes)} nodes -> {calls} kernels calls{sizes} of {len(tasks)} distinct tasks"
     )
-    check_memory(graph, groups, recipe.memory_limit)
     with timed(timings, "tune"):
         chosen = choose_schedules(recipe, tasks, target, started, resume, explain_cache, callbacks, log)
     with timed(timings, "schedule+lower"):
         funcs, sources, layouts = lower_kernels(tasks, chosen)
     spec = package_spec(
-        recipe.output.stem, graph, groups, tasks, funcs, target, sources, layouts, recipe.to_dict()
+        recipe.output.stem, variants, tasks, funcs, target, sources, layouts, recipe.to_dict()
     )
 
     def report() -> dict:
@@ -155,9 +165,17 @@ def check_outputs(recipe: Recipe) -> None:
                 )
 
 
-def load_model(recipe: Recipe) -> Graph:
-    """The recipe's model as an optimized graph (ONNX or TFLite by file extension)."""
-    shapes = {name: (spec.shape, spec.dtype) for name, spec in recipe.inputs.items()}
+def load_variants(recipe: Recipe) -> list[tuple[Graph, list[FusedGroup]]]:
+    """The model at each input shape set the recipe lists (one per batch size), partitioned."""
+    graphs = [load_model(recipe, inputs) for inputs in recipe.input_variants()]
+    return [(graph, partition(graph)) for graph in graphs]
+
+
+def load_model(recipe: Recipe, inputs: dict[str, InputSpec] | None = None) -> Graph:
+    """The recipe's model as an optimized graph (ONNX or TFLite by file extension), at the given
+    inputs' shapes (default: the recipe's, at its first batch size)."""
+    chosen = recipe.input_variants()[0] if inputs is None else inputs
+    shapes = {name: (spec.shape, spec.dtype) for name, spec in chosen.items()}
     suffix = recipe.model.suffix.lower()
     if suffix == ".onnx":
         from aotc.frontend.onnx import load_onnx
@@ -341,9 +359,7 @@ def write_package_and_report(
             write_package(spec, tmp, sign_key=sign_key)
         validation = None
         if recipe.validate:
-            from aotc.validate import validate_package
-
-            validation = validate_package(tmp, recipe.model, input_shapes=spec_inputs(spec))
+            validation = validate_variants(tmp, recipe.model, spec)
         with timed(timings, "measure"):
             measured = measure_package(tmp, parse_target(recipe.target))
         with timed(timings, "report"):
@@ -354,6 +370,26 @@ def write_package_and_report(
             os.unlink(tmp)
         raise
     return validation, directory
+
+
+def validate_variants(package: str, model: Path, spec) -> list[dict]:
+    """Validate every variant against the reference (sample by sample where re-batched); with several,
+    each row names its variant's input shapes."""
+    import aotc_runtime
+
+    from aotc.validate import validate_package
+
+    variants = spec.variants
+    if len(variants) == 1:
+        return validate_package(package, model, input_shapes=spec_inputs(spec))
+    compiled = aotc_runtime.load(package)
+    rows = []
+    for v in variants:
+        shapes = spec_inputs(v)
+        label = ", ".join(f"{n}{list(s)}" for n, (s, _) in shapes.items())
+        report = validate_package(package, model, input_shapes=shapes, compiled=compiled)
+        rows += [{**r, "variant": label} for r in report]
+    return rows
 
 
 def _load(path: Path) -> list[Record]:

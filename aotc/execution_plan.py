@@ -5,6 +5,7 @@ aotc.package writes."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import platform
 
@@ -17,7 +18,7 @@ from aotc.graph.partition import FusedGroup, Task, group_dag
 from aotc.hub import Lookup
 from aotc.ir.stmt import PrimFunc
 from aotc.memory import Lifetime, plan_memory
-from aotc.package import BufferRef, IOSpec, KernelCall, PackageSpec, layout_weights
+from aotc.package import BufferRef, IOSpec, KernelCall, PackageSpec, VariantSpec, layout_weights
 from aotc.schedule.layout import WeightLayout
 from aotc.target import Target
 
@@ -27,6 +28,7 @@ __all__ = [
     "intermediate_lifetimes",
     "kernel_source",
     "kernel_symbol",
+    "merge_tasks",
     "package_spec",
     "physical_memory",
     "spec_inputs",
@@ -103,7 +105,8 @@ def _size(n: int) -> str:
     return f"{n} B"
 
 
-def spec_inputs(spec) -> dict[str, tuple[tuple[int, ...], str]]:
+def spec_inputs(spec: PackageSpec | VariantSpec) -> dict[str, tuple[tuple[int, ...], str]]:
+    """The input shapes and dtypes of a package (its first variant) or of one variant."""
     return {io.name: (tuple(io.shape), io.dtype) for io in spec.inputs}
 
 
@@ -130,10 +133,26 @@ def kernel_source(task: Task, found: Lookup, transfer: dict | None = None) -> di
     }
 
 
+def merge_tasks(per_variant: list[list[Task]]) -> list[Task]:
+    """The distinct tasks of several variants (the model at several batch sizes): tasks with equal
+    workload keys are one task, weighted by its calls in all of them, so it is tuned and compiled once."""
+    if len(per_variant) == 1:
+        return per_variant[0]
+    by_key: dict[str, Task] = {}
+    for tasks in per_variant:
+        for t in tasks:
+            merged = by_key.get(t.workload_key)
+            if merged is None:
+                by_key[t.workload_key] = Task(t.dag, t.workload_key, t.weight, t.name, list(t.groups))
+            else:
+                merged.weight += t.weight
+                merged.groups.extend(t.groups)
+    return list(by_key.values())
+
+
 def package_spec(
     name: str,
-    graph: Graph,
-    groups: list[FusedGroup],
+    variants: list[tuple[Graph, list[FusedGroup]]],
     tasks: list[Task],
     funcs: list[PrimFunc],
     target: Target,
@@ -142,59 +161,19 @@ def package_spec(
     recipe: dict | None = None,
 ) -> PackageSpec:
     """The package `name` of the kernels `funcs` (one per task, their schedules' `sources` and weight
-    `layouts`); each constant is stored once per layout its kernels read it in. `recipe` (resolved, as
-    a dict) goes into the provenance."""
+    `layouts`), holding one execution plan per variant (graph and its fused groups; the tasks cover
+    every variant's groups). Each constant is stored once per layout its kernels read it in, shared
+    by the variants. `recipe` (resolved, as a dict) goes into the provenance."""
 
     task_of = {id(g): i for i, t in enumerate(tasks) for g in t.groups}
-    inputs = {v: i for i, v in enumerate(graph.inputs)}
-    outputs = {v: i for i, v in enumerate(graph.outputs)}
-
-    bindings: list[tuple[FusedGroup, list[Value], dict[int, WeightLayout]]] = []
-    weights: dict[tuple[Value, WeightLayout | None], str] = {}
-    for g in groups:
-        _, args, outs = group_dag(g)
-        relaid = layouts[task_of[id(g)]]
-        for a, v in enumerate(args):
-            if v.is_constant:
-                key = (v, relaid.get(a))
-                weights.setdefault(key, v.name if key[1] is None else f"{v.name}#packed{len(weights)}")
-        bindings.append((g, [*args, *outs], relaid))
-    weight_list = [
-        (name, np.ascontiguousarray(v.data if layout is None else layout.apply(v.data)))
-        for (v, layout), name in weights.items()
-    ]
+    weights = WeightTable()
+    bindings = [_bind_groups(groups, task_of, layouts, weights) for _, groups in variants]
+    weight_list = weights.arrays()
     weight_offsets = layout_weights(weight_list)
     weight_bytes = {name: data.nbytes for name, data in weight_list}
-
-    first, last = intermediate_lifetimes([values for _, values, _ in bindings], graph)
-    offsets, workspace = plan_memory(
-        [Lifetime(_buffer_key(v), v.type.nbytes, first[v], last[v]) for v in first]
-    )
-    key_of = {v: _buffer_key(v) for v in first}
-
-    def ref(v: Value, layout: WeightLayout | None = None) -> BufferRef:
-        if v.is_constant:
-            name = weights[(v, layout)]
-            return BufferRef("weight", offset=weight_offsets[name], nbytes=weight_bytes[name])
-        if v in inputs:
-            return BufferRef("input", index=inputs[v], nbytes=v.type.nbytes)
-        if v in outputs:
-            return BufferRef("output", index=outputs[v], nbytes=v.type.nbytes)
-        return BufferRef("workspace", offset=offsets[key_of[v]], nbytes=v.type.nbytes)
-
-    calls = [
-        KernelCall(funcs[task_of[id(g)]].name, tuple(ref(v, relaid.get(a)) for a, v in enumerate(values)))
-        for g, values, relaid in bindings
-    ]
-    memory_plan = [
-        {
-            "value": v.name,
-            "offset": offsets[key_of[v]],
-            "bytes": v.type.nbytes,
-            "first": first[v],
-            "last": last[v],
-        }
-        for v in first
+    planned = [
+        _variant_spec(graph, binding, task_of, funcs, weights, weight_offsets, weight_bytes)
+        for (graph, _), binding in zip(variants, bindings)
     ]
     kernel_info = [
         {
@@ -212,16 +191,119 @@ def package_spec(
         "records": sorted({x["record_source"] for x in sources if x["schedule"] == "record"}),
         "host": f"{platform.node()} {platform.machine()} {platform.python_version()}",
     }
+    first = planned[0]
     return PackageSpec(
         name=name,
         target=target,
-        inputs=[IOSpec(v.name, tuple(v.type.shape), v.type.dtype) for v in graph.inputs],
-        outputs=[IOSpec(v.name, tuple(v.type.shape), v.type.dtype) for v in graph.outputs],
+        inputs=first.inputs,
+        outputs=first.outputs,
         kernels=funcs,
-        calls=calls,
+        calls=first.calls,
         weights=weight_list,
-        workspace_bytes=workspace,
-        memory_plan=memory_plan,
+        workspace_bytes=first.workspace_bytes,
+        memory_plan=first.memory_plan,
         kernel_info=kernel_info,
         provenance=provenance,
+        other_variants=planned[1:],
+    )
+
+
+class WeightTable:
+    """The constants the package stores, each once per layout its kernels read it in; one constant of
+    several variants' graphs (equal name and data) is stored once."""
+
+    def __init__(self) -> None:
+        self.names: dict[tuple, str] = {}
+        self.data: dict[str, tuple[Value, WeightLayout | None]] = {}
+
+    def key(self, v: Value, layout: WeightLayout | None) -> tuple:
+        data = np.ascontiguousarray(v.data)
+        digest = hashlib.sha256(data.reshape(-1).view(np.uint8)).hexdigest()
+        return (v.name, data.dtype.str, data.shape, digest, layout)
+
+    def add(self, v: Value, layout: WeightLayout | None) -> str:
+        key = self.key(v, layout)
+        name = self.names.get(key)
+        if name is None:
+            name = v.name if layout is None else f"{v.name}#packed{len(self.names)}"
+            if name in self.data:  # another constant of that name (a variant's, with other data)
+                name = f"{name}#{len(self.names)}"
+            self.names[key] = name
+            self.data[name] = (v, layout)
+        return name
+
+    def arrays(self) -> list[tuple[str, np.ndarray]]:
+        return [
+            (name, np.ascontiguousarray(v.data if layout is None else layout.apply(v.data)))
+            for name, (v, layout) in self.data.items()
+        ]
+
+
+Binding = tuple[FusedGroup, list[Value], dict[int, WeightLayout], list[str | None]]
+
+
+def _bind_groups(
+    groups: list[FusedGroup],
+    task_of: dict[int, int],
+    layouts: list[dict[int, WeightLayout]],
+    weights: WeightTable,
+) -> list[Binding]:
+    """Per fused group: its arguments and outputs, its task's weight layouts, and the stored name of
+    each constant argument."""
+    bindings = []
+    for g in groups:
+        _, args, outs = group_dag(g)
+        relaid = layouts[task_of[id(g)]]
+        names = [weights.add(v, relaid.get(a)) if v.is_constant else None for a, v in enumerate(args)]
+        bindings.append((g, [*args, *outs], relaid, names + [None] * len(outs)))
+    return bindings
+
+
+def _variant_spec(
+    graph: Graph,
+    bindings: list[Binding],
+    task_of: dict[int, int],
+    funcs: list[PrimFunc],
+    weights: WeightTable,
+    weight_offsets: dict[str, int],
+    weight_bytes: dict[str, int],
+) -> VariantSpec:
+    """One variant's I/O, kernel calls and memory plan (intermediates in its own workspace)."""
+    inputs = {v: i for i, v in enumerate(graph.inputs)}
+    outputs = {v: i for i, v in enumerate(graph.outputs)}
+    first, last = intermediate_lifetimes([values for _, values, _, _ in bindings], graph)
+    offsets, workspace = plan_memory(
+        [Lifetime(_buffer_key(v), v.type.nbytes, first[v], last[v]) for v in first]
+    )
+    key_of = {v: _buffer_key(v) for v in first}
+
+    def ref(v: Value, weight: str | None) -> BufferRef:
+        if v.is_constant:
+            return BufferRef("weight", offset=weight_offsets[weight], nbytes=weight_bytes[weight])
+        if v in inputs:
+            return BufferRef("input", index=inputs[v], nbytes=v.type.nbytes)
+        if v in outputs:
+            return BufferRef("output", index=outputs[v], nbytes=v.type.nbytes)
+        return BufferRef("workspace", offset=offsets[key_of[v]], nbytes=v.type.nbytes)
+
+    calls = [
+        KernelCall(funcs[task_of[id(g)]].name, tuple(ref(v, w) for v, w in zip(values, names)))
+        for g, values, _, names in bindings
+    ]
+    memory_plan = [
+        {
+            "value": v.name,
+            "offset": offsets[key_of[v]],
+            "bytes": v.type.nbytes,
+            "first": first[v],
+            "last": last[v],
+        }
+        for v in first
+    ]
+    return VariantSpec(
+        inputs=[IOSpec(v.name, tuple(v.type.shape), v.type.dtype) for v in graph.inputs],
+        outputs=[IOSpec(v.name, tuple(v.type.shape), v.type.dtype) for v in graph.outputs],
+        calls=calls,
+        workspace_bytes=workspace,
+        memory_plan=memory_plan,
     )

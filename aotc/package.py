@@ -27,7 +27,7 @@ from aotc_runtime.package import (
     read_manifest,
     verify_package,
 )
-from aotc_runtime.plan import DTYPES, PLAN_VERSION, encode_plan
+from aotc_runtime.plan import DTYPES, PLAN_VERSION, VARIANTS_PLAN_VERSION, encode_plan
 from aotc_runtime.signing import SIGNATURE_MEMBER, TRUSTED_KEYS_ENV, load_trusted_keys, verify_signature
 
 from aotc import __version__
@@ -44,7 +44,9 @@ __all__ = [
     "IOSpec",
     "KernelCall",
     "PackageSpec",
+    "VariantSpec",
     "describe_package",
+    "entry_symbol",
     "layout_weights",
     "plan_document",
     "weight_refs",
@@ -76,9 +78,22 @@ class IOSpec:
 
 
 @dataclass
+class VariantSpec:
+    """The model at one more set of input shapes (batch sizes): its I/O, calls and workspace, as in
+    PackageSpec; its calls use the package's kernels and weights."""
+
+    inputs: list[IOSpec]
+    outputs: list[IOSpec]
+    calls: list[KernelCall]
+    workspace_bytes: int = 0
+    memory_plan: list[dict] = field(default_factory=list)
+
+
+@dataclass
 class PackageSpec:
     """Everything a package holds. `calls` refer to inputs/outputs by index, to weights by the offsets
-    of `layout_weights(weights)`, and to workspace offsets below `workspace_bytes`."""
+    of `layout_weights(weights)`, and to workspace offsets below `workspace_bytes`. `other_variants`
+    are the model at further input shapes (empty for one shape); the fields above are the first's."""
 
     name: str
     target: Target
@@ -91,6 +106,18 @@ class PackageSpec:
     memory_plan: list[dict] = field(default_factory=list)
     kernel_info: list[dict] = field(default_factory=list)
     provenance: dict = field(default_factory=dict)
+    other_variants: list[VariantSpec] = field(default_factory=list)
+
+    @property
+    def variants(self) -> list[VariantSpec]:
+        """Every variant, the first (this spec's own I/O and calls) first."""
+        first = VariantSpec(self.inputs, self.outputs, self.calls, self.workspace_bytes, self.memory_plan)
+        return [first, *self.other_variants]
+
+
+def entry_symbol(variant: int) -> str:
+    """The entry function of the variant at this position: `aotc_run`, then `aotc_run_1`, ..."""
+    return ENTRY_SYMBOL if variant == 0 else f"{ENTRY_SYMBOL}_{variant}"
 
 
 @dataclass(frozen=True)
@@ -151,16 +178,22 @@ def _validate(spec: PackageSpec) -> tuple[list[_WeightEntry], int]:
         raise ValueError(
             f"package {spec.name}: target {spec.target} is not supported (only llvm CPU targets)"
         )
-    _check_unique("input/output", [t.name for t in spec.inputs + spec.outputs])
+    variants = spec.variants
+    for v in variants:
+        _check_unique("input/output", [t.name for t in v.inputs + v.outputs])
+    _check_variants_agree(variants)
     _check_unique("kernel", [f.name for f in spec.kernels])
     for f in spec.kernels:
         for b in f.params:
             if np.dtype(b.dtype).name not in DTYPES:
                 raise ValueError(f"kernel {f.name} param {b.name}: dtype {b.dtype} cannot be in a package")
-    if any(f.name == ENTRY_SYMBOL for f in spec.kernels):
-        raise ValueError(f"kernel name {ENTRY_SYMBOL!r} is reserved for the entry function")
-    if not isinstance(spec.workspace_bytes, int) or spec.workspace_bytes < 0:
-        raise ValueError(f"workspace_bytes must be a non-negative int, got {spec.workspace_bytes!r}")
+    entries = {entry_symbol(i) for i in range(len(variants))}
+    for f in spec.kernels:
+        if f.name in entries:
+            raise ValueError(f"kernel name {f.name!r} is reserved for an entry function")
+    for v in variants:
+        if not isinstance(v.workspace_bytes, int) or v.workspace_bytes < 0:
+            raise ValueError(f"workspace_bytes must be a non-negative int, got {v.workspace_bytes!r}")
     if spec.kernel_info and len(spec.kernel_info) != len(spec.kernels):
         raise ValueError(f"kernel_info has {len(spec.kernel_info)} entries for {len(spec.kernels)} kernels")
     for i, info in enumerate(spec.kernel_info):
@@ -175,8 +208,25 @@ def _validate(spec: PackageSpec) -> tuple[list[_WeightEntry], int]:
         except (TypeError, ValueError) as err:
             raise ValueError(f"package {spec.name}: {label} is not JSON-serializable ({err})") from None
     table, total = _weight_table(spec.weights)
-    _check_calls(spec, table, total)
+    for i, v in enumerate(variants):
+        _check_calls(spec.kernels, v, table, total, "" if i == 0 else f"variant {i} ")
     return table, total
+
+
+def _check_variants_agree(variants: list[VariantSpec]) -> None:
+    """One model at several shapes: the same I/O names and dtypes, and input shapes that differ."""
+    seen: set[tuple] = set()
+    for i, v in enumerate(variants):
+        for role in ("inputs", "outputs"):
+            mine = [(t.name, t.dtype) for t in getattr(v, role)]
+            if mine != [(t.name, t.dtype) for t in getattr(variants[0], role)]:
+                raise ValueError(
+                    f"variant {i}: its {role} differ from the first variant's in names or dtypes"
+                )
+        shapes = tuple(t.shape for t in v.inputs)
+        if shapes in seen:
+            raise ValueError(f"variant {i}: input shapes {[list(s) for s in shapes]} appear twice")
+        seen.add(shapes)
 
 
 def _check_unique(what: str, names: list[str]) -> None:
@@ -187,30 +237,33 @@ def _check_unique(what: str, names: list[str]) -> None:
         seen.add(n)
 
 
-def _check_calls(spec: PackageSpec, table: list[_WeightEntry], weights_bytes: int) -> None:
-    kernels = {f.name: f for f in spec.kernels}
+def _check_calls(
+    funcs: list[PrimFunc], spec: VariantSpec, table: list[_WeightEntry], weights_bytes: int, label: str
+) -> None:
+    kernels = {f.name: f for f in funcs}
     weight_at = {e.offset: e for e in table}
     written: set[int] = set()
     for i, call in enumerate(spec.calls):
         func = kernels.get(call.symbol)
         if func is None:
-            raise ValueError(f"call {i}: no kernel named {call.symbol!r} among the package's kernels")
+            raise ValueError(f"{label}call {i}: no kernel named {call.symbol!r} among the package's kernels")
         if len(call.args) != len(func.params):
             raise ValueError(
-                f"call {i} ({call.symbol}): {len(call.args)} arguments for a kernel of {len(func.params)} params"
+                f"{label}call {i} ({call.symbol}): {len(call.args)} arguments for a kernel of "
+                f"{len(func.params)} params"
             )
         for ref, param in zip(call.args, func.params):
-            where = f"call {i} ({call.symbol}) argument {param.name}"
+            where = f"{label}call {i} ({call.symbol}) argument {param.name}"
             _check_ref(spec, ref, param, where, weights_bytes, weight_at)
             if ref.kind == "output":
                 written.add(ref.index)
     for j, out in enumerate(spec.outputs):
         if j not in written:
-            raise ValueError(f"output {out.name!r} is passed to no kernel of the execution plan")
+            raise ValueError(f"{label}output {out.name!r} is passed to no kernel of the execution plan")
 
 
 def _check_ref(
-    spec: PackageSpec, ref: BufferRef, param, where: str, weights_bytes: int, weight_at: dict
+    spec: VariantSpec, ref: BufferRef, param, where: str, weights_bytes: int, weight_at: dict
 ) -> None:
     itemsize = np.dtype(param.dtype).itemsize
     need = max(ref.nbytes, param.num_elements * itemsize)
@@ -261,17 +314,29 @@ def write_package(spec: PackageSpec, path: str, sign_key: str | os.PathLike | No
 
 def plan_document(spec: PackageSpec, weights_nbytes: int) -> dict:
     """The execution-critical facts the kernel library carries (see `aotc_runtime.plan`). Each argument's
-    nbytes is what its kernel param was compiled to access."""
+    nbytes is what its kernel param was compiled to access. One variant: plan version 1, its fields at
+    the top; several: version 2 with `variants`."""
     params = {f.name: [_param_bytes(b) for b in f.params] for f in spec.kernels}
-    return {
-        "plan_version": PLAN_VERSION,
-        "entry": ENTRY_SYMBOL,
+    variants = [
+        {
+            "entry": entry_symbol(i),
+            "inputs": [t.to_json() for t in v.inputs],
+            "outputs": [t.to_json() for t in v.outputs],
+            "workspace_bytes": v.workspace_bytes,
+            "execution_plan": [
+                {
+                    "kernel": c.symbol,
+                    "args": [{**a.to_json(), "nbytes": n} for a, n in zip(c.args, params[c.symbol])],
+                }
+                for c in v.calls
+            ],
+        }
+        for i, v in enumerate(spec.variants)
+    ]
+    shared = {
         "target": str(spec.target),
         "triple": spec.target.triple,
         "requires": list(cpu_features(spec.target)),
-        "inputs": [t.to_json() for t in spec.inputs],
-        "outputs": [t.to_json() for t in spec.outputs],
-        "workspace_bytes": spec.workspace_bytes,
         "weights_nbytes": weights_nbytes,
         "kernels": [
             {
@@ -280,14 +345,10 @@ def plan_document(spec: PackageSpec, weights_nbytes: int) -> dict:
             }
             for f in spec.kernels
         ],
-        "execution_plan": [
-            {
-                "kernel": c.symbol,
-                "args": [{**a.to_json(), "nbytes": n} for a, n in zip(c.args, params[c.symbol])],
-            }
-            for c in spec.calls
-        ],
     }
+    if len(variants) == 1:
+        return {"plan_version": PLAN_VERSION, **variants[0], **shared}
+    return {"plan_version": VARIANTS_PLAN_VERSION, **shared, "variants": variants}
 
 
 def _param_bytes(buf) -> int:
@@ -296,8 +357,18 @@ def _param_bytes(buf) -> int:
 
 def _build_library(spec: PackageSpec, plan: bytes) -> bytes:
     kernels_ir = build_llvm_ir(list(spec.kernels), spec.target)
-    entry_ir = build_entry_ir(list(spec.calls), spec.target, len(spec.inputs), len(spec.outputs), plan)
-    objects = [compile_to_object(kernels_ir, spec.target), compile_to_object(entry_ir, spec.target)]
+    objects = [compile_to_object(kernels_ir, spec.target)]
+    for i, v in enumerate(spec.variants):
+        # the first entry's module carries the plan section
+        entry_ir = build_entry_ir(
+            list(v.calls),
+            spec.target,
+            len(v.inputs),
+            len(v.outputs),
+            plan if i == 0 else b"",
+            entry_symbol(i),
+        )
+        objects.append(compile_to_object(entry_ir, spec.target))
     with tempfile.TemporaryDirectory(prefix="aotc-package-") as tmp:
         out = os.path.join(tmp, "model.so")
         link_shared(objects, out)
@@ -360,21 +431,25 @@ def _weight_chunks(table: list[_WeightEntry]) -> Iterator[bytes | np.ndarray]:
 
 
 def _manifest(spec: PackageSpec, table: list[_WeightEntry], plan: dict, members: dict, now: datetime) -> dict:
+    """The manifest: the first variant's entry, I/O, calls and memory plan at the top, and with several
+    variants, `variants` as the plan has them plus each one's memory plan."""
     info = spec.kernel_info or [{} for _ in spec.kernels]
-    return {
+    variants = plan.get("variants")
+    first = plan if variants is None else variants[0]
+    manifest = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
         "name": spec.name,
         "target": plan["target"],
         "triple": plan["triple"],
         "requires": plan["requires"],
-        "entry": plan["entry"],
-        "inputs": plan["inputs"],
-        "outputs": plan["outputs"],
+        "entry": first["entry"],
+        "inputs": first["inputs"],
+        "outputs": first["outputs"],
         "kernels": [
             {"symbol": f.name, "params": _params_json(f), **extra} for f, extra in zip(spec.kernels, info)
         ],
-        "execution_plan": plan["execution_plan"],
+        "execution_plan": first["execution_plan"],
         "memory_plan": {
             "alignment": WEIGHT_ALIGNMENT,
             "workspace_bytes": spec.workspace_bytes,
@@ -393,6 +468,11 @@ def _manifest(spec: PackageSpec, table: list[_WeightEntry], plan: dict, members:
             "created_utc": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
         },
     }
+    if variants is not None:
+        manifest["variants"] = [
+            {**v, "memory_plan": {"buffers": s.memory_plan}} for v, s in zip(variants, spec.variants)
+        ]
+    return manifest
 
 
 def _describe_signature(block: bytes | None, digest: str, trusted_keys: list[str] | None) -> str:
@@ -448,6 +528,9 @@ def describe_package(path: str, verify: bool = True, trusted_keys: list[str] | N
     lines += _tensors("outputs", manifest["outputs"])
     lines += _kernels(manifest["kernels"])
     lines.append(f"execution     {len(manifest['execution_plan'])} kernel calls via {manifest['entry']}")
+    for v in manifest.get("variants", [])[1:]:
+        shapes = ", ".join(f"{t['name']}{t['shape']}" for t in v["inputs"])
+        lines.append(f"  variant     {shapes}: {len(v['execution_plan'])} kernel calls via {v['entry']}")
     lines.append(f"workspace     {_size(manifest['memory_plan']['workspace_bytes'])}")
     lines += _weights(manifest["weights"])
     lines.append("members")

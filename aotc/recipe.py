@@ -9,7 +9,7 @@ import difflib
 import math
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,8 +53,39 @@ class RecipeError(ValueError):
 
 @dataclass(frozen=True)
 class InputSpec:
+    """An input's shape and dtype (None: the model's). A shape whose first entry lists batch sizes,
+    `[[1, 4, 16], 64]`, compiles the model once per size into one package: `batch_sizes` holds them
+    and `shape` is the first size's."""
+
     shape: tuple[int, ...] | None = None
     dtype: str | None = None
+    batch_sizes: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        shape = self.shape
+        if shape and isinstance(shape[0], (list, tuple)):
+            sizes = tuple(int(b) for b in shape[0])
+            object.__setattr__(self, "batch_sizes", sizes)
+            object.__setattr__(self, "shape", (sizes[0], *(int(d) for d in shape[1:])) if sizes else ())
+        sizes = self.batch_sizes
+        if not sizes:
+            return
+        if any(b <= 0 for b in sizes) or len(set(sizes)) != len(sizes):
+            raise ValueError(f"batch sizes {list(sizes)} must be distinct positive integers")
+        if not self.shape or self.shape[0] != sizes[0]:
+            raise ValueError(
+                f"shape {list(self.shape or ())} does not start with the first batch size {sizes[0]}"
+            )
+
+    def at_batch(self, batch: int) -> InputSpec:
+        """This input at one batch size: the shape with `batch` leading, no batch sizes."""
+        return InputSpec((batch, *self.shape[1:]), self.dtype)
+
+    def shape_json(self) -> list | None:
+        """The shape as a recipe writes it: `[[1, 4], 16]` with batch sizes, else `[1, 16]`."""
+        if self.shape is None:
+            return None
+        return [list(self.batch_sizes), *self.shape[1:]] if self.batch_sizes else list(self.shape)
 
 
 @dataclass(frozen=True)
@@ -84,6 +115,18 @@ class Recipe:
             object.__setattr__(self, "output", Path(os.fspath(self.output)).expanduser().resolve())
         inputs = {name: _input_spec(spec) for name, spec in self.inputs.items()}
         object.__setattr__(self, "inputs", inputs)
+        listed = {name: s.batch_sizes for name, s in inputs.items() if s.batch_sizes}
+        if len(set(listed.values())) > 1:
+            (a, x), (b, y) = list(listed.items())[:2]
+            raise ValueError(f"inputs {a} and {b} list different batch sizes ({list(x)} and {list(y)})")
+
+    def input_variants(self) -> list[dict[str, InputSpec]]:
+        """The inputs of each variant the package holds: one per listed batch size (every input that
+        lists sizes lists the same ones), else just `inputs`."""
+        sizes = next((s.batch_sizes for s in self.inputs.values() if s.batch_sizes), ())
+        if not sizes:
+            return [self.inputs]
+        return [{n: s.at_batch(b) if s.batch_sizes else s for n, s in self.inputs.items()} for b in sizes]
 
     @staticmethod
     def from_yaml(path: str | os.PathLike) -> Recipe:
@@ -94,10 +137,7 @@ class Recipe:
         """The resolved recipe: absolute paths, defaults filled, the target made concrete for this host."""
         return {
             "model": str(self.model),
-            "inputs": {
-                name: {"shape": None if s.shape is None else list(s.shape), "dtype": s.dtype}
-                for name, s in self.inputs.items()
-            },
+            "inputs": {name: {"shape": s.shape_json(), "dtype": s.dtype} for name, s in self.inputs.items()},
             "target": str(parse_target(self.target)),
             "output": str(self.output),
             "tuning": {
@@ -128,8 +168,13 @@ def _input_spec(spec: InputSpec | dict | tuple | list | None) -> InputSpec:
         return InputSpec()
     if isinstance(spec, dict):
         shape = spec.get("shape")
-        return InputSpec(None if shape is None else tuple(int(d) for d in shape), spec.get("dtype"))
-    return InputSpec(tuple(int(d) for d in spec))
+        return InputSpec(None if shape is None else _dims(shape), spec.get("dtype"))
+    return InputSpec(_dims(spec))
+
+
+def _dims(shape: Sequence) -> tuple:
+    """Dimensions as ints; a list in position 0 (batch sizes) stays a tuple of ints."""
+    return tuple(tuple(int(b) for b in d) if isinstance(d, (list, tuple)) else int(d) for d in shape)
 
 
 def load_recipe(path: str | os.PathLike) -> Recipe:
@@ -293,7 +338,17 @@ class _Loader:
 
     def inputs(self, node: Node, key: str) -> dict[str, InputSpec]:
         entries = self.mapping(node, key, ())
-        return {name: self.input_spec(value, _join(key, name)) for name, value in entries.items()}
+        specs = {name: self.input_spec(value, _join(key, name)) for name, value in entries.items()}
+        listed = [(name, s.batch_sizes) for name, s in specs.items() if s.batch_sizes]
+        for name, sizes in listed[1:]:
+            if sizes != listed[0][1]:
+                raise self.fail(
+                    entries[name],
+                    _join(key, name) + ".shape[0]",
+                    f"batch sizes {list(sizes)} differ from {listed[0][0]}'s {list(listed[0][1])}; "
+                    "every input that lists batch sizes lists the same ones",
+                )
+        return specs
 
     def input_spec(self, node: Node, key: str) -> InputSpec:
         entries = self.mapping(node, key, _INPUT_KEYS)
@@ -307,13 +362,30 @@ class _Loader:
             raise self.fail(
                 node, key, f"expected a list of dimensions like [1, 3, 224, 224], got {_describe(node)}"
             )
-        dims = []
+        dims: list = []
         for i, item in enumerate(node.value):
+            if i == 0 and isinstance(item, SequenceNode):
+                dims.append(self.batch_sizes(item, f"{key}[0]"))
+                continue
             dim = self.scalar(item, f"{key}[{i}]", "a positive integer dimension", "int")
             if dim <= 0:
                 raise self.fail(item, f"{key}[{i}]", f"a dimension must be a positive integer, got {dim}")
             dims.append(dim)
         return tuple(dims)
+
+    def batch_sizes(self, node: SequenceNode, key: str) -> tuple[int, ...]:
+        """A list of batch sizes in position 0 of a shape: distinct positive integers, at least one."""
+        if not node.value:
+            raise self.fail(node, key, "a list of batch sizes needs at least one, like [1, 4, 16]")
+        sizes: list[int] = []
+        for i, item in enumerate(node.value):
+            size = self.scalar(item, f"{key}[{i}]", "a positive integer batch size", "int")
+            if size <= 0:
+                raise self.fail(item, f"{key}[{i}]", f"a batch size must be a positive integer, got {size}")
+            if size in sizes:
+                raise self.fail(item, f"{key}[{i}]", f"batch size {size} is listed twice")
+            sizes.append(size)
+        return tuple(sizes)
 
     def dtype(self, node: Node, key: str) -> str:
         value = self.string(node, key)

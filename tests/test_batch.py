@@ -12,12 +12,15 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import aotc
+from aotc.execution_plan import merge_tasks
 from aotc.frontend.batch import rebatch_size, run_by_sample
 from aotc.frontend.errors import ConversionError, InputShapeError
 from aotc.frontend.onnx import load_onnx
 from aotc.frontend.tflite import load_tflite
 from aotc.graph.interpret import run_graph
+from aotc.graph.partition import extract_tasks, partition
 from aotc.package import write_package
+from aotc.recipe import InputSpec, Recipe, RecipeError, format_recipe, load_recipe
 from recipes.zoo.tflite_models import ModelBuilder, run_litert
 from tests.concurrency import failures_in_threads
 from tests.test_package import SHAPE, tiny_reference, tiny_spec
@@ -87,8 +90,8 @@ def test_many_threads_get_their_own_outputs(tiny_path):
 
 def test_two_streams_run_side_by_side_in_their_own_workspaces(tiny_path, monkeypatch):
     model = aotc_runtime.load(tiny_path, max_concurrency=2)
-    probe = EntryProbe(model._fn, meet=2)  # a serializing run would leave the barrier waiting (broken)
-    monkeypatch.setattr(model, "_fn", probe)
+    probe = EntryProbe(model.variants[0].entry, meet=2)  # a serializing run would leave the barrier waiting
+    monkeypatch.setattr(model.variants[0], "entry", probe)
 
     def check(seed: int) -> bool:
         x = x_input(seed)
@@ -102,8 +105,8 @@ def test_two_streams_run_side_by_side_in_their_own_workspaces(tiny_path, monkeyp
 def test_callers_beyond_max_concurrency_wait(tiny_path, monkeypatch):
     model = aotc_runtime.load(tiny_path, max_concurrency=1)
     assert model.max_concurrency == 1
-    probe = EntryProbe(model._fn)
-    monkeypatch.setattr(model, "_fn", probe)
+    probe = EntryProbe(model.variants[0].entry)
+    monkeypatch.setattr(model.variants[0], "entry", probe)
 
     def check(seed: int) -> bool:
         x = x_input(seed)
@@ -270,3 +273,100 @@ def test_compile_rebatches_and_validates_against_onnxruntime(tmp_path):
     np.testing.assert_allclose(
         model.run({"x": x})["y"], per_sample_onnxruntime(dense_model(), x), rtol=1e-4, atol=1e-5
     )
+
+
+# ----------------------------------------------------------------------------- several batch sizes
+
+
+def test_a_recipe_lists_batch_sizes_in_position_zero(tmp_path):
+    (tmp_path / "m.onnx").write_bytes(dense_model().SerializeToString())
+    (tmp_path / "r.yaml").write_text("model: m.onnx\ninputs:\n  x: {shape: [[1, 4, 3], 64]}\n")
+    recipe = load_recipe(tmp_path / "r.yaml")
+    assert recipe.inputs["x"] == InputSpec((1, 64), None, (1, 4, 3))
+    assert [v["x"].shape for v in recipe.input_variants()] == [(1, 64), (4, 64), (3, 64)]
+    assert recipe.to_dict()["inputs"]["x"]["shape"] == [[1, 4, 3], 64]
+    (tmp_path / "again.yaml").write_text(format_recipe(recipe))
+    assert load_recipe(tmp_path / "again.yaml").inputs == recipe.inputs  # the resolved recipe loads back
+    assert Recipe(tmp_path / "m.onnx", inputs={"x": [[2, 8], 64]}).inputs["x"].batch_sizes == (2, 8)
+
+
+@pytest.mark.parametrize(
+    "shape, message",
+    [
+        ("[[1, 4, 4], 64]", r"inputs.x.shape\[0\]\[2\]: batch size 4 is listed twice"),
+        ("[[], 64]", r"inputs.x.shape\[0\]: a list of batch sizes needs at least one"),
+        ("[[1, 0], 64]", r"inputs.x.shape\[0\]\[1\]: a batch size must be a positive integer, got 0"),
+        ("[64, [1, 2]]", r"inputs.x.shape\[1\]: expected a positive integer dimension"),
+    ],
+)
+def test_bad_batch_size_lists_are_recipe_errors(tmp_path, shape, message):
+    (tmp_path / "m.onnx").write_bytes(dense_model().SerializeToString())
+    (tmp_path / "r.yaml").write_text(f"model: m.onnx\ninputs:\n  x: {{shape: {shape}}}\n")
+    with pytest.raises(RecipeError, match=message):
+        load_recipe(tmp_path / "r.yaml")
+
+
+def test_inputs_listing_different_batch_sizes_are_refused(tmp_path):
+    (tmp_path / "m.onnx").write_bytes(dense_model().SerializeToString())
+    text = "model: m.onnx\ninputs:\n  a: {shape: [[1, 2], 8]}\n  b: {shape: [[1, 3], 8]}\n"
+    (tmp_path / "r.yaml").write_text(text)
+    with pytest.raises(
+        RecipeError, match=r"inputs.b.shape\[0\]: batch sizes \[1, 3\] differ from a's \[1, 2\]"
+    ):
+        load_recipe(tmp_path / "r.yaml")
+    with pytest.raises(ValueError, match=r"inputs a and b list different batch sizes"):
+        Recipe(tmp_path / "m.onnx", inputs={"a": [[1, 2], 8], "b": [[1, 3], 8]})
+
+
+def two_branch_model() -> onnx.ModelProto:
+    """x[1, 8] -> softmax and z[1, 8] -> relu: re-batching x leaves z's branch the same workload."""
+    graph = helper.make_graph(
+        [
+            helper.make_node("Softmax", ["x"], ["y"], name="softmax", axis=-1),
+            helper.make_node("Relu", ["z"], ["r"], name="relu"),
+        ],
+        "two",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 8]) for n in "xz"],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in "yr"],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_tasks_of_equal_workload_across_batch_sizes_are_one_task():
+    data = two_branch_model().SerializeToString()
+    per_size = [
+        extract_tasks(partition(load_onnx(data, {"x": ((b, 8), None), "z": ((1, 8), None)}))) for b in (1, 4)
+    ]
+    merged = merge_tasks(per_size)
+    assert len(merged) == 3  # softmax at 1 and at 4, one relu
+    (relu,) = [t for t in merged if "relu" in t.name]
+    assert relu.weight == 2 and len(relu.groups) == 2
+
+
+def test_one_package_holds_every_batch_size_and_runs_the_one_its_inputs_have(tmp_path):
+    path = tmp_path / "dense.onnx"
+    onnx.save(dense_model(), str(path))
+    pkg = aotc.compile(
+        path, inputs={"x": {"shape": [[1, 4, 3], 64]}}, output=tmp_path / "dense.aotc", log=lambda _: None
+    )
+    assert [r["variant"] for r in pkg.validation] == ["x[1, 64]", "x[4, 64]", "x[3, 64]"]
+    assert all(r["ok"] for r in pkg.validation)  # each size against onnxruntime, sample by sample
+    model = pkg.load()
+    assert [v.describe() for v in model.variants] == ["x[1, 64]", "x[4, 64]", "x[3, 64]"]
+    assert model.inputs[0].shape == (1, 64)  # the first size's, for callers that read one signature
+    for batch in (1, 4, 3):
+        x = np.random.default_rng(batch).standard_normal((batch, 64)).astype("float32")
+        y = model.run({"x": x})["y"]
+        np.testing.assert_allclose(y, per_sample_onnxruntime(dense_model(), x), rtol=1e-4, atol=1e-5)
+    with pytest.raises(
+        ValueError, match=r"x\[2, 64\]; it was compiled for x\[1, 64\]; x\[4, 64\]; x\[3, 64\]"
+    ):
+        model.run({"x": np.zeros((2, 64), "float32")})
+    with pytest.raises(ValueError, match="expected dtype float32"):
+        model.run({"x": np.zeros((4, 64), "float64")})
+    manifest = model.manifest
+    assert manifest["weights"]["nbytes"] == 64 * 32 * 4 + 32 * 4  # the weights are stored once
+    assert [v["entry"] for v in manifest["variants"]] == ["aotc_run", "aotc_run_1", "aotc_run_2"]
+    assert len(model.profile([np.ones((3, 64), "float32")], repeat=1, warmup=0)) == 2

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
+from aotc_runtime.elf import read_elf
 
 from aotc.build import build
 from aotc.recipe import load_recipe
@@ -29,14 +30,24 @@ Case = tuple[str, Callable[[], bytes]]
 @pytest.fixture(scope="module")
 def mlp(tmp_path_factory):
     """(package bytes, its members by name, inputs .npz path, runner env, the outputs' fingerprint)."""
+    return built_mlp(tmp_path_factory, "", batch=1)
+
+
+@pytest.fixture(scope="module")
+def mlp_variants(tmp_path_factory):
+    """`mlp` compiled for batch sizes 1 and 2 in one package, run at 2 (its second variant)."""
+    return built_mlp(tmp_path_factory, "inputs: {input: {shape: [[1, 2], 64]}}\n", batch=2)
+
+
+def built_mlp(tmp_path_factory, inputs: str, batch: int):
     root = tmp_path_factory.mktemp("fuzz")
     models.save(models.mlp(), root / "mlp.onnx")
-    (root / "mlp.yaml").write_text("model: mlp.onnx\noutput: mlp.aotc\n")
+    (root / "mlp.yaml").write_text(f"model: mlp.onnx\noutput: mlp.aotc\n{inputs}")
     build(load_recipe(root / "mlp.yaml"), log=lambda _: None)
     package = (root / "mlp.aotc").read_bytes()
     with zipfile.ZipFile(io.BytesIO(package)) as zf:
         members = {i.filename: zf.read(i) for i in zf.infolist()}
-    x = np.random.default_rng(0).standard_normal((1, 64)).astype("float32")
+    x = np.random.default_rng(0).standard_normal((batch, 64)).astype("float32")
     inputs = str(root / "inputs.npz")
     np.savez(inputs, input=x)
     cache = tmp_path_factory.mktemp("fuzz-cache")
@@ -188,7 +199,7 @@ def member_cases(members: dict[str, bytes], rng: np.random.Generator, flips: int
             lambda n=name, d=longer: with_manifest(members, rehashed(manifest, n, d), {n: d}),
         )
     lib = members["lib/model.so"]
-    start = lib.index(b'{"entry":')
+    start = lib.index(read_elf(lib).section(".aotc_plan"))
     end = lib.index(b"\0", start)
     for k in range(flips):
         at, bit = int(rng.integers(start, end + 1)), int(rng.integers(8))
@@ -281,6 +292,24 @@ def test_sampled_mutations_end_in_a_package_error_or_the_same_outputs(mlp, tmp_p
     assert statuses == {"ok", "PackageError"}  # some mutations are harmless (provenance, names of weights)
     assert reports["zip with a malformed signature.json"]["status"] == "PackageError"  # always refused
     assert reports["zip weights twice"]["status"] == "PackageError"
+
+
+def test_sampled_mutations_of_a_package_of_two_batch_sizes(mlp_variants, tmp_path):
+    """As above, on a package of two variants run at its second: its manifest's `variants` must equal
+    the plan's, and each variant's calls stay inside its own buffers."""
+    package, members, *_ = mlp_variants
+    assert len(json.loads(members["manifest.json"])["variants"]) == 2
+    cases = all_cases(package, members, seed=21, flips=8)
+    structural = [c for c in cases if not c[0].startswith("manifest ")]
+    fields = [c for c in cases if c[0].startswith("manifest variants.1")]
+    rng = np.random.default_rng(21)
+    chosen = set(rng.choice(len(fields), size=min(400, len(fields)), replace=False).tolist())
+    must = ("manifest variants.1 delete", "manifest variants.1.workspace_bytes -1")
+    sample = [c for i, c in enumerate(fields) if i in chosen or c[0] in must]
+    reports, bad = run_cases(structural + sample, mlp_variants, tmp_path)
+    assert bad == []
+    assert reports["manifest variants.1 delete"]["status"] == "PackageError"
+    assert reports["manifest variants.1.workspace_bytes -1"]["status"] == "PackageError"
 
 
 @pytest.mark.slow

@@ -18,12 +18,53 @@ from aotc_runtime import PackageError
 from aotc_runtime.elf import ElfError, read_elf
 from aotc_runtime.plan import PlanError, encode_plan, parse_plan
 
+from aotc import te
 from aotc.codegen.entry import build_entry_ir
 from aotc.codegen.llvm import compile_to_object
-from aotc.package import describe_package, plan_document, write_package
+from aotc.package import (
+    BufferRef,
+    IOSpec,
+    KernelCall,
+    VariantSpec,
+    describe_package,
+    plan_document,
+    weight_refs,
+    write_package,
+)
 from aotc.target import parse_target
 from tests.package_runner import PackageRunner, fingerprint
-from tests.test_package import SHAPE, tiny_spec
+from tests.test_package import SHAPE, elementwise_kernel, tiny_spec, tiny_weights
+
+HALF = (2, SHAPE[1])  # the second variant of `variants_spec`: half the batch
+
+
+def variants_spec():
+    """`tiny_spec` compiled for x[4, 8] and x[2, 8]: the second variant adds x to the first two rows of w
+    with kernels of its own, in a workspace of its own (64 bytes)."""
+    spec = tiny_spec("tiny2")
+    w = weight_refs(tiny_weights())["w"]
+    half = 2 * SHAPE[1] * 4
+    scratch = BufferRef("workspace", offset=0, nbytes=half)
+    spec.kernels += [
+        elementwise_kernel("k_add_half", lambda a, b: a + b, 2, shape=HALF),
+        elementwise_kernel("k_relu_half", lambda a: te.maximum(a, 0.0), 1, shape=HALF),
+    ]
+    spec.kernel_info += [{"task": "add half"}, {"task": "relu half"}]
+    spec.other_variants = [
+        VariantSpec(
+            inputs=[IOSpec("x", HALF, "float32")],
+            outputs=[IOSpec("y", HALF, "float32")],
+            calls=[
+                KernelCall(
+                    "k_add_half",
+                    (BufferRef("input", 0), BufferRef("weight", offset=w.offset, nbytes=half), scratch),
+                ),
+                KernelCall("k_relu_half", (scratch, BufferRef("output", 0))),
+            ],
+            workspace_bytes=half,
+        )
+    ]
+    return spec
 
 
 @pytest.fixture(scope="module")
@@ -41,6 +82,18 @@ def tiny(tmp_path_factory, cache_env):
     path = str(root / "tiny.aotc")
     write_package(tiny_spec(), path)
     x = np.random.default_rng(1).standard_normal(SHAPE).astype("float32")
+    inputs = str(root / "inputs.npz")
+    np.savez(inputs, x=x)
+    return path, inputs, fingerprint(aotc_runtime.load(path).run({"x": x}))
+
+
+@pytest.fixture(scope="module")
+def tiny2(tmp_path_factory, cache_env):
+    """`tiny` for two input shapes: (package path, inputs .npz path of the second shape, its fingerprint)."""
+    root = tmp_path_factory.mktemp("trust2")
+    path = str(root / "tiny2.aotc")
+    write_package(variants_spec(), path)
+    x = np.random.default_rng(2).standard_normal(HALF).astype("float32")
     inputs = str(root / "inputs.npz")
     np.savez(inputs, x=x)
     return path, inputs, fingerprint(aotc_runtime.load(path).run({"x": x}))
@@ -116,6 +169,63 @@ TESTER_CASES = {
         r"execution_plan\[0\].kernel is \"free\"",
     ),
 }
+
+
+VARIANT_CASES = {
+    "second variant's call out of its workspace": (
+        setter("variants", 1, "execution_plan", 0, "args", 2, "offset", 64),
+        r"manifest.json variants\[1\].execution_plan\[0\].args\[2\].offset is 64 but the kernel library "
+        "was compiled for 0",
+    ),
+    "second variant's input shape": (
+        setter("variants", 1, "inputs", 0, "shape", [4, 8]),
+        r"manifest.json variants\[1\].inputs\[0\].shape is \[4, 8\] but the kernel library was compiled for \[2, 8\]",
+    ),
+    "second variant's workspace": (
+        setter("variants", 1, "workspace_bytes", 0),
+        r"manifest.json variants\[1\].workspace_bytes is 0",
+    ),
+    "second variant's entry": (
+        setter("variants", 1, "entry", "abort"),
+        r"manifest.json variants\[1\].entry is \"abort\" but the kernel library was compiled for \"aotc_run_1\"",
+    ),
+    "a variant dropped": (
+        lambda m: m["variants"].pop(),
+        r"manifest.json variants has 1 entries but the kernel library was compiled for 2",
+    ),
+    "no variants": (lambda m: m.pop("variants"), r"manifest.json variants is null"),
+    "first variant differs from the top level": (
+        setter("inputs", 0, "shape", [2, 8]),
+        r"manifest.json inputs\[0\].shape is \[2, 8\] but the kernel library was compiled for \[4, 8\]",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(VARIANT_CASES))
+def test_a_manifest_whose_variants_lie_is_refused(tiny2, runner, tmp_path, case):
+    path, inputs, _ = tiny2
+    edit, message = VARIANT_CASES[case]
+    report = runner.attempt(rezip(path, str(tmp_path / "bad.aotc"), edit), inputs)
+    assert report["status"] == "PackageError", report
+    assert re.search(message, report["message"]), report["message"]
+
+
+def test_a_single_shape_manifest_may_not_claim_variants(tiny, runner, tmp_path):
+    def edit(m: dict) -> None:
+        m["variants"] = [{"entry": "abort"}]
+
+    report = runner.attempt(rezip(tiny[0], str(tmp_path / "bad.aotc"), edit), tiny[1])
+    assert report["status"] == "PackageError"
+    assert (
+        "manifest.json has variants but the kernel library was compiled for one set of input shapes"
+        in (report["message"])
+    )
+
+
+def test_every_variant_of_an_unmodified_package_runs_in_the_child_as_in_process(tiny2, runner):
+    path, inputs, expected = tiny2
+    report = runner.attempt(path, inputs)
+    assert report["status"] == "ok" and report["outputs"] == expected == report["profiled"]
 
 
 @pytest.mark.parametrize("case", sorted(TESTER_CASES))
@@ -262,7 +372,7 @@ def test_a_plan_calling_a_symbol_the_library_only_imports_is_refused(tiny, tmp_p
         (("execution_plan", 0, "kernel"), "k_nope", "calls k_nope, which is not one of its kernels"),
         (("inputs", 0, "dtype"), "object", "unsupported dtype 'object'"),
         (("entry",), "k_add", "names the kernel k_add twice"),
-        (("plan_version",), 2, "this runtime reads 1"),
+        (("plan_version",), 3, "this runtime reads 1 and 2"),
     ],
 )
 def test_an_inconsistent_plan_is_refused(field, value, message):
@@ -274,6 +384,73 @@ def test_an_inconsistent_plan_is_refused(field, value, message):
     target[field[-1]] = value
     with pytest.raises(PlanError, match=message):
         parse_plan(encode_plan(doc))
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        (
+            ("variants", 1, "workspace_bytes"),
+            32,
+            r"variants\[1\].execution_plan\[0\].args\[2\] covers bytes \[0, 64\) of a 32-byte workspace",
+        ),
+        (
+            ("variants", 1, "execution_plan", 1, "args", 0, "offset"),
+            64,  # inside the first variant's 192-byte workspace, outside its own
+            r"variants\[1\].execution_plan\[1\].args\[0\] covers bytes \[64, 128\) of a 64-byte workspace",
+        ),
+        (
+            ("variants", 1, "execution_plan", 0, "args", 0, "nbytes"),
+            128,
+            r"variants\[1\].execution_plan\[0\].args\[0\] is 128 bytes but k_add_half was compiled for 64",
+        ),
+        (
+            ("variants", 1, "execution_plan", 0, "kernel"),
+            "k_add",  # the first variant's kernel, of twice the size: it would read past x[2, 8]
+            r"variants\[1\].execution_plan\[0\] passes 3 arguments|args\[0\] is 64 bytes but k_add was compiled for 128",
+        ),
+        (
+            ("variants", 1, "inputs", 0, "shape"),
+            [4, 8],
+            r"variants\[1\].execution_plan\[0\].args\[0\] is 64 bytes|has the input shapes of variants\[0\]",
+        ),
+        (("variants", 1, "entry"), "aotc_run", "names an entry symbol twice"),
+        (("variants", 1, "entry"), "k_add", "names the kernel k_add twice"),
+        (("variants", 1, "outputs", 0, "name"), "z", r"variants\[1\].outputs differ from variants\[0\]'s"),
+        (("variants", 1, "outputs", 0, "dtype"), "float64", r"variants\[1\].outputs differ|compiled for"),
+        (("variants",), [], "the plan's variants list is empty"),
+        (("variants", 1, "extra"), 1, r"variants\[1\] must have exactly the fields"),
+        (("entry",), "aotc_run", r"the plan has fields .*expected"),
+    ],
+)
+def test_an_inconsistent_variant_plan_is_refused(field, value, message):
+    doc = plan_document(variants_spec(), 192)
+    assert doc["plan_version"] == 2 and [v["entry"] for v in doc["variants"]] == ["aotc_run", "aotc_run_1"]
+    parse_plan(encode_plan(doc))
+    target = doc
+    for key in field[:-1]:
+        target = target[key]
+    target[field[-1]] = value
+    with pytest.raises(PlanError, match=message):
+        parse_plan(encode_plan(doc))
+
+
+def test_variant_input_shapes_must_differ():
+    doc = plan_document(variants_spec(), 192)
+    doc["variants"][1] = json.loads(json.dumps(doc["variants"][0]))
+    doc["variants"][1]["entry"] = "aotc_run_1"
+    with pytest.raises(PlanError, match=r"variants\[1\] has the input shapes of variants\[0\]"):
+        parse_plan(encode_plan(doc))
+    spec = variants_spec()
+    spec.other_variants[0].inputs = spec.inputs
+    with pytest.raises(ValueError, match=r"variant 1: input shapes \[\[4, 8\]\] appear twice"):
+        write_package(spec, "/tmp/never-written.aotc")
+
+
+def test_the_library_defines_every_variant_entry(tiny2):
+    defined = read_elf(library_of(tiny2[0])).defined_functions()
+    assert {"aotc_run", "aotc_run_1", "k_add", "k_relu", "k_add_half", "k_relu_half"} <= defined
+    assert "variant     x[2, 8]: 2 kernel calls via aotc_run_1" in describe_package(tiny2[0])
 
 
 # ----------------------------------------------------------------------------- ELF reader

@@ -16,10 +16,10 @@ import numpy as np
 
 from aotc_runtime.cache import install_library
 from aotc_runtime.package import LIBRARY, PackageContents, PackageError, aligned_empty, read_package
-from aotc_runtime.plan import PlanTensor
+from aotc_runtime.plan import PlanCall, PlanTensor, PlanVariant
 from aotc_runtime.signing import check_signature
 
-__all__ = ["CompiledModel", "KernelTime", "TensorInfo", "load"]
+__all__ = ["CompiledModel", "KernelTime", "ModelVariant", "TensorInfo", "load"]
 
 _VoidPtrArray = ctypes.POINTER(ctypes.c_void_p)
 
@@ -37,6 +37,23 @@ class TensorInfo:
     @staticmethod
     def from_plan(t: PlanTensor) -> TensorInfo:
         return TensorInfo(t.name, t.shape, np.dtype(t.dtype))
+
+
+@dataclass
+class ModelVariant:
+    """The model compiled for one set of input shapes: its inputs, outputs, entry function and calls."""
+
+    inputs: list[TensorInfo]
+    outputs: list[TensorInfo]
+    entry: ctypes._CFuncPtr
+    calls: tuple[PlanCall, ...]
+
+    @property
+    def input_shapes(self) -> tuple[tuple[int, ...], ...]:
+        return tuple(t.shape for t in self.inputs)
+
+    def describe(self) -> str:
+        return ", ".join(f"{t.name}{list(t.shape)}" for t in self.inputs)
 
 
 @dataclass(frozen=True)
@@ -164,26 +181,34 @@ class CompiledModel:
     ) -> None:
         self.path = path
         self._manifest = contents.manifest
-        self._plan = plan = contents.plan
+        plan = contents.plan
         self.digest = contents.digest
-        self.inputs = [TensorInfo.from_plan(t) for t in plan.inputs]
-        self.outputs = [TensorInfo.from_plan(t) for t in plan.outputs]
-        self._input_names = [t.name for t in self.inputs]
-        self._output_names = [t.name for t in self.outputs]
         weights = contents.weights
         if weights.size != plan.weights_nbytes:
             raise PackageError(f"{path}: {weights.size} bytes of weights for a plan of {plan.weights_nbytes}")
         self._weights = weights
         self._lib = _open_library(path, lib_path)
-        self._fn = self._entry(plan.entry)
+        self.variants = [self._variant(v) for v in plan.variants]
+        self._by_shapes = {v.input_shapes: v for v in self.variants}
+        first = self.variants[0]
+        self.inputs, self.outputs = first.inputs, first.outputs
+        self._input_names = [t.name for t in self.inputs]
+        self._output_names = [t.name for t in self.outputs]
         self._weights_ptr = ctypes.c_void_p(weights.__array_interface__["data"][0])
         limit = available_cores() if max_concurrency is None else checked_max_concurrency(max_concurrency)
-        sizes = (plan.workspace_bytes, len(self.inputs), len(self.outputs))
+        # one pool for every variant, each workspace sized for the largest (variants share names, so counts)
+        workspace = max(v.workspace_bytes for v in plan.variants)
+        sizes = (workspace, len(self.inputs), len(self.outputs))
         self.call_slots = CallSlotPool(limit, lambda: CallSlot(*sizes))
         self._num_threads: int | None = None
         self._set_call_threads = self._lib.aotc_set_call_threads
         self._set_call_threads.restype = None
         self._set_call_threads.argtypes = [ctypes.c_int32]
+
+    def _variant(self, v: PlanVariant) -> ModelVariant:
+        inputs = [TensorInfo.from_plan(t) for t in v.inputs]
+        outputs = [TensorInfo.from_plan(t) for t in v.outputs]
+        return ModelVariant(inputs, outputs, self._entry(v.entry), v.calls)
 
     def _entry(self, symbol: str) -> ctypes._CFuncPtr:
         fn = self._lib[symbol]  # the package check found it among the library's own defined functions
@@ -235,8 +260,8 @@ class CompiledModel:
         """Run the model; inputs by name or in order. Preallocated `outputs` (by name) are filled.
         `num_threads` applies to this call only (default: the model's `num_threads`)."""
         threads = self._num_threads if num_threads is None else checked_num_threads(num_threads)
-        arrays, in_ptrs = self._bind_inputs(inputs)
-        results, out_ptrs = self._bind_outputs(outputs, arrays, in_ptrs)
+        variant, arrays, in_ptrs = self._bind_inputs(inputs)
+        results, out_ptrs = self._bind_outputs(outputs, arrays, in_ptrs, variant)
         # plain try/finally, not context managers: on a small model this path is most of a call's time
         slot = self.call_slots.take()
         try:
@@ -247,7 +272,7 @@ class CompiledModel:
                 in_argv[i] = p
             for i, p in enumerate(out_ptrs):
                 out_argv[i] = p
-            status = self._fn(in_argv, out_argv, self._weights_ptr, slot.workspace_ptr)
+            status = variant.entry(in_argv, out_argv, self._weights_ptr, slot.workspace_ptr)
         finally:
             if threads:
                 self._set_call_threads(0)  # the library's thread-local setting is 0 between calls
@@ -274,7 +299,9 @@ class CompiledModel:
 
     def _bind_inputs(
         self, inputs: Mapping[str, np.ndarray] | Sequence[np.ndarray]
-    ) -> tuple[list[np.ndarray], list[int]]:
+    ) -> tuple[ModelVariant, list[np.ndarray], list[int]]:
+        """The variant whose input shapes the arrays have (a ValueError lists the compiled shapes when
+        none has), the arrays as passed to it and their data pointers."""
         names = self._input_names
         if isinstance(inputs, (list, tuple)):
             if len(inputs) != len(names):
@@ -288,12 +315,26 @@ class CompiledModel:
             raise TypeError(
                 f"inputs must be a dict of name -> array or a list of arrays, got {type(inputs).__name__}"
             )
+        variant = self.variants[0]
+        if len(self.variants) > 1:
+            variant = self._pick_variant(values)
         arrays, ptrs = [], []
-        for v, t in zip(values, self.inputs):
+        for v, t in zip(values, variant.inputs):
             a, p = _conform(v, t)
             arrays.append(a)
             ptrs.append(p)
-        return arrays, ptrs
+        return variant, arrays, ptrs
+
+    def _pick_variant(self, values: Sequence[object]) -> ModelVariant:
+        shapes = tuple(getattr(v, "shape", None) for v in values)
+        variant = self._by_shapes.get(shapes)
+        if variant is not None or not all(isinstance(v, np.ndarray) for v in values):
+            return variant or self.variants[0]  # not arrays: the first variant's checks say so
+        given = ", ".join(f"{n}{list(s)}" for n, s in zip(self._input_names, shapes))
+        compiled = "; ".join(v.describe() for v in self.variants)
+        raise ValueError(
+            f"no variant of the model takes inputs of shapes {given}; it was compiled for {compiled}"
+        )
 
     def _name_mismatch(self, given: Mapping[str, np.ndarray], role: str = "input") -> str:
         expected = self._input_names if role == "input" else self._output_names
@@ -304,15 +345,19 @@ class CompiledModel:
         return f"missing {role} {missing[0]!r}; expected {role}s: {', '.join(expected)}"
 
     def _bind_outputs(
-        self, outputs: Mapping[str, np.ndarray] | None, inputs: list[np.ndarray], in_ptrs: list[int]
+        self,
+        outputs: Mapping[str, np.ndarray] | None,
+        inputs: list[np.ndarray],
+        in_ptrs: list[int],
+        variant: ModelVariant,
     ) -> tuple[list[np.ndarray], list[int]]:
         if outputs is None:
-            results = [np.empty(t.shape, t.dtype) for t in self.outputs]
+            results = [np.empty(t.shape, t.dtype) for t in variant.outputs]
             return results, [_address(a) for a in results]
         if any(n not in self._output_names for n in outputs):
             raise ValueError(self._name_mismatch(outputs, "output"))
         results, ptrs = [], []
-        for t in self.outputs:
+        for t in variant.outputs:
             given = outputs.get(t.name)
             a = np.empty(t.shape, t.dtype) if given is None else given
             ptrs.append(_writable_pointer(a, t))
@@ -374,12 +419,14 @@ class CompiledModel:
         its predecessors left, as in `run`. With `alone`, one more pass runs each call `repeat` times
         back to back. Inputs are seeded random ones when None; preallocated `outputs` (by name) are
         filled as `run` fills them."""
-        feeds, in_ptrs = self._bind_inputs(inputs if inputs is not None else self.random_inputs(seed))
-        _outputs, out_ptrs = self._bind_outputs(outputs, feeds, in_ptrs)  # alive while kernels write
-        times: list[list[float]] = [[] for _ in self._plan.calls]
+        variant, feeds, in_ptrs = self._bind_inputs(
+            inputs if inputs is not None else self.random_inputs(seed)
+        )
+        _outputs, out_ptrs = self._bind_outputs(outputs, feeds, in_ptrs, variant)  # alive while kernels write
+        times: list[list[float]] = [[] for _ in variant.calls]
         clock = time.perf_counter
         with self.call_slots.acquire() as slot, self._threads(self._num_threads):
-            calls = self._plan_calls(in_ptrs, out_ptrs, slot.workspace_ptr.value or 0)
+            calls = self._plan_calls(variant.calls, in_ptrs, out_ptrs, slot.workspace_ptr.value or 0)
             for i in range(warmup + max(repeat, 1)):
                 for (fn, argv), spent in zip(calls, times):
                     start = clock()
@@ -391,7 +438,7 @@ class CompiledModel:
             alone_ms = [self._time_alone(fn, argv, max(repeat, 1)) for fn, argv in calls] if alone else None
         info = _kernel_info(self._manifest)
         timed = []
-        for i, (call, spent) in enumerate(zip(self._plan.calls, times)):
+        for i, (call, spent) in enumerate(zip(variant.calls, times)):
             task, flops = info.get(call.kernel, ("", 0))
             timed.append(
                 KernelTime(
@@ -419,9 +466,9 @@ class CompiledModel:
         return statistics.median(spent)
 
     def _plan_calls(
-        self, in_ptrs: list[int], out_ptrs: list[int], workspace_ptr: int
+        self, plan_calls: tuple[PlanCall, ...], in_ptrs: list[int], out_ptrs: list[int], workspace_ptr: int
     ) -> list[tuple[ctypes._CFuncPtr, ctypes.Array]]:
-        """Each call of the checked execution plan as (kernel function, its argument array)."""
+        """Each call of a variant's checked execution plan as (kernel function, its argument array)."""
         bases = {
             "input": in_ptrs,
             "output": out_ptrs,
@@ -429,7 +476,7 @@ class CompiledModel:
             "workspace": [workspace_ptr],
         }
         calls = []
-        for call in self._plan.calls:
+        for call in plan_calls:
             fn = self._lib[call.kernel]  # checked: one of the library's own defined functions
             fn.restype = ctypes.c_int32
             fn.argtypes = [ctypes.c_void_p]

@@ -5,6 +5,11 @@ symbol, inputs and outputs, workspace and weights sizes, the CPU features the co
 with the byte size of each param it was compiled for, and every kernel call with its arguments. The
 runtime believes that document only after checking it is self-consistent (every buffer inside what it
 refers to), and believes the manifest only where it equals the document.
+
+A package compiled for several input shapes (batch sizes) carries plan version 2: the shared fields
+(target, triple, requires, weights size, kernels) and `variants`, each with its own entry symbol,
+inputs, outputs, workspace size and calls, each checked as a version 1 plan is. A single shape keeps
+version 1.
 """
 
 from __future__ import annotations
@@ -18,11 +23,13 @@ __all__ = [
     "DTYPES",
     "PLAN_SECTION",
     "PLAN_VERSION",
+    "VARIANTS_PLAN_VERSION",
     "ModelPlan",
     "PlanArg",
     "PlanCall",
     "PlanError",
     "PlanTensor",
+    "PlanVariant",
     "check_manifest_matches",
     "encode_plan",
     "parse_plan",
@@ -30,6 +37,7 @@ __all__ = [
 
 PLAN_SECTION = ".aotc_plan"
 PLAN_VERSION = 1
+VARIANTS_PLAN_VERSION = 2  # several input shapes, one variant each
 BUFFER_KINDS = ("input", "output", "weight", "workspace")
 # dtype -> itemsize: the element types a package may use (never object or structured dtypes)
 DTYPES = {
@@ -61,6 +69,16 @@ _FIELDS = (
     "kernels",
     "execution_plan",
 )
+_VARIANT_FIELDS = ("entry", "inputs", "outputs", "workspace_bytes", "execution_plan")
+_VARIANTS_FIELDS = (
+    "plan_version",
+    "target",
+    "triple",
+    "requires",
+    "weights_nbytes",
+    "kernels",
+    "variants",
+)
 
 
 class PlanError(ValueError):
@@ -90,25 +108,54 @@ class PlanCall:
 
 
 @dataclass(frozen=True)
-class ModelPlan:
-    """A checked plan: every argument lies inside the buffer it refers to."""
+class PlanVariant:
+    """The model compiled for one set of input shapes: its entry function, I/O, workspace and calls."""
 
     entry: str
-    target: str
-    triple: str
-    requires: tuple[str, ...]
     inputs: tuple[PlanTensor, ...]
     outputs: tuple[PlanTensor, ...]
     workspace_bytes: int
+    calls: tuple[PlanCall, ...]
+
+
+@dataclass(frozen=True)
+class ModelPlan:
+    """A checked plan: every argument of every variant lies inside the buffer it refers to. `entry`,
+    `inputs`, `outputs`, `workspace_bytes` and `calls` are those of the first variant."""
+
+    target: str
+    triple: str
+    requires: tuple[str, ...]
     weights_nbytes: int
     kernels: dict[str, tuple[tuple[str, int], ...]]  # symbol -> (dtype, nbytes) of each param
-    calls: tuple[PlanCall, ...]
+    variants: tuple[PlanVariant, ...]
     document: dict
 
     @property
+    def entry(self) -> str:
+        return self.variants[0].entry
+
+    @property
+    def inputs(self) -> tuple[PlanTensor, ...]:
+        return self.variants[0].inputs
+
+    @property
+    def outputs(self) -> tuple[PlanTensor, ...]:
+        return self.variants[0].outputs
+
+    @property
+    def workspace_bytes(self) -> int:
+        return self.variants[0].workspace_bytes
+
+    @property
+    def calls(self) -> tuple[PlanCall, ...]:
+        return self.variants[0].calls
+
+    @property
     def symbols(self) -> tuple[str, ...]:
-        """The entry and every kernel the plan calls: the library must define each one."""
-        return (self.entry, *dict.fromkeys(c.kernel for c in self.calls))
+        """Every entry and every kernel the plan calls: the library must define each one."""
+        entries = [v.entry for v in self.variants]
+        return (*entries, *dict.fromkeys(c.kernel for v in self.variants for c in v.calls))
 
 
 def encode_plan(document: dict) -> bytes:
@@ -129,34 +176,70 @@ def parse_plan(raw: bytes) -> ModelPlan:
         raise PlanError("the plan is not a JSON object")
     if encode_plan(document) != raw:
         raise PlanError("the plan is not in canonical form")
-    if set(document) != set(_FIELDS):
-        raise PlanError(f"the plan has fields {sorted(document)}, expected {sorted(_FIELDS)}")
-    if document["plan_version"] != PLAN_VERSION or type(document["plan_version"]) is not int:
+    version = document.get("plan_version")
+    if type(version) is not int or version not in (PLAN_VERSION, VARIANTS_PLAN_VERSION):
         raise PlanError(
-            f"the plan has version {document['plan_version']!r}, this runtime reads {PLAN_VERSION}"
+            f"the plan has version {version!r}, this runtime reads {PLAN_VERSION} and {VARIANTS_PLAN_VERSION}"
         )
-    entry = _symbol(document["entry"], "entry")
+    fields = _FIELDS if version == PLAN_VERSION else _VARIANTS_FIELDS
+    if set(document) != set(fields):
+        raise PlanError(f"the plan has fields {sorted(document)}, expected {sorted(fields)}")
     target, triple = _string(document["target"], "target"), _string(document["triple"], "triple")
     requires = tuple(
         _string(f, f"requires[{i}]") for i, f in enumerate(_list(document["requires"], "requires"))
     )
-    inputs = _tensors(document["inputs"], "inputs")
-    outputs = _tensors(document["outputs"], "outputs")
+    weights = _size(document["weights_nbytes"], "weights_nbytes")
+    if version == PLAN_VERSION:
+        described = [(document, "")]
+    else:
+        found = _list(document["variants"], "variants")
+        if not found:
+            raise PlanError("the plan's variants list is empty")
+        described = [
+            (_object(v, _VARIANT_FIELDS, f"variants[{i}]"), f"variants[{i}].") for i, v in enumerate(found)
+        ]
+    entries = [_symbol(d["entry"], f"{at}entry") for d, at in described]
+    if len(set(entries)) != len(entries):
+        raise PlanError("the plan names an entry symbol twice")
+    kernels = _kernels(document["kernels"], set(entries))
+    variants = tuple(_variant(d, at, kernels, weights) for d, at in described)
+    _check_variants_agree(variants)
+    return ModelPlan(target, triple, requires, weights, kernels, variants, document)
+
+
+def _variant(document: dict, at: str, kernels: dict, weights: int) -> PlanVariant:
+    """One variant's entry, I/O, workspace and calls, every argument checked against its buffer."""
+    inputs = _tensors(document["inputs"], f"{at}inputs")
+    outputs = _tensors(document["outputs"], f"{at}outputs")
     names = [t.name for t in inputs + outputs]
     if len(set(names)) != len(names):
-        raise PlanError("the plan names an input or output twice")
-    workspace = _size(document["workspace_bytes"], "workspace_bytes")
-    weights = _size(document["weights_nbytes"], "weights_nbytes")
-    kernels = _kernels(document["kernels"], entry)
+        raise PlanError(f"the plan {at or ''}names an input or output twice")
+    workspace = _size(document["workspace_bytes"], f"{at}workspace_bytes")
     sizes = {"input": [t.nbytes for t in inputs], "output": [t.nbytes for t in outputs]}
     sizes["weight"], sizes["workspace"] = [weights], [workspace]
     calls = tuple(
-        _call(c, f"execution_plan[{i}]", kernels, sizes)
-        for i, c in enumerate(_list(document["execution_plan"], "execution_plan"))
+        _call(c, f"{at}execution_plan[{i}]", kernels, sizes)
+        for i, c in enumerate(_list(document["execution_plan"], f"{at}execution_plan"))
     )
-    return ModelPlan(
-        entry, target, triple, requires, inputs, outputs, workspace, weights, kernels, calls, document
-    )
+    return PlanVariant(document["entry"], inputs, outputs, workspace, calls)
+
+
+def _check_variants_agree(variants: tuple[PlanVariant, ...]) -> None:
+    """Variants are one model at several shapes: the same input and output names and dtypes, and input
+    shapes that tell them apart (the runtime picks a variant by its inputs' shapes)."""
+    first = variants[0]
+    seen: dict[tuple, int] = {}
+    for i, v in enumerate(variants):
+        for role in ("inputs", "outputs"):
+            mine = [(t.name, t.dtype) for t in getattr(v, role)]
+            if mine != [(t.name, t.dtype) for t in getattr(first, role)]:
+                raise PlanError(
+                    f"the plan's variants[{i}].{role} differ from variants[0]'s in names or dtypes"
+                )
+        shapes = tuple(t.shape for t in v.inputs)
+        if shapes in seen:
+            raise PlanError(f"the plan's variants[{i}] has the input shapes of variants[{seen[shapes]}]")
+        seen[shapes] = i
 
 
 def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
@@ -216,12 +299,12 @@ def _tensors(v: object, where: str) -> tuple[PlanTensor, ...]:
     return tuple(tensors)
 
 
-def _kernels(v: object, entry: str) -> dict[str, tuple[tuple[str, int], ...]]:
+def _kernels(v: object, entries: set[str]) -> dict[str, tuple[tuple[str, int], ...]]:
     kernels: dict[str, tuple[tuple[str, int], ...]] = {}
     for i, k in enumerate(_list(v, "kernels")):
         k = _object(k, ("symbol", "params"), f"kernels[{i}]")
         symbol = _symbol(k["symbol"], f"kernels[{i}].symbol")
-        if symbol in kernels or symbol == entry:
+        if symbol in kernels or symbol in entries:
             raise PlanError(f"the plan names the kernel {symbol} twice")
         params = []
         for j, p in enumerate(_list(k["params"], f"kernels[{i}].params")):
@@ -269,21 +352,32 @@ def _call(v: object, where: str, kernels: dict, sizes: dict[str, list[int]]) -> 
 
 
 def check_manifest_matches(manifest: dict, plan: ModelPlan) -> None:
-    """Raise PlanError naming the first manifest field that differs from what the library was compiled for."""
+    """Raise PlanError naming the first manifest field that differs from what the library was compiled for.
+    With several variants, the manifest's top-level entry, inputs, outputs, workspace and calls are the
+    first variant's and its `variants` must equal the plan's; with one, it has no `variants`."""
     doc = plan.document
-    _same(manifest.get("entry"), doc["entry"], "entry")
+    if "variants" in doc:
+        first = doc["variants"][0]
+        _same(manifest.get("variants"), doc["variants"], "variants")
+    else:
+        first = doc
+        if "variants" in manifest:
+            raise PlanError(
+                "manifest.json has variants but the kernel library was compiled for one set of input shapes"
+            )
+    _same(manifest.get("entry"), first["entry"], "entry")
     _same(manifest.get("target"), doc["target"], "target")
     _same(manifest.get("triple"), doc["triple"], "triple")
     _same(manifest.get("requires"), doc["requires"], "requires")
-    _same(manifest.get("inputs"), doc["inputs"], "inputs")
-    _same(manifest.get("outputs"), doc["outputs"], "outputs")
+    _same(manifest.get("inputs"), first["inputs"], "inputs")
+    _same(manifest.get("outputs"), first["outputs"], "outputs")
     _same(
         _get(manifest, "memory_plan", "workspace_bytes"),
-        doc["workspace_bytes"],
+        first["workspace_bytes"],
         "memory_plan.workspace_bytes",
     )
     _same(_get(manifest, "weights", "nbytes"), doc["weights_nbytes"], "weights.nbytes")
-    _same(manifest.get("execution_plan"), doc["execution_plan"], "execution_plan")
+    _same(manifest.get("execution_plan"), first["execution_plan"], "execution_plan")
     kernels = manifest.get("kernels")
     if not isinstance(kernels, list) or len(kernels) != len(doc["kernels"]):
         _same(kernels, doc["kernels"], "kernels")
