@@ -242,6 +242,10 @@ def validate_package(
 
 
 def format_report_row(r: dict) -> str:
+    if "variant" in r:  # a package of several batch sizes: each size validated on its own
+        return format_report_row({k: v for k, v in r.items() if k != "variant"}).replace(
+            "  ", f"  [{r['variant']}] ", 1
+        )
     if "error" in r:
         return f"  {r['output']}: {r['error']}"
     status = "ok" if r["ok"] else "MISMATCH"

@@ -140,3 +140,10 @@ def test_package_against_a_model_with_a_shifted_tap_is_exit_code_3(tmp_path, cap
     capsys.readouterr()
     assert main(["validate", str(package), "--model", str(tmp_path / "bad.onnx")]) == 3
     assert "MISMATCH" in capsys.readouterr().err
+
+
+def test_a_variant_row_names_its_batch_size():
+    from aotc.validate import format_report_row
+
+    row = {"output": "y", "ok": True, "max_abs": 1e-7, "max_rel": 1e-6, "rms": 0.3}
+    assert format_report_row({**row, "variant": "x[4, 64]"}) == "  [x[4, 64]] " + format_report_row(row)[2:]
