@@ -18,6 +18,7 @@ from aotc.ir.expr import (
 )
 from aotc.ir.stmt import (
     Allocate,
+    Barrier,
     BufferStore,
     For,
     ForKind,
@@ -103,6 +104,8 @@ def _emit(s: Stmt, depth: int, out: list[str]) -> None:
     elif isinstance(s, LetStmt):
         out.append(f"{pad}let {s.var.name} = {expr_str(s.value)}")
         _emit(s.body, depth, out)
+    elif isinstance(s, Barrier):
+        out.append(f"{pad}barrier")
     else:
         raise TypeError(f"cannot print {type(s).__name__}")
 

@@ -58,7 +58,11 @@ class BufferStore(Stmt):
 
 @dataclass(frozen=True, slots=True)
 class Allocate(Stmt):
-    """Memory for `buffer` (scope "local": per-thread scratch; "global": heap) live during `body`."""
+    """Memory for `buffer` live during `body`.
+
+    Scopes: "global" (heap, or device memory on a GPU), "local" (per-thread scratch), "shared" (one
+    copy per GPU thread block, written and read by all its threads between barriers).
+    """
 
     buffer: Buffer
     body: Stmt
@@ -69,6 +73,14 @@ class LetStmt(Stmt):
     var: Var
     value: Expr
     body: Stmt
+
+
+@dataclass(frozen=True, slots=True)
+class Barrier(Stmt):
+    """Every thread of a GPU block waits here until all reach it; their "shared" writes are then visible.
+
+    All threads of a block must reach it: it may not sit under a condition that differs between them.
+    """
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,4 +145,6 @@ def substitute_stmt(s: Stmt, mapping: dict) -> Stmt:
         return Allocate(s.buffer, substitute_stmt(s.body, mapping))
     if isinstance(s, LetStmt):
         return LetStmt(s.var, sub(s.value), substitute_stmt(s.body, mapping))
+    if isinstance(s, Barrier):
+        return s
     raise TypeError(f"unknown statement {type(s).__name__}")

@@ -3,6 +3,11 @@
 Splits need not divide their extent: every root axis gets a guard unless the simplifier proves
 it, and a guard that is affine in one loop variable becomes a clamp of that loop's extent (a
 vectorized loop with a clamped extent runs masked lanes).
+
+GPU states bind iterators to blockIdx/threadIdx/vthread: those become THREAD_BINDING loops. A stage
+computed inside a kernel is "shared" when the threads of a block compute it together (its own
+iterators are bound to threadIdx, or it sits outside every threadIdx loop): its region then covers
+what all threads of the block read, and barriers fence its writes. Otherwise it is per-thread "local".
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from aotc.ir.expr import (
 from aotc.ir.simplify import bounds, from_terms, linear_terms, simplify, simplify_node
 from aotc.ir.stmt import (
     Allocate,
+    Barrier,
     BufferStore,
     For,
     ForKind,
@@ -80,6 +86,7 @@ class _StageInfo:
     absolute: dict[int, Expr] = field(default_factory=dict)
     buffer: Buffer | None = None
     inner_guards: list = field(default_factory=list)
+    scope: str = "local"  # of a stage computed at a loop: "local" or "shared"
 
     @property
     def path(self) -> list[Var]:
@@ -109,6 +116,7 @@ class _Lowering:
         self.infos: dict[int, _StageInfo] = {}
         self.attached: dict[tuple[int, int], list[int]] = {}
         self.names: set[str] = set()
+        self.thread_tag: dict[Var, str] = {}  # loop variables bound to GPU indices
         for i, st in enumerate(self.stages):
             if st.compute_at == ComputeAtKind.ITER:
                 assert st.attach is not None
@@ -174,7 +182,15 @@ class _Lowering:
                 )
             pos = target.stage.position(uid)
             info.prefix = target.prefix + target.leaf_vars[: pos + 1]
-            info.region_min, info.region_ext = self._region(sid, info.prefix)
+            threads = {v for v in info.prefix if self.thread_tag.get(v, "").startswith("threadIdx")}
+            in_kernel = any(v in self.thread_tag for v in info.prefix)
+            cooperative = any(THREAD_TAGS.get(it.annotation, "").startswith("threadIdx") for it in st.iters)
+            fixed = set(info.prefix)
+            if in_kernel and (cooperative or not threads):
+                # one copy per block: it holds what every thread of the block reads
+                info.scope = "shared"
+                fixed -= threads
+            info.region_min, info.region_ext = self._region(sid, info.prefix, fixed)
         roots = {k: e for k, e in enumerate(info.region_ext)}
         for k, a in enumerate(op.reduce_axes, start=n_sp):
             roots[k] = a.extent
@@ -184,6 +200,8 @@ class _Lowering:
         for it in st.iters:
             v = Var(it.name)
             info.leaf_vars.append(v)
+            if it.annotation in THREAD_TAGS:
+                self.thread_tag[v] = THREAD_TAGS[it.annotation]
             self.ranges[v] = (0, info.extents[it.uid] - 1)
             leaf_map[it.uid] = v if info.extents[it.uid] > 1 else const(0)
         values = iterator_values(st, leaf_map, info.extents)
@@ -205,18 +223,20 @@ class _Lowering:
         name = unique_name(op.name, self.names)
         if st.compute_at == ComputeAtKind.ROOT and op in self.state.outputs:
             return Buffer(name, op.dtype, tuple(op.shape), "param")
-        scope = "global" if st.compute_at == ComputeAtKind.ROOT else "local"
+        scope = "global" if st.compute_at == ComputeAtKind.ROOT else info.scope
         shape = tuple(info.region_ext)
         strides = _aligned_strides(shape, st.storage_align)
         if strides is None and scope == "local":
             strides = _loop_order_strides(shape, innermost_positions(st, len(op.axes)))
         return Buffer(name, op.dtype, shape, scope, strides)
 
-    def _region(self, sid: int, prefix: list[Var]) -> tuple[list[Expr], list[int]]:
-        """Region of stage `sid` that its consumers read within one iteration of its attach loop."""
+    def _region(self, sid: int, prefix: list[Var], fixed: set[Var]) -> tuple[list[Expr], list[int]]:
+        """Region of stage `sid` that its consumers read within one iteration of its attach loop.
+
+        Loop variables of `prefix` outside `fixed` (a block's thread indices) range over their extent.
+        """
         st = self.stages[sid]
         op = st.op
-        fixed = set(prefix)
         lows: list[list[tuple[dict, int]]] = [[] for _ in op.shape]
         highs: list[list[int]] = [[] for _ in op.shape]
         full = [False] * len(op.shape)
@@ -460,7 +480,23 @@ class _Lowering:
         sids = self.attached.get((tid, uid), [])
         if not sids:
             return body
-        parts = [self._emit_stage(s) for s in sids if s in self.infos]
+        # Shared stages are fenced by barriers: one before the first (the block's threads are done
+        # reading the previous iteration's values), one before anything reads what they wrote.
+        parts: list[Stmt] = []
+        fresh: set = set()  # ops of shared stages written since the last barrier
+        for s in sids:
+            if s not in self.infos:
+                continue
+            shared = self.infos[s].scope == "shared"
+            reads = {n.tensor for n in _walk(self.bodies[s]) if isinstance(n, TensorRead)}
+            if (shared and not any(isinstance(p, Barrier) for p in parts)) or reads & fresh:
+                parts.append(Barrier())
+                fresh.clear()
+            parts.append(self._emit_stage(s))
+            if shared:
+                fresh.add(self.stages[s].op)
+        if fresh:
+            parts.append(Barrier())
         out = seq(*parts, body)
         for s in reversed(sids):
             if s in self.infos:
