@@ -1,0 +1,593 @@
+"""GPU codegen: a PrimFunc with thread-binding loops -> kernel source in CUDA spelling, valid OpenCL C too.
+
+The body is written once, in CUDA's spelling; a prelude per language maps it (thread and block indices,
+`__shared__`, `__syncthreads()`, the `GPTR` qualifier of global pointers, 64-bit integer types, the float
+math functions). Each root statement of the function becomes one kernel, launched in order; buffers
+the function allocates in "global" scope become a workspace in device memory passed to the kernels.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+
+from aotc.ir.expr import (
+    Binary,
+    Buffer,
+    Call,
+    Cast,
+    Compare,
+    Const,
+    Expr,
+    Load,
+    Logical,
+    Select,
+    Var,
+    free_vars,
+    is_float,
+    walk,
+)
+from aotc.ir.stmt import (
+    Allocate,
+    Barrier,
+    BufferStore,
+    For,
+    ForKind,
+    IfThenElse,
+    LetStmt,
+    PrimFunc,
+    Seq,
+    Stmt,
+    walk_stmts,
+)
+
+
+class GPUCodegenError(ValueError):
+    """A loop program that no correct GPU kernel implements (or that breaks the target's limits)."""
+
+
+class GPUCompileError(RuntimeError):
+    """The CUDA compiler is missing or rejected a kernel source."""
+
+
+CUDA_PRELUDE = """\
+#define GPTR
+#define RESTRICT __restrict__
+#define AOTC_INLINE static __device__ __forceinline__
+#define AOTC_INF_F32 __int_as_float(0x7f800000)
+#define AOTC_NAN_F32 __int_as_float(0x7fc00000)
+#define AOTC_INF_F64 __longlong_as_double(0x7ff0000000000000LL)
+#define AOTC_NAN_F64 __longlong_as_double(0x7ff8000000000000LL)
+typedef long long i64;
+typedef unsigned long long u64;
+"""
+
+OPENCL_PRELUDE = """\
+#pragma OPENCL EXTENSION cl_khr_fp64 : enable
+#define GPTR __global
+#define RESTRICT restrict
+#define AOTC_INLINE static inline
+#define __global__ __kernel
+#define __shared__ __local
+#define __syncthreads() barrier(CLK_LOCAL_MEM_FENCE)
+#define threadIdx ((uint3)(get_local_id(0), get_local_id(1), get_local_id(2)))
+#define blockIdx ((uint3)(get_group_id(0), get_group_id(1), get_group_id(2)))
+#define AOTC_INF_F32 INFINITY
+#define AOTC_NAN_F32 NAN
+#define AOTC_INF_F64 ((double)INFINITY)
+#define AOTC_NAN_F64 ((double)NAN)
+#define expf exp
+#define logf log
+#define sqrtf sqrt
+#define tanhf tanh
+#define erff erf
+#define fabsf fabs
+#define floorf floor
+#define ceilf ceil
+#define rintf rint
+#define fminf fmin
+#define fmaxf fmax
+#define powf pow
+typedef long i64;
+typedef ulong u64;
+"""
+
+# Python's floor division and modulo (numpy's, too); a zero divisor gives 0 as on the CPU.
+_HELPERS = """\
+AOTC_INLINE i64 aotc_floordiv(i64 a, i64 b) {
+  if (b == 0) return 0;
+  i64 q = a / b;
+  return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+AOTC_INLINE i64 aotc_floormod(i64 a, i64 b) {
+  if (b == 0) return 0;
+  i64 r = a % b;
+  return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+}
+"""
+
+_C_TYPES = {
+    "float32": "float",
+    "float64": "double",
+    "int8": "signed char",
+    "int16": "short",
+    "int32": "int",
+    "int64": "i64",
+    "uint8": "unsigned char",
+    "uint16": "unsigned short",
+    "uint32": "unsigned int",
+    "uint64": "u64",
+    "bool": "unsigned char",
+}
+_ITEM_BYTES = {"float32": 4, "float64": 8, "int8": 1, "int16": 2, "int32": 4, "int64": 8, "bool": 1}
+_ITEM_BYTES |= {"uint8": 1, "uint16": 2, "uint32": 4, "uint64": 8}
+_INFIX = {"add": "+", "sub": "-", "mul": "*"}
+_CMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
+_AXES = ("x", "y", "z")
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """CUDA's grid (blocks) and block (threads) sizes; OpenCL's global size is their product per axis."""
+
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    shared_bytes: int
+
+    @property
+    def threads_per_block(self) -> int:
+        return math.prod(self.block)
+
+
+@dataclass(frozen=True)
+class GPUKernel:
+    name: str
+    params: tuple[Buffer, ...]  # the function's params and workspace buffers it uses, in that order
+    launch: LaunchConfig
+
+
+@dataclass(frozen=True)
+class GPUModule:
+    """The kernels of one PrimFunc, in launch order, and the one source (without prelude) holding them."""
+
+    body: str
+    kernels: tuple[GPUKernel, ...]
+    params: tuple[Buffer, ...]
+    workspace: tuple[Buffer, ...] = field(default=())
+
+    @property
+    def cuda_source(self) -> str:
+        return f'{CUDA_PRELUDE}extern "C" {{\n{_HELPERS}\n{self.body}}}\n'
+
+    @property
+    def opencl_source(self) -> str:
+        return f"{OPENCL_PRELUDE}{_HELPERS}\n{self.body}"
+
+
+def c_type(dtype: str) -> str:
+    if dtype not in _C_TYPES:
+        raise GPUCodegenError(f"dtype {dtype} is not supported in GPU kernels yet")
+    return _C_TYPES[dtype]
+
+
+def emit_gpu(func: PrimFunc, target=None) -> GPUModule:
+    """The kernels of `func`; with a GPU `target`, launches past its limits are refused."""
+    body = func.body
+    workspace: list[Buffer] = []
+    while isinstance(body, Allocate) and body.buffer.scope == "global":
+        workspace.append(body.buffer)
+        body = body.body
+    roots = body.stmts if isinstance(body, Seq) else (body,)
+    names = _Names()
+    for b in (*func.params, *workspace):
+        names.buffer(b)
+    kernels, texts = [], []
+    for n, root in enumerate(roots):
+        name = func.name if len(roots) == 1 else f"{func.name}_k{n}"
+        kernel, text = _KernelWriter(names, name, (*func.params, *workspace)).write(root)
+        if target is not None:
+            _check_limits(kernel, target)
+        kernels.append(kernel)
+        texts.append(text)
+    return GPUModule("\n".join(texts), tuple(kernels), tuple(func.params), tuple(workspace))
+
+
+def _check_limits(kernel: GPUKernel, target) -> None:
+    hw = target.hw
+    launch = kernel.launch
+    if launch.threads_per_block > hw.max_threads_per_block:
+        raise GPUCodegenError(
+            f"kernel {kernel.name}: {launch.threads_per_block} threads per block, more than {target}'s "
+            f"{hw.max_threads_per_block}"
+        )
+    if launch.shared_bytes > hw.max_shared_memory_per_block:
+        raise GPUCodegenError(
+            f"kernel {kernel.name}: {launch.shared_bytes} bytes of shared memory per block, more than "
+            f"{target}'s {hw.max_shared_memory_per_block}"
+        )
+
+
+class _Names:
+    """C identifiers for variables and buffers, unique within the module (IR names may hold dots)."""
+
+    def __init__(self) -> None:
+        self.taken: set[str] = set()
+        self.by_id: dict[int, str] = {}
+        self.keep: list[object] = []  # ids stay valid while their objects live
+
+    def _fresh(self, base: str) -> str:
+        clean = "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in base) or "v"
+        if clean[0].isdigit():
+            clean = "v" + clean
+        name, n = clean, 1
+        while name in self.taken:
+            name, n = f"{clean}_{n}", n + 1
+        self.taken.add(name)
+        return name
+
+    def var(self, v: Var) -> str:
+        if id(v) not in self.by_id:
+            self.by_id[id(v)] = self._fresh(v.name)
+            self.keep.append(v)
+        return self.by_id[id(v)]
+
+    def buffer(self, b: Buffer) -> str:
+        return self.var(b)  # type: ignore[arg-type]
+
+
+class _KernelWriter:
+    def __init__(self, names: _Names, name: str, globals_: tuple[Buffer, ...]) -> None:
+        self.names = names
+        self.name = name
+        self.globals = globals_
+        self.extent: dict[str, int] = {}  # launch extent per thread tag
+        self.thread_vars: set[Var] = set()  # loop variables bound to threadIdx
+        self.shared: list[Buffer] = []
+
+    def write(self, root: Stmt) -> tuple[GPUKernel, str]:
+        for s in walk_stmts(root):
+            if isinstance(s, For) and s.kind == ForKind.THREAD_BINDING and s.thread_tag != "vthread":
+                self.extent[s.thread_tag] = max(self.extent.get(s.thread_tag, 1), s.max_extent)
+                if s.thread_tag.startswith("threadIdx"):
+                    self.thread_vars.add(s.var)
+            if isinstance(s, Allocate):
+                if s.buffer.scope == "global":
+                    raise GPUCodegenError(f"buffer {s.buffer.name}: device memory allocated inside a kernel")
+                if s.buffer.scope == "shared":
+                    self.shared.append(s.buffer)
+        self._check_races(root)
+        used = {id(b) for s in walk_stmts(root) for b in _buffers_of(s)}
+        params = tuple(b for b in self.globals if id(b) in used)
+        lines: list[str] = []
+        self._stmt(root, 1, lines, divergent="")
+        args = ", ".join(f"GPTR {c_type(b.dtype)}* RESTRICT {self.names.buffer(b)}" for b in params)
+        shared_decls = [
+            f"  __shared__ {c_type(b.dtype)} {self.names.buffer(b)}[{b.num_elements}];" for b in self.shared
+        ]
+        text = "\n".join([f"__global__ void {self.name}({args}) {{", *shared_decls, *lines, "}", ""])
+        grid = tuple(self.extent.get(f"blockIdx.{a}", 1) for a in _AXES)
+        block = tuple(self.extent.get(f"threadIdx.{a}", 1) for a in _AXES)
+        shared_bytes = sum(b.num_elements * _ITEM_BYTES[b.dtype] for b in self.shared)
+        return GPUKernel(self.name, params, LaunchConfig(grid, block, shared_bytes)), text  # type: ignore[arg-type]
+
+    def _check_races(self, root: Stmt) -> None:
+        """Refuse an update (a store reading its own buffer) that threads could run on one element at once."""
+        launched = {t for t, e in self.extent.items() if e > 1}
+
+        def visit(s: Stmt, bound: dict[str, Var]) -> None:
+            if isinstance(s, For) and s.kind == ForKind.THREAD_BINDING and s.thread_tag != "vthread":
+                # the same index bound again inside is the loop of threads filling a shared buffer together
+                if s.thread_tag in bound and any(
+                    isinstance(c, BufferStore) and c.buffer.scope != "shared" for c in walk_stmts(s.body)
+                ):
+                    raise GPUCodegenError(
+                        f"kernel {self.name}: {s.thread_tag} is bound inside a loop bound to it, around "
+                        "stores to memory other than shared"
+                    )
+                bound = {**bound, s.thread_tag: s.var}
+            if isinstance(s, BufferStore) and s.buffer.scope != "local":
+                reads_self = any(isinstance(n, Load) and n.buffer is s.buffer for n in walk(s.value))
+                index_vars = set().union(*(free_vars(i) for i in s.indices))
+                # a shared buffer has one copy per block: only threads of one block can collide on it
+                tags = [t for t in launched if s.buffer.scope != "shared" or t.startswith("threadIdx")]
+                for tag in tags if reads_self else ():
+                    if tag not in bound or bound[tag] not in index_vars:
+                        raise GPUCodegenError(
+                            f"buffer {s.buffer.name}: the threads along {tag} update the same elements "
+                            "(a reduction across threads needs a cross-thread reduction)"
+                        )
+            for c in _children(s):
+                visit(c, bound)
+
+        visit(root, {})
+
+    # ---- statements ---------------------------------------------------------------------------
+
+    def _stmt(self, s: Stmt, depth: int, out: list[str], divergent: str) -> None:
+        pad = "  " * depth
+        if isinstance(s, Seq):
+            for c in s.stmts:
+                self._stmt(c, depth, out, divergent)
+        elif isinstance(s, For):
+            self._for(s, depth, out, divergent)
+        elif isinstance(s, IfThenElse):
+            cond = self._expr(s.cond)
+            why = divergent or (f"if ({cond})" if free_vars(s.cond) & self.thread_vars else "")
+            out.append(f"{pad}if ({cond}) {{")
+            self._stmt(s.then_case, depth + 1, out, why)
+            if s.else_case is not None:
+                out.append(f"{pad}}} else {{")
+                self._stmt(s.else_case, depth + 1, out, why)
+            out.append(f"{pad}}}")
+        elif isinstance(s, BufferStore):
+            target = f"{self.names.buffer(s.buffer)}[{self._expr(s.buffer.flat_index(s.indices))}]"
+            out.append(f"{pad}{target} = {self._value_as(s.value, s.buffer.dtype)};")
+        elif isinstance(s, Allocate):
+            b = s.buffer
+            if b.scope == "local":
+                out.append(f"{pad}{c_type(b.dtype)} {self.names.buffer(b)}[{b.num_elements}];")
+            self._stmt(s.body, depth, out, divergent)
+        elif isinstance(s, LetStmt):
+            out.append(f"{pad}const {c_type(s.var.dtype)} {self.names.var(s.var)} = {self._expr(s.value)};")
+            if free_vars(s.value) & self.thread_vars:
+                self.thread_vars.add(s.var)
+            self._stmt(s.body, depth, out, divergent)
+        elif isinstance(s, Barrier):
+            if divergent:
+                raise GPUCodegenError(
+                    f"kernel {self.name}: a barrier under `{divergent}`, which not all threads of a block "
+                    "reach (the schedule's splits must divide the thread-bound extents)"
+                )
+            out.append(f"{pad}__syncthreads();")
+        else:
+            raise GPUCodegenError(f"statement {type(s).__name__} has no GPU form")
+
+    def _for(self, s: For, depth: int, out: list[str], divergent: str) -> None:
+        pad = "  " * depth
+        var = self.names.var(s.var)
+        extent = self._expr(s.extent)
+        if s.kind == ForKind.THREAD_BINDING and s.thread_tag != "vthread":
+            tag = s.thread_tag
+            out.append(f"{pad}{{")
+            out.append(f"{pad}  const i64 {var} = (i64){tag};")
+            full = isinstance(s.extent, Const) and s.extent.value == self.extent[tag]
+            if full:
+                self._stmt(s.body, depth + 1, out, divergent)
+            else:
+                out.append(f"{pad}  if ({var} < {extent}) {{")
+                self._stmt(s.body, depth + 2, out, divergent or f"{var} < {extent}")
+                out.append(f"{pad}  }}")
+            out.append(f"{pad}}}")
+            return
+        if free_vars(s.extent) & self.thread_vars:
+            divergent = divergent or f"for ({var} < {extent})"
+        if s.kind == ForKind.UNROLLED:
+            out.append(f"{pad}#pragma unroll")
+        out.append(f"{pad}for (i64 {var} = 0; {var} < {extent}; ++{var}) {{")
+        self._stmt(s.body, depth + 1, out, divergent)
+        out.append(f"{pad}}}")
+
+    # ---- expressions --------------------------------------------------------------------------
+
+    def _value_as(self, e: Expr, dtype: str) -> str:
+        text = self._expr(e)
+        return f"({c_type(dtype)})({text})" if e.dtype != dtype or dtype == "bool" else text
+
+    def _expr(self, e: Expr) -> str:
+        if isinstance(e, Var):
+            return self.names.var(e)
+        if isinstance(e, Const):
+            return _const(e)
+        if isinstance(e, Binary):
+            return self._binary(e)
+        if isinstance(e, Compare):
+            return f"({self._expr(e.a)} {_CMP[e.op]} {self._expr(e.b)})"
+        if isinstance(e, Logical):
+            if e.op == "not":
+                return f"(!{self._expr(e.a)})"
+            return f"({self._expr(e.a)} {'&&' if e.op == 'and' else '||'} {self._expr(e.b)})"  # type: ignore[arg-type]
+        if isinstance(e, Select):
+            # C's conditional evaluates one arm only, as the loop IR's Select requires (padding reads)
+            return f"({self._expr(e.cond)} ? {self._expr(e.true_value)} : {self._expr(e.false_value)})"
+        if isinstance(e, Cast):
+            if e.dtype == "bool":
+                return f"(({self._expr(e.value)}) != 0)"
+            return f"(({c_type(e.dtype)})({self._expr(e.value)}))"
+        if isinstance(e, Call):
+            return self._call(e)
+        if isinstance(e, Load):
+            return f"{self.names.buffer(e.buffer)}[{self._expr(e.buffer.flat_index(e.indices))}]"
+        raise GPUCodegenError(f"expression {type(e).__name__} has no GPU form")
+
+    def _binary(self, e: Binary) -> str:
+        a, b = self._expr(e.a), self._expr(e.b)
+        f32 = e.dtype == "float32"
+        if e.op == "add" and _is_zero(e.a) or e.op in ("add", "sub") and _is_zero(e.b):
+            return b if _is_zero(e.a) else a
+        if e.op in _INFIX:
+            return f"({a} {_INFIX[e.op]} {b})"
+        if is_float(e.dtype):
+            if e.op == "div":
+                return f"({a} / {b})"
+            if e.op in ("min", "max"):
+                return f"f{e.op}{'f' if f32 else ''}({a}, {b})"
+            if e.op == "pow":
+                return f"pow{'f' if f32 else ''}({a}, {b})"
+            floor = "floorf" if f32 else "floor"
+            if e.op == "floordiv":
+                return f"{floor}({a} / {b})"
+            if e.op == "floormod":
+                return f"({a} - {floor}({a} / {b}) * {b})"
+        else:
+            t = c_type(e.dtype)
+            if e.op in ("min", "max"):
+                return f"(({a}) {'<' if e.op == 'min' else '>'} ({b}) ? ({a}) : ({b}))"
+            if e.op in ("floordiv", "div", "floormod"):
+                fn = "aotc_floormod" if e.op == "floormod" else "aotc_floordiv"
+                if e.dtype == "int64":
+                    return f"{fn}({a}, {b})"
+                return f"(({t}){fn}((i64)({a}), (i64)({b})))"
+        raise GPUCodegenError(f"binary op {e.op} on {e.dtype} has no GPU form")
+
+    def _call(self, e: Call) -> str:
+        if len(e.args) != 1:
+            raise GPUCodegenError(f"math call {e.name} takes one argument, got {len(e.args)}")
+        x = self._expr(e.args[0])
+        dtype = e.args[0].dtype
+        if not is_float(dtype):
+            if e.name == "abs":
+                return f"(({x}) < 0 ? -({x}) : ({x}))"
+            raise GPUCodegenError(f"math call {e.name} needs a float argument, got {dtype}")
+        f = "f" if dtype == "float32" else ""
+        one = "1.0f" if f else "1.0"
+        if e.name in ("exp", "log", "sqrt", "tanh", "erf", "floor", "ceil"):
+            return f"{e.name}{f}({x})"
+        if e.name == "abs":
+            return f"fabs{f}({x})"
+        if e.name == "round":
+            return f"rint{f}({x})"  # round half to even, as numpy
+        if e.name == "rsqrt":
+            return f"({one} / sqrt{f}({x}))"
+        if e.name == "sigmoid":
+            return f"({one} / ({one} + exp{f}(-({x}))))"
+        raise GPUCodegenError(f"unknown math call {e.name!r}")
+
+
+def _const(e: Const) -> str:
+    if e.dtype in ("float32", "float64"):
+        v = float(e.value)
+        suffix = "F32" if e.dtype == "float32" else "F64"
+        if math.isnan(v):
+            return f"AOTC_NAN_{suffix}"
+        if math.isinf(v):
+            return f"AOTC_INF_{suffix}" if v > 0 else f"(-AOTC_INF_{suffix})"
+        return f"{v!r}f" if e.dtype == "float32" else repr(v)
+    if e.dtype == "bool":
+        return "1" if e.value else "0"
+    if e.dtype == "int64" and -(2**31) < int(e.value) < 2**31:
+        return str(int(e.value))  # an int literal; with an i64 operand C computes in 64 bits
+    return f"(({c_type(e.dtype)}){int(e.value)})"
+
+
+def _is_zero(e: Expr) -> bool:
+    return isinstance(e, Const) and e.value == 0 and not is_float(e.dtype)
+
+
+def _children(s: Stmt) -> tuple[Stmt, ...]:
+    if isinstance(s, (For, Allocate, LetStmt)):
+        return (s.body,)
+    if isinstance(s, Seq):
+        return s.stmts
+    if isinstance(s, IfThenElse):
+        return (s.then_case,) if s.else_case is None else (s.then_case, s.else_case)
+    return ()
+
+
+def _buffers_of(s: Stmt) -> list[Buffer]:
+    exprs: list[Expr] = []
+    out: list[Buffer] = []
+    if isinstance(s, BufferStore):
+        out.append(s.buffer)
+        exprs = [s.value, *s.indices]
+    elif isinstance(s, For):
+        exprs = [s.extent]
+    elif isinstance(s, IfThenElse):
+        exprs = [s.cond]
+    elif isinstance(s, LetStmt):
+        exprs = [s.value]
+    for e in exprs:
+        out.extend(n.buffer for n in walk(e) if isinstance(n, Load))
+    return out
+
+
+# ---- compilers and runners -------------------------------------------------------------------
+
+
+def nvcc_path() -> str | None:
+    """The `nvcc` on PATH, if any (CUDA compiles without a GPU)."""
+    return shutil.which("nvcc")
+
+
+def compile_cuda(source: str, arch: str, output: str = "cubin", timeout: float = 120.0) -> bytes:
+    """`source` compiled by nvcc for `arch` (e.g. sm_90): a cubin, or PTX with `output="ptx"`."""
+    if output not in ("cubin", "ptx"):
+        raise ValueError(f"output must be 'cubin' or 'ptx', got {output!r}")
+    nvcc = nvcc_path()
+    if nvcc is None:
+        raise GPUCompileError("nvcc is not on PATH: install the CUDA toolkit to build CUDA kernels")
+    with tempfile.TemporaryDirectory(prefix="aotc-cuda-") as tmp:
+        src, dst = os.path.join(tmp, "kernel.cu"), os.path.join(tmp, f"kernel.{output}")
+        with open(src, "w") as f:
+            f.write(source)
+        arch_flag = f"-arch={arch}" if output == "cubin" else f"-arch=compute_{arch.removeprefix('sm_')}"
+        try:
+            proc = subprocess.run(
+                [nvcc, f"-{output}", arch_flag, "-O3", src, "-o", dst],
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+            )
+        except subprocess.TimeoutExpired:
+            raise GPUCompileError(f"nvcc took more than {timeout:.0f} s for {arch}") from None
+        if proc.returncode != 0:
+            raise GPUCompileError(f"nvcc failed for {arch}:\n{proc.stderr.strip()}")
+        with open(dst, "rb") as f:
+            return f.read()
+
+
+def opencl_device():
+    """The first OpenCL device pyopencl finds (PoCL's CPU device on machines without a GPU), or None."""
+    try:
+        import pyopencl as cl
+    except ImportError:
+        return None
+    try:
+        platforms = cl.get_platforms()
+    except cl.Error:
+        return None
+    for p in platforms:
+        devices = p.get_devices()
+        if devices:
+            return devices[0]
+    return None
+
+
+def run_opencl(module: GPUModule, inputs, device=None) -> list:
+    """Run `module`'s kernels through pyopencl on `inputs` (numpy arrays, one per leading param).
+
+    Returns the trailing params (the outputs) as numpy arrays. For tests and the OpenCL runner.
+    """
+    import numpy as np
+    import pyopencl as cl
+
+    device = device if device is not None else opencl_device()
+    if device is None:
+        raise GPUCompileError("no OpenCL device found (install pocl-opencl-icd for a CPU one)")
+    ctx = cl.Context([device])
+    queue = cl.CommandQueue(ctx)
+    program = cl.Program(ctx, module.opencl_source).build()
+    mf = cl.mem_flags
+    n_in = len(inputs)
+    host: dict[int, np.ndarray] = {}
+    dev: dict[int, object] = {}
+    for i, b in enumerate(module.params):
+        dtype = np.uint8 if b.dtype == "bool" else np.dtype(b.dtype)
+        arr = np.ascontiguousarray(inputs[i], dtype=dtype) if i < n_in else np.zeros(b.shape, dtype)
+        host[id(b)] = arr
+        dev[id(b)] = cl.Buffer(ctx, mf.READ_WRITE | mf.COPY_HOST_PTR, hostbuf=arr)
+    for b in module.workspace:
+        dev[id(b)] = cl.Buffer(ctx, mf.READ_WRITE, size=max(1, b.num_elements * _ITEM_BYTES[b.dtype]))
+    for k in module.kernels:
+        local = k.launch.block
+        global_size = tuple(g * t for g, t in zip(k.launch.grid, local))
+        getattr(program, k.name)(queue, global_size, local, *(dev[id(b)] for b in k.params))
+    outs = []
+    for b in module.params[n_in:]:
+        cl.enqueue_copy(queue, host[id(b)], dev[id(b)])
+        outs.append(host[id(b)])
+    queue.finish()
+    return outs
