@@ -67,6 +67,31 @@ def matmul_schedule():
     return dag, s
 
 
+def matmul_2d_vthread_schedule():
+    """A 2-D grid of 8x8-thread blocks, each row of threads on two rows of outputs through a vthread."""
+    a = te.placeholder((64, 32), name="A")
+    b = te.placeholder((32, 48), name="B")
+    dag = te.ComputeDAG([nn.matmul(a, b)])
+    c, local = "matmul", "matmul.local"
+    s = State.initial(dag).cache_write(c, "local")
+    s = s.split(c, 0, [2, 8]).split(c, 3, [8]).reorder(c, [0, 3, 1, 2, 4])  # i.0 j.0 i.1 i.2 j.1
+    bindings = (
+        Annotation.BLOCK_X,
+        Annotation.BLOCK_Y,
+        Annotation.VTHREAD,
+        Annotation.THREAD_Y,
+        Annotation.THREAD_X,
+    )
+    for i, binding in enumerate(bindings):
+        s = s.bind(c, i, binding)
+    s = s.compute_at(local, c, 4).split(local, 2, [8]).reorder(local, [2, 3, 0, 1])
+    s = s.cache_read("A", "shared", [local]).cache_read("B", "shared", [local])
+    for shared in ("A.shared", "B.shared"):
+        s = s.compute_at(shared, local, 0)
+        s = s.fuse(shared, [0, 1]).split(shared, 0, [8]).bind(shared, 1, Annotation.THREAD_X)
+    return dag, s
+
+
 def bias_relu_schedule():
     """Elementwise with a broadcast operand; 30*48 is no multiple of 64, so the last block is guarded."""
     x = te.placeholder((30, 48), name="x")
@@ -95,6 +120,7 @@ def sum_schedule():
 
 SCHEDULES = {
     "matmul": matmul_schedule,
+    "matmul_2d_vthread": matmul_2d_vthread_schedule,
     "bias_relu": bias_relu_schedule,
     "softmax": softmax_schedule,
     "sum": sum_schedule,
@@ -132,6 +158,16 @@ def test_root_stages_become_kernels_with_a_workspace():
     assert [b.name for b in module.workspace] == ["softmax_maxelem", "softmax_exp", "softmax_expsum"]
     assert [k.launch.grid for k in module.kernels] == [(2, 1, 1), (47, 1, 1), (2, 1, 1), (6, 1, 1)]
     assert module.kernels[-1].launch.block == (32, 1, 1)
+
+
+def test_two_dimensional_launch_with_a_vthread():
+    dag, state = matmul_2d_vthread_schedule()
+    (kernel,) = emit_gpu(lower(state, "mm")).kernels
+    assert (kernel.launch.grid, kernel.launch.block, kernel.launch.shared_bytes) == (
+        (4, 6, 1),
+        (8, 8, 1),
+        512,
+    )
 
 
 @needs_opencl
