@@ -96,8 +96,8 @@ class TargetKey:
 
     @staticmethod
     def of(target: Target) -> TargetKey:
-        if target.kind == "cuda":
-            return TargetKey("cuda", target.arch, "", frozenset(), 0, str(target))
+        if target.is_gpu:
+            return TargetKey(target.kind, target.arch, "", frozenset(), 0, str(target))
         arch = target.mtriple.split("-")[0] if target.mtriple else platform.machine()
         return TargetKey("llvm", arch, target.mcpu, frozenset(target.mattr), target.num_cores, str(target))
 
