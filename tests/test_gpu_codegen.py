@@ -244,3 +244,13 @@ def test_index_bound_twice_around_per_thread_work_is_refused():
     s = s.bind("bias_add", 1, Annotation.BLOCK_X)  # its 4 columns per thread, bound to blocks again
     with pytest.raises(GPUCodegenError, match="blockIdx.x is bound inside a loop bound to it"):
         emit_gpu(lower(s, "k"))
+
+
+def test_opencl_records_are_keyed_apart_from_cpu_records():
+    from aotc.hub.store import TargetKey
+
+    key = TargetKey.of(parse_target("opencl"))
+    assert key.kind == "opencl"
+    assert key.difference(TargetKey.of(parse_target("llvm -mcpu=generic"))) == (
+        "record for a opencl target, this target is llvm"
+    )
