@@ -510,8 +510,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.output:
         args.output.mkdir(parents=True, exist_ok=True)
     for name, value in outputs.items():
-        shown = name if name.isprintable() else repr(name)  # names are the package author's data
-        print(f"{shown}: {value.dtype}{list(value.shape)}  min {value.min():.6g}  max {value.max():.6g}")
+        print(
+            f"{printable(name)}: {value.dtype}{list(value.shape)}  min {value.min():.6g}  max {value.max():.6g}"
+        )
         if args.output:
             file = files[name]
             if file != f"{name}.npy":
@@ -583,10 +584,16 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     if args.json:
         print_json(summary)
     else:
-        print(describe_package(str(args.package), trusted_keys=args.trusted_key))
+        print(printable(describe_package(str(args.package), trusted_keys=args.trusted_key)))
     # described in full, but a package that loading refuses is not "ok" for a script checking the exit code
     invalid = summary["signature"] is not None and summary["signature"]["state"] == "invalid"
     return BUILD_ERROR if invalid else OK
+
+
+def printable(text: str) -> str:
+    """`text` with every control character but newline escaped (`\\x1b`): a package's names and
+    strings are its author's data and must not drive the terminal."""
+    return "".join(ch if ch == "\n" or ch.isprintable() else ascii(ch)[1:-1] for ch in text)
 
 
 def package_summary(path: Path, trusted_keys: list[Path] | None) -> dict:

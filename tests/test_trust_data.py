@@ -504,3 +504,15 @@ def test_run_never_prints_an_output_name_raw_to_the_terminal(tmp_path, monkeypat
     assert main(["run", str(tmp_path / "x.aotc")]) == 0
     out = capsys.readouterr().out
     assert "\x1b" not in out and "\\x1b[31mred" in out
+
+
+def test_inspect_escapes_control_characters_of_the_manifest(monkeypatch, capsys, tmp_path):
+    import aotc.package
+
+    monkeypatch.setattr("aotc.cli.package_summary", lambda *a: {"signature": None})
+    monkeypatch.setattr(
+        aotc.package, "describe_package", lambda *a, **k: "name          \x1b]0;pwned\x07evil\nok"
+    )
+    assert main(["inspect", str(tmp_path / "x.aotc")]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\x07" not in out and "\\x1b]0;pwned\\x07evil\nok" in out
