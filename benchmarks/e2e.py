@@ -19,11 +19,11 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
 from timing import median_seconds
 from zoo import onnx_models as models
 from zoo import tflite_models
 
+from aotc.benchmark import peer_calls
 from aotc.build import build
 from aotc.recipe import load_recipe
 from aotc.validate import random_inputs
@@ -73,33 +73,6 @@ def write_model(name: str, make: Callable, workdir: Path) -> Path:
     return models.save(model, workdir / f"{name}.onnx")
 
 
-def peer_runner(model_path: Path, inputs: dict[str, np.ndarray], threads: int) -> tuple[str, Callable]:
-    """The model's own runtime at `threads` threads: (its name, a call that runs the model on `inputs`)."""
-    if model_path.suffix == ".tflite":
-        from ai_edge_litert.interpreter import Interpreter
-
-        interp = Interpreter(model_content=model_path.read_bytes(), num_threads=threads)
-        interp.allocate_tensors()
-        feed = [(d["index"], np.asarray(inputs[d["name"]], d["dtype"])) for d in interp.get_input_details()]
-        outs = [d["index"] for d in interp.get_output_details()]
-
-        def run_litert() -> list[np.ndarray]:
-            for index, value in feed:
-                interp.set_tensor(index, value)
-            interp.invoke()
-            return [interp.get_tensor(i) for i in outs]
-
-        return "litert", run_litert
-    import onnxruntime as ort
-
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads
-    opts.inter_op_num_threads = 1
-    sess = ort.InferenceSession(str(model_path), opts, providers=["CPUExecutionProvider"])
-    feed = dict(inputs)
-    return "ort", lambda: sess.run(None, feed)
-
-
 def bench_model(
     name: str, make, workdir: Path, threads: list[int], trials: int = 0, rounds: int = 3
 ) -> list[str]:
@@ -116,14 +89,15 @@ def bench_model(
     inputs = random_inputs({t.name: (tuple(t.shape), t.dtype) for t in compiled.inputs}, seed=0)
     rows = []
     for t in threads:
-        peer_name, run_peer = peer_runner(model_path, inputs, t)
+        peer_name, (run_peer,) = peer_calls(model_path, inputs, 1, t)
+        peer_name = peer_name.split()[0].lower()  # "onnxruntime" / "litert", without the version
         ours = peer = float("inf")
         for _ in range(rounds):
             compiled.num_threads = t
             ours = min(ours, median_seconds(lambda: compiled.run(inputs)))
             peer = min(peer, median_seconds(run_peer))
         rows.append(
-            f"{name:<18} {t:>2}  {ours * 1e3:9.3f}  {peer_name:<6} {peer * 1e3:9.3f}  {peer / ours:6.2f}x  "
+            f"{name:<18} {t:>2}  {ours * 1e3:9.3f}  {peer_name:<11} {peer * 1e3:9.3f}  {peer / ours:6.2f}x  "
             f"{result.seconds:7.1f} s  {len(result.tasks):>3}"
         )
     return rows

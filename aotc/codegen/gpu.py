@@ -42,6 +42,7 @@ from aotc.ir.stmt import (
     PrimFunc,
     Seq,
     Stmt,
+    stmt_children,
     walk_stmts,
 )
 
@@ -300,7 +301,7 @@ class _KernelWriter:
                             f"buffer {s.buffer.name}: the threads along {tag} update the same elements "
                             "(a reduction across threads needs a cross-thread reduction)"
                         )
-            for c in _children(s):
+            for c in stmt_children(s):
                 visit(c, bound)
 
         visit(root, {})
@@ -475,16 +476,6 @@ def _const(e: Const) -> str:
 
 def _is_zero(e: Expr) -> bool:
     return isinstance(e, Const) and e.value == 0 and not is_float(e.dtype)
-
-
-def _children(s: Stmt) -> tuple[Stmt, ...]:
-    if isinstance(s, (For, Allocate, LetStmt)):
-        return (s.body,)
-    if isinstance(s, Seq):
-        return s.stmts
-    if isinstance(s, IfThenElse):
-        return (s.then_case,) if s.else_case is None else (s.then_case, s.else_case)
-    return ()
 
 
 def _buffers_of(s: Stmt) -> list[Buffer]:
