@@ -162,11 +162,45 @@ class GPUModule:
 
     @property
     def cuda_source(self) -> str:
-        return f'{CUDA_PRELUDE}extern "C" {{\n{_HELPERS}\n{self.body}}}\n'
+        return gpu_source([self], "cuda")
 
     @property
     def opencl_source(self) -> str:
-        return f"{OPENCL_PRELUDE}{_HELPERS}\n{self.body}"
+        return gpu_source([self], "opencl")
+
+    def launches(self) -> dict:
+        """How a runtime runs this function (JSON): per kernel in launch order its name, grid, block,
+        static shared bytes, and its buffer arguments as indices into `params` + `scratch` (the
+        function's parameters, then the device memory it needs for itself)."""
+        index = {id(b): i for i, b in enumerate((*self.params, *self.workspace))}
+        return {
+            "params": [_buffer_json(b) for b in self.params],
+            "scratch": [_buffer_json(b) for b in self.workspace],
+            "launches": [
+                {
+                    "kernel": k.name,
+                    "grid": list(k.launch.grid),
+                    "block": list(k.launch.block),
+                    "shared_bytes": k.launch.shared_bytes,
+                    "args": [index[id(b)] for b in k.params],
+                }
+                for k in self.kernels
+            ],
+        }
+
+
+def gpu_source(modules: list[GPUModule], language: str) -> str:
+    """One source holding the kernels of `modules` ("cuda" or "opencl"); kernel names must be unique."""
+    body = "\n".join(m.body for m in modules)
+    if language == "cuda":
+        return f'{CUDA_PRELUDE}extern "C" {{\n{_HELPERS}\n{body}}}\n'
+    if language == "opencl":
+        return f"{OPENCL_PRELUDE}{_HELPERS}\n{body}"
+    raise ValueError(f"language must be 'cuda' or 'opencl', got {language!r}")
+
+
+def _buffer_json(b: Buffer) -> dict:
+    return {"name": b.name, "dtype": b.dtype, "nbytes": b.num_elements * _ITEM_BYTES[b.dtype]}
 
 
 def c_type(dtype: str) -> str:
@@ -237,7 +271,10 @@ class _Names:
         return self.by_id[id(v)]
 
     def buffer(self, b: Buffer) -> str:
-        return self.var(b)  # type: ignore[arg-type]
+        if id(b) not in self.by_id:
+            name = self.var(b)  # type: ignore[arg-type]
+            self.taken |= {f"{name}_base", f"{name}_off"}  # a global buffer's kernel arguments
+        return self.by_id[id(b)]
 
 
 class _KernelWriter:
@@ -265,11 +302,23 @@ class _KernelWriter:
         params = tuple(b for b in self.globals if id(b) in used)
         lines: list[str] = []
         self._stmt(root, 1, lines, divergent="")
-        args = ", ".join(f"GPTR {c_type(b.dtype)}* RESTRICT {self.names.buffer(b)}" for b in params)
+        # every buffer is a (base pointer, element offset) pair: OpenCL cannot offset a cl_mem on the host,
+        # and one argument convention serves both languages and every buffer of a package's memory plan
+        args = ", ".join(
+            f"GPTR {c_type(b.dtype)}* {self.names.buffer(b)}_base, i64 {self.names.buffer(b)}_off"
+            for b in params
+        )
+        offsets = [
+            f"  GPTR {c_type(b.dtype)}* RESTRICT {self.names.buffer(b)} = {self.names.buffer(b)}_base + "
+            f"{self.names.buffer(b)}_off;"
+            for b in params
+        ]
         shared_decls = [
             f"  __shared__ {c_type(b.dtype)} {self.names.buffer(b)}[{b.num_elements}];" for b in self.shared
         ]
-        text = "\n".join([f"__global__ void {self.name}({args}) {{", *shared_decls, *lines, "}", ""])
+        text = "\n".join(
+            [f"__global__ void {self.name}({args}) {{", *offsets, *shared_decls, *lines, "}", ""]
+        )
         grid = tuple(self.extent.get(f"blockIdx.{a}", 1) for a in _AXES)
         block = tuple(self.extent.get(f"threadIdx.{a}", 1) for a in _AXES)
         shared_bytes = sum(b.num_elements * _ITEM_BYTES[b.dtype] for b in self.shared)
@@ -575,7 +624,8 @@ def run_opencl(module: GPUModule, inputs, device=None) -> list:
     for k in module.kernels:
         local = k.launch.block
         global_size = tuple(g * t for g, t in zip(k.launch.grid, local))
-        getattr(program, k.name)(queue, global_size, local, *(dev[id(b)] for b in k.params))
+        args = [a for b in k.params for a in (dev[id(b)], np.int64(0))]
+        getattr(program, k.name)(queue, global_size, local, *args)
     outs = []
     for b in module.params[n_in:]:
         cl.enqueue_copy(queue, host[id(b)], dev[id(b)])
