@@ -596,20 +596,30 @@ def opencl_device():
     return None
 
 
-def run_opencl(module: GPUModule, inputs, device=None) -> list:
-    """Run `module`'s kernels through pyopencl on `inputs` (numpy arrays, one per leading param).
-
-    Returns the trailing params (the outputs) as numpy arrays. For tests and the OpenCL runner.
-    """
-    import numpy as np
+def build_opencl(modules: list[GPUModule], device=None):
+    """One OpenCL program (pyopencl) holding the kernels of `modules`, built for `device` (default: the
+    first found); pass it to `run_opencl` to run several functions after one (slow) build."""
     import pyopencl as cl
 
     device = device if device is not None else opencl_device()
     if device is None:
         raise GPUCompileError("no OpenCL device found (install pocl-opencl-icd for a CPU one)")
-    ctx = cl.Context([device])
+    return cl.Program(cl.Context([device]), gpu_source(modules, "opencl")).build()
+
+
+def run_opencl(module: GPUModule, inputs, device=None, program=None) -> list:
+    """Run `module`'s kernels through pyopencl on `inputs` (numpy arrays, one per leading param), from
+    `program` (`build_opencl`) or from a program built for `device` now.
+
+    Returns the trailing params (the outputs) as numpy arrays. For tests.
+    """
+    import numpy as np
+    import pyopencl as cl
+
+    if program is None:
+        program = build_opencl([module], device)
+    ctx = program.context
     queue = cl.CommandQueue(ctx)
-    program = cl.Program(ctx, module.opencl_source).build()
     mf = cl.mem_flags
     n_in = len(inputs)
     host: dict[int, np.ndarray] = {}

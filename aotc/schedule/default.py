@@ -36,6 +36,10 @@ MAX_TILE_SCRATCH_BYTES = 256 * 1024
 
 
 def default_schedule(dag: ComputeDAG, target: Target) -> State:
+    if target.is_gpu:
+        from aotc.schedule.default_gpu import gpu_default_schedule
+
+        return gpu_default_schedule(dag, target)
     s = State.initial(dag)
     for op in reversed(dag.compute_ops):
         if dag.analysis[op].is_strictly_inlineable:

@@ -83,7 +83,9 @@ def sample_split_lengths(
 
 
 def fill_tile_sizes(ctx: SearchContext, state: State, rng: random.Random) -> State | None:
-    """InitFillTileSize: sample every undefined split length, then replay the steps."""
+    """InitFillTileSize: sample every undefined split length, then replay the steps. On GPU only exact
+    factorizations: a padded split guards the thread loops, and a barrier under a guard is invalid."""
+    params = ctx.params.replace(non_divisor_prob=0.0) if ctx.target.is_gpu else ctx.params
     steps = list(state.steps)
     names = step_stage_names(state.dag, steps)
     dtypes = {st.name: st.op.dtype for st in state.stages if not st.is_placeholder}
@@ -94,11 +96,13 @@ def fill_tile_sizes(ctx: SearchContext, state: State, rng: random.Random) -> Sta
         if step.extent is None:
             return None
         lanes = ctx.lanes(dtypes.get(names[i], "float32"))
-        lengths = sample_split_lengths(step.extent, len(step.lengths), lanes, rng, ctx.params)
+        lengths = sample_split_lengths(step.extent, len(step.lengths), lanes, rng, params)
         steps[i] = replace(step, lengths=lengths)
         changed = True
     if not changed:
         return state
+    if ctx.target.is_gpu:
+        steps = balance_thread_levels(ctx, state, steps, rng)
     try:
         return replay(state.dag, steps)
     except ScheduleError:
@@ -293,7 +297,7 @@ def annotate_unroll(ctx: SearchContext, state: State, rng: random.Random) -> Sta
         if st.is_placeholder or st.compute_at == ComputeAtKind.INLINED or not st.iters:
             continue
         if has_reduce_iter(state, sid):
-            n = ctx.params.unroll_steps[rng.randrange(len(ctx.params.unroll_steps))]
+            n = ctx.unroll_steps[rng.randrange(len(ctx.unroll_steps))]
             state = state.pragma(sid, 0, f"auto_unroll_max_step${n}")
     return state
 
@@ -334,6 +338,170 @@ def annotate_vectorize(ctx: SearchContext, state: State, rng: random.Random) -> 
     return state
 
 
+# ---- ThreadBind (GPU) -------------------------------------------------------------------------------
+
+
+def tiled_spatial_splits(state: State, steps: list) -> dict[str, list[int]]:
+    """Per multi-level tiled stage, the ids of its spatial split steps (the first split of each axis)."""
+    names = step_stage_names(state.dag, steps)
+    out: dict[str, list[int]] = {}
+    for st in state.stages:
+        if st.is_placeholder:
+            continue
+        ids = [i for i, step in enumerate(steps) if isinstance(step, SplitStep) and names[i] == st.name]
+        n_axes = len(st.op.axes)
+        if len(ids) >= n_axes and all(len(steps[i].lengths) >= 2 for i in ids[:n_axes]):
+            out[st.name] = ids[:n_axes]
+    return out
+
+
+def balance_thread_levels(ctx: SearchContext, state: State, steps: list, rng: random.Random) -> list:
+    """Move prime factors of sampled tile sizes so that each tiled stage has at least a warp of threads
+    (where its work allows) and at most the block limit, and no more virtual threads than allowed; most
+    uniform samples give a small output tile too few threads, and ThreadBind would reject them."""
+    hw = ctx.target.hw
+    for ids in tiled_spatial_splits(state, steps).values():
+        full = []  # per axis: [outer, level 1 (vthread), level 2 (threads), ...]
+        for i in ids:
+            step = steps[i]
+            if step.extent is None or any(v is None for v in step.lengths):
+                return steps
+            full.append([step.extent // math.prod(step.lengths), *step.lengths])
+        space = math.prod(step.extent for step in (steps[i] for i in ids))
+        want = hw.warp_size if space > 2 * hw.warp_size else 1
+        _move_factors(full, 2, want, hw.max_threads_per_block, rng)
+        for level, most in ((2, hw.max_threads_per_block), (1, hw.max_vthread_extent)):
+            while math.prod(a[level] for a in full) > most:
+                axis = max(range(len(full)), key=lambda k: full[k][level])
+                p = _smallest_prime(full[axis][level])
+                full[axis][level] //= p
+                full[axis][0] *= p
+        for i, lengths in zip(ids, full):
+            steps[i] = replace(steps[i], lengths=tuple(lengths[1:]))
+    return steps
+
+
+def _move_factors(full: list[list[int]], to: int, least: int, most: int, rng: random.Random) -> None:
+    """Move random prime factors of the other levels into level `to` until its product across the
+    axes reaches `least`, never past `most`."""
+    while math.prod(a[to] for a in full) < least:
+        sources = [(k, j) for k, a in enumerate(full) for j, v in enumerate(a) if j != to and v > 1]
+        if not sources:
+            return
+        k, j = sources[rng.randrange(len(sources))]
+        p = _smallest_prime(full[k][j])
+        if math.prod(a[to] for a in full) * p > most:
+            return
+        full[k][j] //= p
+        full[k][to] *= p
+
+
+def _smallest_prime(n: int) -> int:
+    return next(d for d in range(2, n + 1) if n % d == 0)
+
+
+BLOCK_SIZES = (32, 64, 128, 256)  # threads per block an untiled stage may get
+
+
+def bind_threads(ctx: SearchContext, state: State, rng: random.Random) -> State | None:
+    """InitThreadBind: a multi-level tiled root stage binds its first three spatial levels to blockIdx.x,
+    vthread and threadIdx.x; any other root stage one point per thread; a shared-memory stage is fetched
+    by the block's threads together (cooperative fetching). None if a limit of the target is broken."""
+    hw = ctx.target.hw
+    for name in [st.name for st in state.stages]:
+        sid = state.stage_id(name)
+        st = state.stages[sid]
+        if st.is_placeholder or st.compute_at != ComputeAtKind.ROOT:
+            continue
+        if _level_run(st.iters, 0, ".0") and _level_run(st.iters, _level_run(st.iters, 0, ".0"), ".1"):
+            state = _bind_tiled(state, sid, hw)
+        else:
+            state = _bind_untiled(state, sid, hw, rng)
+        if state is None:
+            return None
+    for name in [st.name for st in state.stages if st.name.endswith(".shared")]:
+        state = _cooperative_fetch(ctx, state, state.stage_id(name))
+        if state is None:
+            return None
+    return state
+
+
+def _level_run(iters, start: int, suffix: str) -> int:
+    """How many spatial iterators from `start` on are parts of one tile level (`ax.1`, `ay.1`, ...)."""
+    n = 0
+    while start + n < len(iters):
+        it = iters[start + n]
+        if it.kind != IterKind.SPATIAL or it.annotation != Annotation.NONE or not it.name.endswith(suffix):
+            break
+        n += 1
+    return n
+
+
+def _fuse_and_bind(state: State, sid: int, pos: int, n: int, annotation: Annotation) -> State:
+    if n > 1:
+        state = state.fuse(sid, list(range(pos, pos + n)))
+    return state.bind(sid, pos, annotation)
+
+
+def _bind_tiled(state: State, sid: int, hw) -> State | None:
+    iters = state.stages[sid].iters
+    n_block = _level_run(iters, 0, ".0")
+    state = _fuse_and_bind(state, sid, 0, n_block, Annotation.BLOCK_X)
+    n_vthread = _level_run(state.stages[sid].iters, 1, ".1")
+    state = _fuse_and_bind(state, sid, 1, n_vthread, Annotation.VTHREAD)
+    if (state.stages[sid].iters[1].extent or 1) > hw.max_vthread_extent:
+        return None
+    n_thread = _level_run(state.stages[sid].iters, 2, ".2")
+    if n_thread == 0:
+        return None
+    state = _fuse_and_bind(state, sid, 2, n_thread, Annotation.THREAD_X)
+    threads = state.stages[sid].iters[2].extent or 1
+    space = math.prod(it.extent or 1 for it in state.stages[sid].iters if it.kind == IterKind.SPATIAL)
+    if threads > hw.max_threads_per_block or (threads < hw.warp_size and space > 2 * hw.warp_size):
+        return None  # past the block limit, or too few threads for a warp where the work has enough
+    return state
+
+
+def _bind_untiled(state: State, sid: int, hw, rng: random.Random) -> State:
+    iters = state.stages[sid].iters
+    n = 0
+    while n < len(iters) and iters[n].kind == IterKind.SPATIAL and iters[n].annotation == Annotation.NONE:
+        n += 1
+    if n == 0:
+        return state  # a reduction to one value: one thread (a cross-thread reduction is future work)
+    if n > 1:
+        state = state.fuse(sid, list(range(n)))
+    extent = state.stages[sid].iters[0].extent or 1
+    sizes = [b for b in BLOCK_SIZES if b <= hw.max_threads_per_block]
+    threads = sizes[rng.randrange(len(sizes))]
+    if extent <= threads:
+        return state.bind(sid, 0, Annotation.THREAD_X)
+    state = state.split(sid, 0, [threads])
+    return state.bind(sid, 0, Annotation.BLOCK_X).bind(sid, 1, Annotation.THREAD_X)
+
+
+def _cooperative_fetch(ctx: SearchContext, state: State, sid: int) -> State | None:
+    """Fuse a shared stage's loops, split off a (vector) part of 1 for mutation to grow, and split the
+    rest by the consumer's thread count: its threads fetch the tile together."""
+    st = state.stages[sid]
+    if st.compute_at != ComputeAtKind.ITER or st.attach is None:
+        return None
+    consumer = state.stages[st.attach[0]]
+    names = step_stage_names(state.dag, state.steps)
+    splits = [
+        i for i, step in enumerate(state.steps) if isinstance(step, SplitStep) and names[i] == consumer.name
+    ]
+    spatial = splits[: len(consumer.op.axes)]
+    if len(spatial) != len(consumer.op.axes):
+        return None
+    n = len(st.iters)
+    if n > 1:
+        state = state.fuse(sid, list(range(n)))
+    state = state.split(sid, 0, [1]).vectorize(sid, 1)
+    state = state.follow_fused_split(sid, 0, spatial, 1, True)
+    return state.bind(sid, 1, Annotation.THREAD_X)
+
+
 CPU_INIT_RULES = (
     fill_tile_sizes,
     order_innermost_tile,
@@ -342,12 +510,22 @@ CPU_INIT_RULES = (
     annotate_unroll,
     annotate_vectorize,
 )
+GPU_INIT_RULES = (fill_tile_sizes, bind_threads, annotate_unroll)
+GPU_SAMPLE_ATTEMPTS = 16
 
 
-def sample_state(ctx: SearchContext, sketch: State, rng: random.Random, rules=CPU_INIT_RULES) -> State | None:
-    """One random complete program from a sketch, or None if a rule failed."""
+def sample_state(ctx: SearchContext, sketch: State, rng: random.Random, rules=None) -> State | None:
+    """One random complete program from a sketch (the target's init rules by default), or None if a rule
+    failed."""
+    if rules is None and ctx.target.is_gpu:
+        # most tile sizes give a tiled stage fewer threads than a warp: draw again rather than give up
+        for _ in range(GPU_SAMPLE_ATTEMPTS):
+            state = sample_state(ctx, sketch, rng, GPU_INIT_RULES)
+            if state is not None:
+                return state
+        return None
     state: State | None = sketch
-    for rule in rules:
+    for rule in rules or CPU_INIT_RULES:
         try:
             state = rule(ctx, state, rng)  # type: ignore[arg-type]
         except ScheduleError:

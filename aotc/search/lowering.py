@@ -14,20 +14,46 @@ from collections.abc import Iterable
 
 from aotc.ir.expr import free_vars
 from aotc.ir.printer import func_str
-from aotc.ir.stmt import Allocate, For, ForKind, IfThenElse, LetStmt, PrimFunc, Seq, Stmt
+from aotc.ir.stmt import Allocate, For, ForKind, IfThenElse, LetStmt, PrimFunc, Seq, Stmt, walk_stmts
 from aotc.schedule.lower import lower
 from aotc.schedule.state import ScheduleError, State
 from aotc.search.sketch import is_complete
+from aotc.target import Target
 from aotc.te.dag import ComputeDAG
 
 MAX_LANES = 64  # the widest vector loop codegen accepts
 
-__all__ = ["MAX_LANES", "DistinctStates", "is_valid", "loop_error", "lowered", "prune_invalid", "state_key"]
+__all__ = [
+    "MAX_LANES",
+    "DistinctStates",
+    "bind_target",
+    "is_valid",
+    "loop_error",
+    "lowered",
+    "prune_invalid",
+    "state_key",
+]
 
 
-def loop_error(func: PrimFunc) -> str | None:
-    """Why codegen would reject the loop program (nested parallel, bad vector loops), or None."""
+def loop_error(func: PrimFunc, target: Target | None = None) -> str | None:
+    """Why codegen would reject the loop program, or None: on a CPU nested parallel or bad vector loops;
+    on a GPU (a program with thread bindings) what the GPU emitter refuses, past `target`'s limits too."""
+    if any(isinstance(s, For) and s.kind == ForKind.THREAD_BINDING for s in walk_stmts(func.body)):
+        if target is not None and not target.is_gpu:
+            return f"thread bindings in a program for {target}"
+        from aotc.codegen.gpu import GPUCodegenError, emit_gpu
+
+        try:
+            emit_gpu(func, target)
+        except GPUCodegenError as err:
+            return str(err)
+        return None
     return _loop_error(func.body, None, False)
+
+
+def bind_target(dag: ComputeDAG, target: Target) -> None:
+    """The target whose limits `lowered`, `state_key` and `is_valid` check `dag`'s GPU programs against."""
+    _cache_of(dag).target = target
 
 
 def _loop_error(s: Stmt, vec: For | None, par: bool) -> str | None:
@@ -76,6 +102,7 @@ class _Cache:
         self.funcs: OrderedDict = OrderedDict()
         self.max_keys = max_keys
         self.max_funcs = max_funcs
+        self.target: Target | None = None
 
 
 _MISSING = object()
@@ -83,9 +110,13 @@ _CACHES: weakref.WeakKeyDictionary[ComputeDAG, _Cache] = weakref.WeakKeyDictiona
 
 
 def _cache(state: State) -> _Cache:
-    c = _CACHES.get(state.dag)
+    return _cache_of(state.dag)
+
+
+def _cache_of(dag: ComputeDAG) -> _Cache:
+    c = _CACHES.get(dag)
     if c is None:
-        c = _CACHES[state.dag] = _Cache()
+        c = _CACHES[dag] = _Cache()
     return c
 
 
@@ -99,7 +130,7 @@ def lowered(state: State) -> PrimFunc | None:
         return func
     if cache.keys.get(steps, _MISSING) is None:
         return None
-    func = _lower_valid(state)
+    func = _lower_valid(state, cache.target)
     _remember_key(cache, steps, None if func is None else _digest(func))
     if func is not None:
         cache.funcs[steps] = func
@@ -108,14 +139,14 @@ def lowered(state: State) -> PrimFunc | None:
     return func
 
 
-def _lower_valid(state: State) -> PrimFunc | None:
+def _lower_valid(state: State, target: Target | None) -> PrimFunc | None:
     if not is_complete(state):
         return None
     try:
         func = lower(state, "kernel")
     except ScheduleError:
         return None
-    return None if loop_error(func) else func
+    return None if loop_error(func, target) else func
 
 
 def _digest(func: PrimFunc) -> str:

@@ -16,19 +16,23 @@ STRATEGIES = ("gradient", "round-robin")
 @dataclass(frozen=True)
 class SearchParams:
     """The search policy. Sketches: `structure` (multi-level tiling, S spatial / R reduce levels),
-    `fusion_levels` (tile levels a consumer may fuse at). Annotation: `max_innermost_split_factor`,
+    `fusion_levels` (tile levels a consumer may fuse at); on GPU targets `gpu_structure` and
+    `gpu_fusion_levels` (Ansor's block / vthread / thread levels first). Annotation: `max_innermost_split_factor`,
     `non_divisor_prob` (a split padded past the extent), `innermost_reorder_prob`, `unroll_steps`
-    (auto-unroll choices), `parallel_per_core` (parallel iterations per core at most). Evolution:
+    (auto-unroll choices; `gpu_unroll_steps` on GPU), `parallel_per_core` (parallel iterations per core at most). Evolution:
     `population`, `generations`, `mutation_prob`, `crossover_prob`. Each round: `per_round` candidates
     measured, `eps_greedy` of them random rather than the model's best. Task scheduler: `strategy`
     ("gradient" or "round-robin"). `seed`: every random choice (task i's search uses seed + i)."""
 
     structure: str = "SSRSRS"
     fusion_levels: tuple[int, ...] = (1, 2)
+    gpu_structure: str = "SSSRRSRS"
+    gpu_fusion_levels: tuple[int, ...] = (3,)
     max_innermost_split_factor: int = 64
     non_divisor_prob: float = 0.2
     innermost_reorder_prob: float = 0.5
     unroll_steps: tuple[int, ...] = (0, 16, 64, 512)
+    gpu_unroll_steps: tuple[int, ...] = (0, 16, 64, 512, 1024)
     parallel_per_core: int = 16
     population: int = 256
     generations: int = 4
@@ -65,9 +69,11 @@ class SearchParams:
             ok = isinstance(value, int | float) and not isinstance(value, bool) and 0.0 <= value <= 1.0
             _check(name, value, ok, "a probability from 0 to 1")
         _check("strategy", self.strategy, self.strategy in STRATEGIES, " or ".join(map(repr, STRATEGIES)))
-        ok = isinstance(self.structure, str) and bool(self.structure) and set(self.structure) <= {"S", "R"}
-        _check("structure", self.structure, ok, "a string of S and R")
-        for name in ("fusion_levels", "unroll_steps"):
+        for name in ("structure", "gpu_structure"):
+            value = getattr(self, name)
+            ok = isinstance(value, str) and bool(value) and set(value) <= {"S", "R"}
+            _check(name, value, ok, "a string of S and R")
+        for name in ("fusion_levels", "unroll_steps", "gpu_fusion_levels", "gpu_unroll_steps"):
             value = getattr(self, name)
             ok = isinstance(value, tuple | list) and bool(value) and all(_is_int(v) and v >= 0 for v in value)
             _check(name, value, ok, "a non-empty tuple of ints >= 0")

@@ -38,6 +38,23 @@ class SearchContext:
 
     def __post_init__(self) -> None:
         self.target = as_target(self.target)
+        if self.target.is_gpu:
+            from aotc.search.lowering import bind_target  # lowering imports this module
+
+            bind_target(self.dag, self.target)
+
+    @property
+    def structure(self) -> str:
+        """The multi-level tiling structure for this target (S: spatial level, R: reduce level)."""
+        return self.params.gpu_structure if self.target.is_gpu else self.params.structure
+
+    @property
+    def fusion_levels(self) -> tuple[int, ...]:
+        return self.params.gpu_fusion_levels if self.target.is_gpu else self.params.fusion_levels
+
+    @property
+    def unroll_steps(self) -> tuple[int, ...]:
+        return self.params.gpu_unroll_steps if self.target.is_gpu else self.params.unroll_steps
 
     @property
     def num_cores(self) -> int:
@@ -276,10 +293,10 @@ class MultiLevelTilingWithFusion(SketchRule):
     def apply(self, ctx, state, stage_id):
         cid = single_elementwise_consumer(state, stage_id)
         assert cid is not None
-        structure = ctx.params.structure
+        structure = ctx.structure
         base, spatial = multi_level_tile(state, stage_id, structure)
         out = []
-        for level in ctx.params.fusion_levels:
+        for level in ctx.fusion_levels:
             if structure[level - 1] != "S":
                 continue
             s, at = follow_tiling(base, cid, spatial, level)
@@ -296,8 +313,86 @@ class MultiLevelTiling(SketchRule):
         return Condition.SKIP
 
     def apply(self, ctx, state, stage_id):
-        s, _ = multi_level_tile(state, stage_id, ctx.params.structure)
+        s, _ = multi_level_tile(state, stage_id, ctx.structure)
         return [(s, stage_id - 1)]
+
+
+# ---- GPU rules (docs/search.md#gpu-sketches) -------------------------------------------------------
+
+
+class AlwaysInlineGPU(SketchRule):
+    """Greedy on GPU: every stage without a reduction that is neither an input nor an output is inlined
+    (a separate kernel would round-trip its result through device memory)."""
+
+    name = "AlwaysInline"
+
+    def meets(self, ctx, state, stage_id):
+        st = state.stages[stage_id]
+        if st.is_placeholder or st.op in state.outputs or has_reduce_iter(state, stage_id):
+            return Condition.SKIP
+        if st.compute_at == ComputeAtKind.INLINED:
+            return Condition.SKIP
+        return Condition.APPLY_AND_SKIP_REST
+
+    def apply(self, ctx, state, stage_id):
+        return [(state.compute_inline(stage_id), stage_id - 1)]
+
+
+def outermost_reduce_tile_end(state: State, stage_id: int) -> int:
+    """The position of the last iterator of a tiled stage's outermost reduce tile (one part of each
+    reduce axis: `k.0`, or `rc.0 ry.0 rx.0`; the next level may follow right after it)."""
+    iters = state.stages[stage_id].iters
+    pos = next(i for i, it in enumerate(iters) if it.kind == IterKind.REDUCE)
+    seen = {iters[pos].name.rsplit(".", 1)[0]}
+    while pos + 1 < len(iters) and iters[pos + 1].kind == IterKind.REDUCE:
+        axis = iters[pos + 1].name.rsplit(".", 1)[0]
+        if axis in seen:
+            break
+        seen.add(axis)
+        pos += 1
+    return pos
+
+
+class AddCacheReadShared(SketchRule):
+    """A direct producer of a tiled stage (with reduce loops) is staged through shared memory: the block's
+    threads fetch one reduce tile of it together, computed at the consumer's outermost reduce tile."""
+
+    name = "AddCacheRead"
+
+    def meets(self, ctx, state, stage_id):
+        st = state.stages[stage_id]
+        if st.compute_at == ComputeAtKind.INLINED or st.name.endswith(".shared"):
+            return Condition.SKIP
+        consumers = effective_consumers(state, stage_id)
+        if not consumers:
+            return Condition.SKIP
+        for c in consumers:
+            if not (is_tiled(state, c) and has_reduce_iter(state, c)):
+                return Condition.SKIP
+            if not any(r.tensor is st.op for r in reads_of(state.stages[c].op)):
+                return Condition.SKIP  # read through an inlined stage: not a direct producer
+        return Condition.APPLY_AND_SKIP_REST
+
+    def apply(self, ctx, state, stage_id):
+        for c_name in [state.stages[c].name for c in effective_consumers(state, stage_id)]:
+            state = state.cache_read(stage_id, "shared", [state.stage_id(c_name)])
+            consumer = state.stage_id(c_name)
+            state = state.compute_at(stage_id + 1, consumer, outermost_reduce_tile_end(state, consumer))
+        return [(state, stage_id)]
+
+
+class AddCacheWriteGPU(AddCacheWrite):
+    """On GPU a tiled stage always accumulates in registers: no variant without the cache."""
+
+    def meets(self, ctx, state, stage_id):
+        cond = super().meets(ctx, state, stage_id)
+        return Condition.APPLY_AND_SKIP_REST if cond == Condition.APPLY else cond
+
+
+class MultiLevelTilingWithFusionGPU(MultiLevelTilingWithFusion):
+    def meets(self, ctx, state, stage_id):
+        cond = super().meets(ctx, state, stage_id)
+        return Condition.APPLY_AND_SKIP_REST if cond == Condition.APPLY else cond
 
 
 CPU_RULES: tuple[SketchRule, ...] = (
@@ -306,6 +401,16 @@ CPU_RULES: tuple[SketchRule, ...] = (
     AddRfactor(),
     AddCacheWrite(),
     MultiLevelTilingWithFusion(),
+    MultiLevelTiling(),
+    SkipStage(),
+)
+
+GPU_RULES: tuple[SketchRule, ...] = (
+    AddCacheReadShared(),
+    AlwaysInlineGPU(),
+    SimplifyComputeWithConstTensor(),
+    AddCacheWriteGPU(),
+    MultiLevelTilingWithFusionGPU(),
     MultiLevelTiling(),
     SkipStage(),
 )
@@ -385,10 +490,10 @@ _SKETCH_CACHE: dict[tuple[str, str], tuple[ComputeDAG, list[State]]] = {}
 def generate_sketches(
     dag: ComputeDAG, target: Target | str, params: SearchParams | None = None
 ) -> list[State]:
-    """All CPU sketches of `dag`, cached per (workload key, target, the policy's sketch settings)."""
-    params = params or SearchParams()
-    target = as_target(target)
-    sketch_policy = (params.structure, params.fusion_levels, params.parallel_per_core)
+    """All sketches of `dag` for the target (CPU or GPU rules), cached per (workload key, target, the policy's sketch settings)."""
+    ctx = SearchContext(dag, target, params or SearchParams())
+    target = ctx.target
+    sketch_policy = (ctx.structure, ctx.fusion_levels, ctx.params.parallel_per_core)
     key = (dag.workload_key, f"{target}|{target.hw}|{sketch_policy}")
     hit = _SKETCH_CACHE.get(key)
     if hit is not None and hit[0] is dag:
@@ -396,7 +501,7 @@ def generate_sketches(
     if hit is not None:
         sketches = [rebuild_sketch(dag, s.steps) for s in hit[1]]
     else:
-        sketches = derive_sketches(SearchContext(dag, target, params))
+        sketches = derive_sketches(ctx, GPU_RULES if target.is_gpu else CPU_RULES)
     _SKETCH_CACHE[key] = (dag, sketches)
     return list(sketches)
 

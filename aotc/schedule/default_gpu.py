@@ -1,0 +1,46 @@
+"""The untuned GPU schedule of any DAG: what a GPU build compiles where no record exists.
+
+Every inlineable stage is inlined (Ansor's AlwaysInline is greedy on GPU); every stage left at the root
+becomes one kernel in which each thread computes one output element: its spatial loops fused, split by
+the block size and bound to blockIdx.x / threadIdx.x, its reduction (if any) a serial loop per thread.
+Correct for every DAG and every GPU; fast only for element-wise stages: tuning finds the tiled ones.
+"""
+
+from __future__ import annotations
+
+from aotc.schedule.state import Annotation, ComputeAtKind, IterKind, State
+from aotc.target import Target
+from aotc.te.dag import ComputeDAG
+
+THREADS_PER_BLOCK = 128  # four warps: enough to hide latency, within every OpenCL device's 256
+
+
+def gpu_default_schedule(dag: ComputeDAG, target: Target) -> State:
+    s = State.initial(dag)
+    for op in reversed(dag.compute_ops):
+        sid = s.stage_id(op.name)
+        if op not in s.outputs and all(it.kind == IterKind.SPATIAL for it in s.stages[sid].iters):
+            s = s.compute_inline(sid)
+    for name in [st.name for st in s.stages]:
+        st = s.stages[s.stage_id(name)]
+        if not st.is_placeholder and st.compute_at == ComputeAtKind.ROOT:
+            s = bind_one_thread_per_point(s, name, min(THREADS_PER_BLOCK, target.hw.max_threads_per_block))
+    return s
+
+
+def bind_one_thread_per_point(s: State, name: str, threads: int) -> State:
+    """Fuse a root stage's spatial iterators and bind them to blocks of `threads` threads."""
+    sid = s.stage_id(name)
+    iters = s.stages[sid].iters
+    n_spatial = 0
+    while n_spatial < len(iters) and iters[n_spatial].kind == IterKind.SPATIAL:
+        n_spatial += 1
+    if n_spatial == 0:  # a full reduction to a scalar: one thread
+        return s
+    if n_spatial > 1:
+        s = s.fuse(sid, list(range(n_spatial)))
+    extent = s.stages[sid].iters[0].extent or 1
+    if extent <= threads:
+        return s.bind(sid, 0, Annotation.THREAD_X)
+    s = s.split(sid, 0, [threads])
+    return s.bind(sid, 0, Annotation.BLOCK_X).bind(sid, 1, Annotation.THREAD_X)
