@@ -9,12 +9,9 @@ the function allocates in "global" scope become a workspace in device memory pas
 from __future__ import annotations
 
 import math
-import os
-import shutil
-import subprocess
-import tempfile
 from dataclasses import dataclass, field
 
+from aotc.codegen.cuda_compiler import GPUCompileError, compile_cuda, cuda_compiler_name, nvcc_path
 from aotc.ir.expr import (
     Binary,
     Buffer,
@@ -49,10 +46,6 @@ from aotc.ir.stmt import (
 
 class GPUCodegenError(ValueError):
     """A loop program that no correct GPU kernel implements (or that breaks the target's limits)."""
-
-
-class GPUCompileError(RuntimeError):
-    """The CUDA compiler is missing or rejected a kernel source."""
 
 
 CUDA_PRELUDE = """\
@@ -545,38 +538,22 @@ def _buffers_of(s: Stmt) -> list[Buffer]:
 
 
 # ---- compilers and runners -------------------------------------------------------------------
-
-
-def nvcc_path() -> str | None:
-    """The `nvcc` on PATH, if any (CUDA compiles without a GPU)."""
-    return shutil.which("nvcc")
-
-
-def compile_cuda(source: str, arch: str, output: str = "cubin", timeout: float = 120.0) -> bytes:
-    """`source` compiled by nvcc for `arch` (e.g. sm_90): a cubin, or PTX with `output="ptx"`."""
-    if output not in ("cubin", "ptx"):
-        raise ValueError(f"output must be 'cubin' or 'ptx', got {output!r}")
-    nvcc = nvcc_path()
-    if nvcc is None:
-        raise GPUCompileError("nvcc is not on PATH: install the CUDA toolkit to build CUDA kernels")
-    with tempfile.TemporaryDirectory(prefix="aotc-cuda-") as tmp:
-        src, dst = os.path.join(tmp, "kernel.cu"), os.path.join(tmp, f"kernel.{output}")
-        with open(src, "w") as f:
-            f.write(source)
-        arch_flag = f"-arch={arch}" if output == "cubin" else f"-arch=compute_{arch.removeprefix('sm_')}"
-        try:
-            proc = subprocess.run(
-                [nvcc, f"-{output}", arch_flag, "-O3", src, "-o", dst],
-                capture_output=True,
-                text=True,
-                timeout=timeout,
-            )
-        except subprocess.TimeoutExpired:
-            raise GPUCompileError(f"nvcc took more than {timeout:.0f} s for {arch}") from None
-        if proc.returncode != 0:
-            raise GPUCompileError(f"nvcc failed for {arch}:\n{proc.stderr.strip()}")
-        with open(dst, "rb") as f:
-            return f.read()
+# CUDA compiles through aotc.codegen.cuda_compiler (NVRTC, else nvcc); re-exported here.
+__all__ = [
+    "GPUCodegenError",
+    "GPUCompileError",
+    "GPUKernel",
+    "GPUModule",
+    "LaunchConfig",
+    "build_opencl",
+    "compile_cuda",
+    "cuda_compiler_name",
+    "emit_gpu",
+    "gpu_source",
+    "nvcc_path",
+    "opencl_device",
+    "run_opencl",
+]
 
 
 def opencl_device():
