@@ -6,6 +6,10 @@ ELF section (read from its bytes, see `plan` and `elf`), every execution-critica
 that plan, and the plan must be self-consistent. The package digest is the sha256 of manifest.json's bytes,
 which therefore covers the whole package; `signature.json`, the one member the manifest does not list,
 is returned uninterpreted.
+
+A GPU package (target `opencl` or `cuda -arch=sm_XX`) holds no library: its plan is the member plan.json
+(the same document, each kernel with its launches) and its kernels are `GPU_KERNEL_MEMBERS[kind]`; the
+manifest must equal plan.json as it must equal a library's plan (`read_gpu_package`).
 """
 
 from __future__ import annotations
@@ -25,23 +29,34 @@ from dataclasses import dataclass
 import numpy as np
 
 from aotc_runtime.elf import ElfError, read_elf
-from aotc_runtime.plan import PLAN_SECTION, ModelPlan, PlanError, check_manifest_matches, parse_plan
+from aotc_runtime.plan import (
+    PLAN_SECTION,
+    ModelPlan,
+    PlanError,
+    check_manifest_matches,
+    parse_plan,
+)
 
 __all__ = [
     "CPU_FLAGS",
     "FORMAT",
     "FORMAT_VERSION",
+    "GPU_KERNEL_MEMBERS",
+    "GPU_PLAN",
     "LIBRARY",
     "MANIFEST",
     "RUNTIME_SYMBOLS",
     "SIGNATURE",
     "WEIGHTS",
+    "GPUPackageContents",
     "PackageContents",
     "PackageError",
     "VerifiedPackage",
     "aligned_empty",
     "check_host",
+    "gpu_kind",
     "host_arch",
+    "read_gpu_package",
     "read_manifest",
     "read_package",
     "verify_package",
@@ -53,6 +68,13 @@ MANIFEST = "manifest.json"
 LIBRARY = "lib/model.so"
 WEIGHTS = "weights.bin"
 SIGNATURE = "signature.json"
+GPU_PLAN = "plan.json"
+# the kernels of a GPU package per kind: OpenCL C source; CUDA cubin (for the target's arch), PTX (for the
+# driver to compile on other GPUs) and the CUDA source they were compiled from (for people to read)
+GPU_KERNEL_MEMBERS = {
+    "opencl": ("kernels.cl",),
+    "cuda": ("kernels.cubin", "kernels.ptx", "kernels.cu"),
+}
 # functions of the package's thread pool that CompiledModel calls besides the plan's
 RUNTIME_SYMBOLS = ("aotc_get_max_threads", "aotc_set_num_threads", "aotc_set_call_threads")
 ALIGNMENT = 64
@@ -79,6 +101,20 @@ class VerifiedPackage:
 
 
 @dataclass(frozen=True)
+class GPUPackageContents:
+    """A GPU package, verified: its manifest, checked plan (with launches), 64-byte aligned weights, the
+    bytes of each kernel member by name, digest and signature bytes."""
+
+    manifest: dict
+    kind: str
+    weights: np.ndarray
+    kernels: dict[str, bytes]
+    digest: str
+    plan: ModelPlan
+    signature: bytes | None = None
+
+
+@dataclass(frozen=True)
 class PackageContents:
     """A package verified for this host: its manifest, checked plan, library image and 64-byte aligned
     weights blob, digest and signature bytes."""
@@ -98,6 +134,12 @@ def aligned_empty(nbytes: int, alignment: int = ALIGNMENT) -> np.ndarray:
     return raw[start : start + nbytes]
 
 
+def gpu_kind(target: object) -> str | None:
+    """The GPU kind of a target string: "opencl" (`opencl`), "cuda" (`cuda -arch=sm_90`), else None."""
+    kind = target.split(" ", 1)[0] if isinstance(target, str) else None
+    return kind if kind in GPU_KERNEL_MEMBERS else None
+
+
 def read_manifest(path: str) -> dict:
     """The manifest of the package at `path`, after checking format and version (not checksums)."""
     with _open_zip(path) as zf:
@@ -106,18 +148,30 @@ def read_manifest(path: str) -> dict:
 
 def verify_package(path: str) -> VerifiedPackage:
     """Check format, version, every member's size and sha256, and the manifest against the kernel
-    library's plan. Runs no code of the package and needs no particular host."""
+    library's plan (a GPU package's plan.json). Runs no code of the package and needs no particular host."""
     with _open_zip(path) as zf:
-        manifest, digest, plan, _ = _check_library(zf, path)
+        manifest, digest = _load_manifest(zf, path)
+        if gpu_kind(manifest["target"]):
+            plan = _check_gpu_plan(zf, manifest, path)
+        else:
+            plan = _check_library(zf, manifest, path)[0]
         _read_member(zf, WEIGHTS, path, manifest["members"][WEIGHTS]["sha256"], keep=False)
         _check_other_members(zf, manifest, path)
         return VerifiedPackage(manifest, digest, plan, _read_signature(zf, path))
 
 
 def read_package(path: str) -> PackageContents:
-    """Verify the package at `path` completely and for this host; read its library and weights."""
+    """Verify the package at `path` completely and for this host; read its library and weights.
+    A GPU package is refused here: `read_gpu_package` reads it."""
     with _open_zip(path) as zf:
-        manifest, digest, plan, library = _check_library(zf, path)
+        manifest, digest = _load_manifest(zf, path)
+        kind = gpu_kind(manifest["target"])
+        if kind:
+            raise PackageError(
+                f"{path} holds {kind} GPU kernels (target {manifest['target']!r}), not a CPU library; "
+                "aotc_runtime.load runs it on a GPU"
+            )
+        plan, library = _check_library(zf, manifest, path)
         check_host(manifest, path)
         weights = _read_member(zf, WEIGHTS, path, manifest["members"][WEIGHTS]["sha256"])
         _check_other_members(zf, manifest, path)
@@ -125,8 +179,45 @@ def read_package(path: str) -> PackageContents:
     return PackageContents(manifest, library, weights, digest, plan, signature)
 
 
-def _check_library(zf: zipfile.ZipFile, path: str) -> tuple[dict, str, ModelPlan, np.ndarray]:
-    manifest, digest = _load_manifest(zf, path)
+def read_gpu_package(path: str) -> GPUPackageContents:
+    """Verify the GPU package at `path` completely (checksums, plan.json and the manifest against it)
+    and read its weights and kernels; no device is touched."""
+    with _open_zip(path) as zf:
+        manifest, digest = _load_manifest(zf, path)
+        kind = gpu_kind(manifest["target"])
+        if kind is None:
+            raise PackageError(f"{path} is a CPU package (target {manifest['target']!r}), not a GPU one")
+        plan = _check_gpu_plan(zf, manifest, path)
+        weights = _read_member(zf, WEIGHTS, path, manifest["members"][WEIGHTS]["sha256"])
+        kernels = {
+            name: _read_member(zf, name, path, manifest["members"][name]["sha256"]).tobytes()
+            for name in GPU_KERNEL_MEMBERS[kind]
+        }
+        _check_other_members(zf, manifest, path, GPU_KERNEL_MEMBERS[kind])
+        signature = _read_signature(zf, path)
+    return GPUPackageContents(manifest, kind, weights, kernels, digest, plan, signature)
+
+
+def _check_gpu_plan(zf: zipfile.ZipFile, manifest: dict, path: str) -> ModelPlan:
+    """plan.json, checked and equal to the manifest's execution-critical fields."""
+    _check_member_list(zf, manifest, path)
+    if zf.getinfo(GPU_PLAN).file_size > _MAX_MANIFEST_BYTES:
+        raise PackageError(f"{path}: {GPU_PLAN} is implausibly large")
+    raw = _read_member(zf, GPU_PLAN, path, manifest["members"][GPU_PLAN]["sha256"]).tobytes()
+    try:
+        plan = parse_plan(raw, gpu=True)
+        check_manifest_matches(manifest, plan)
+    except PlanError as err:
+        raise PackageError(f"{path}: {GPU_PLAN}: {err}") from None
+    if zf.getinfo(WEIGHTS).file_size != plan.weights_nbytes:
+        raise PackageError(
+            f"{path}: member {WEIGHTS} holds {zf.getinfo(WEIGHTS).file_size} bytes "
+            f"but {GPU_PLAN} says {plan.weights_nbytes}"
+        )
+    return plan
+
+
+def _check_library(zf: zipfile.ZipFile, manifest: dict, path: str) -> tuple[ModelPlan, np.ndarray]:
     _check_member_list(zf, manifest, path)
     library = _read_member(zf, LIBRARY, path, manifest["members"][LIBRARY]["sha256"])
     plan = _library_plan(library.tobytes(), manifest, path)
@@ -135,7 +226,7 @@ def _check_library(zf: zipfile.ZipFile, path: str) -> tuple[dict, str, ModelPlan
             f"{path}: member {WEIGHTS} holds {zf.getinfo(WEIGHTS).file_size} bytes "
             f"but the kernel library was compiled for {plan.weights_nbytes}"
         )
-    return manifest, digest, plan, library
+    return plan, library
 
 
 def _library_plan(library: bytes, manifest: dict, path: str) -> ModelPlan:
@@ -176,9 +267,11 @@ def _library_plan(library: bytes, manifest: dict, path: str) -> ModelPlan:
     return plan
 
 
-def _check_other_members(zf: zipfile.ZipFile, manifest: dict, path: str) -> None:
+def _check_other_members(zf: zipfile.ZipFile, manifest: dict, path: str, read: tuple[str, ...] = ()) -> None:
+    """Check the sha256 of every listed member but the library, weights, plan.json and those `read`."""
+    read = (LIBRARY, WEIGHTS, GPU_PLAN, *read)
     for name, entry in manifest["members"].items():
-        if name not in (LIBRARY, WEIGHTS):
+        if name not in read:
             _read_member(zf, name, path, entry["sha256"], keep=False)
 
 
@@ -337,7 +430,8 @@ def _check_schema(manifest: dict, path: str) -> None:
         if not (isinstance(k, dict) and isinstance(k.get("symbol"), str)):
             raise PackageError(f"{path}: {MANIFEST} kernels[{i}] has no symbol")
     _check_weight_tensors(manifest["weights"], path)
-    for name in (LIBRARY, WEIGHTS):
+    kind = gpu_kind(manifest["target"])
+    for name in (GPU_PLAN, WEIGHTS, *GPU_KERNEL_MEMBERS[kind]) if kind else (LIBRARY, WEIGHTS):
         if name not in manifest["members"]:
             raise PackageError(f"{path}: {MANIFEST} does not list the member {name}")
     for name, entry in manifest["members"].items():

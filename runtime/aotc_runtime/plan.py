@@ -10,17 +10,26 @@ A package compiled for several input shapes (batch sizes) carries plan version 2
 (target, triple, requires, weights size, kernels) and `variants`, each with its own entry symbol,
 inputs, outputs, workspace size and calls, each checked as a version 1 plan is. A single shape keeps
 version 1.
+
+A GPU package (target `opencl` or `cuda -arch=sm_XX`) holds the same document as its member plan.json,
+parsed with `gpu=True`: each kernel also has `gpu`, how its kernels are launched (`GPUKernelPlan`), every
+launch is checked against the device's limits and every argument offset against its dtype's size.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 __all__ = [
     "BUFFER_KINDS",
     "DTYPES",
+    "MAX_LAUNCH_EXTENT",
+    "MAX_THREADS_PER_BLOCK",
+    "GPUKernelPlan",
+    "GPULaunch",
     "PLAN_SECTION",
     "PLAN_VERSION",
     "VARIANTS_PLAN_VERSION",
@@ -55,6 +64,8 @@ DTYPES = {
     "float64": 8,
 }
 MAX_BYTES = 1 << 48  # no tensor, workspace or weights blob is larger: a larger number is damage
+MAX_LAUNCH_EXTENT = (1 << 31) - 1  # a grid or block extent per axis (CUDA's grid.x limit, the largest)
+MAX_THREADS_PER_BLOCK = 1024  # every CUDA GPU's limit; an OpenCL device's own may be lower
 _SYMBOL_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _FIELDS = (
     "plan_version",
@@ -108,6 +119,26 @@ class PlanCall:
 
 
 @dataclass(frozen=True)
+class GPULaunch:
+    """One kernel launch of a GPU kernel function: `args` index its params, then its scratch buffers."""
+
+    kernel: str
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    shared_bytes: int
+    args: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class GPUKernelPlan:
+    """How a GPU kernel function runs: the device scratch buffers it needs, as (dtype, nbytes), and
+    its launches in order."""
+
+    scratch: tuple[tuple[str, int], ...]
+    launches: tuple[GPULaunch, ...]
+
+
+@dataclass(frozen=True)
 class PlanVariant:
     """The model compiled for one set of input shapes: its entry function, I/O, workspace and calls."""
 
@@ -130,6 +161,7 @@ class ModelPlan:
     kernels: dict[str, tuple[tuple[str, int], ...]]  # symbol -> (dtype, nbytes) of each param
     variants: tuple[PlanVariant, ...]
     document: dict
+    gpu: dict[str, GPUKernelPlan] = field(default_factory=dict)  # symbol -> launches (GPU plans only)
 
     @property
     def entry(self) -> str:
@@ -166,8 +198,9 @@ def encode_plan(document: dict) -> bytes:
 # ----------------------------------------------------------------------------- parsing
 
 
-def parse_plan(raw: bytes) -> ModelPlan:
-    """Parse and check the bytes of a `.aotc_plan` section; raise PlanError when anything is off."""
+def parse_plan(raw: bytes, gpu: bool = False) -> ModelPlan:
+    """Parse and check the bytes of a `.aotc_plan` section, or with `gpu` a GPU package's plan.json;
+    raise PlanError when anything is off."""
     try:
         document = json.loads(raw.decode("ascii"), object_pairs_hook=_unique_keys)
     except (UnicodeDecodeError, ValueError, RecursionError) as err:
@@ -201,13 +234,14 @@ def parse_plan(raw: bytes) -> ModelPlan:
     entries = [_symbol(d["entry"], f"{at}entry") for d, at in described]
     if len(set(entries)) != len(entries):
         raise PlanError("the plan names an entry symbol twice")
-    kernels = _kernels(document["kernels"], set(entries))
-    variants = tuple(_variant(d, at, kernels, weights) for d, at in described)
+    kernels = _kernels(document["kernels"], set(entries), gpu)
+    launches = _gpu_kernels(document["kernels"], kernels) if gpu else {}
+    variants = tuple(_variant(d, at, kernels, weights, gpu) for d, at in described)
     _check_variants_agree(variants)
-    return ModelPlan(target, triple, requires, weights, kernels, variants, document)
+    return ModelPlan(target, triple, requires, weights, kernels, variants, document, launches)
 
 
-def _variant(document: dict, at: str, kernels: dict, weights: int) -> PlanVariant:
+def _variant(document: dict, at: str, kernels: dict, weights: int, gpu: bool = False) -> PlanVariant:
     """One variant's entry, I/O, workspace and calls, every argument checked against its buffer."""
     inputs = _tensors(document["inputs"], f"{at}inputs")
     outputs = _tensors(document["outputs"], f"{at}outputs")
@@ -218,7 +252,7 @@ def _variant(document: dict, at: str, kernels: dict, weights: int) -> PlanVarian
     sizes = {"input": [t.nbytes for t in inputs], "output": [t.nbytes for t in outputs]}
     sizes["weight"], sizes["workspace"] = [weights], [workspace]
     calls = tuple(
-        _call(c, f"{at}execution_plan[{i}]", kernels, sizes)
+        _call(c, f"{at}execution_plan[{i}]", kernels, sizes, gpu)
         for i, c in enumerate(_list(document["execution_plan"], f"{at}execution_plan"))
     )
     return PlanVariant(document["entry"], inputs, outputs, workspace, calls)
@@ -299,10 +333,11 @@ def _tensors(v: object, where: str) -> tuple[PlanTensor, ...]:
     return tuple(tensors)
 
 
-def _kernels(v: object, entries: set[str]) -> dict[str, tuple[tuple[str, int], ...]]:
+def _kernels(v: object, entries: set[str], gpu: bool = False) -> dict[str, tuple[tuple[str, int], ...]]:
     kernels: dict[str, tuple[tuple[str, int], ...]] = {}
+    fields = ("symbol", "params", "gpu") if gpu else ("symbol", "params")
     for i, k in enumerate(_list(v, "kernels")):
-        k = _object(k, ("symbol", "params"), f"kernels[{i}]")
+        k = _object(k, fields, f"kernels[{i}]")
         symbol = _symbol(k["symbol"], f"kernels[{i}].symbol")
         if symbol in kernels or symbol in entries:
             raise PlanError(f"the plan names the kernel {symbol} twice")
@@ -315,7 +350,7 @@ def _kernels(v: object, entries: set[str]) -> dict[str, tuple[tuple[str, int], .
     return kernels
 
 
-def _call(v: object, where: str, kernels: dict, sizes: dict[str, list[int]]) -> PlanCall:
+def _call(v: object, where: str, kernels: dict, sizes: dict[str, list[int]], gpu: bool = False) -> PlanCall:
     c = _object(v, ("kernel", "args"), where)
     kernel = _symbol(c["kernel"], f"{where}.kernel")
     params = kernels.get(kernel)
@@ -327,7 +362,7 @@ def _call(v: object, where: str, kernels: dict, sizes: dict[str, list[int]]) -> 
             f"the plan's {where} passes {len(args)} arguments to {kernel} of {len(params)} params"
         )
     checked = []
-    for j, (a, (_, param_bytes)) in enumerate(zip(args, params)):
+    for j, (a, (dtype, param_bytes)) in enumerate(zip(args, params)):
         at = f"{where}.args[{j}]"
         a = _object(a, ("kind", "index", "offset", "nbytes"), at)
         kind = a["kind"]
@@ -337,6 +372,9 @@ def _call(v: object, where: str, kernels: dict, sizes: dict[str, list[int]]) -> 
         nbytes = _size(a["nbytes"], f"{at}.nbytes")
         if nbytes != param_bytes:
             raise PlanError(f"the plan's {at} is {nbytes} bytes but {kernel} was compiled for {param_bytes}")
+        if gpu and offset % DTYPES[dtype]:
+            # a GPU kernel takes an element offset: a byte offset between elements has none
+            raise PlanError(f"the plan's {at}.offset {offset} is not a multiple of {dtype}'s size")
         if index >= len(sizes[kind]):
             raise PlanError(f"the plan's {at} refers to {kind} {index} of {len(sizes[kind])}")
         bound = sizes[kind][index]
@@ -346,6 +384,67 @@ def _call(v: object, where: str, kernels: dict, sizes: dict[str, list[int]]) -> 
             )
         checked.append(PlanArg(kind, index, offset, nbytes))
     return PlanCall(kernel, tuple(checked))
+
+
+def _gpu_kernels(v: list, kernels: dict) -> dict[str, GPUKernelPlan]:
+    """Each kernel function's launches, checked: params as the kernel's, scratch sizes, and per launch a
+    kernel name unique in the package, a grid and block within the limits, and args in range."""
+    out: dict[str, GPUKernelPlan] = {}
+    names: set[str] = set()
+    for i, k in enumerate(v):
+        symbol, at = k["symbol"], f"kernels[{i}].gpu"
+        g = _object(k["gpu"], ("params", "scratch", "launches"), at)
+        params = _named_buffers(g["params"], f"{at}.params")
+        if params != kernels[symbol]:
+            raise PlanError(f"the plan's {at}.params differ from the params of {symbol}")
+        scratch = _named_buffers(g["scratch"], f"{at}.scratch")
+        found = _list(g["launches"], f"{at}.launches")
+        if not found:
+            raise PlanError(f"the plan's {at}.launches is empty")
+        launches = []
+        for j, launch in enumerate(found):
+            where = f"{at}.launches[{j}]"
+            launch = _object(launch, ("kernel", "grid", "block", "shared_bytes", "args"), where)
+            name = _symbol(launch["kernel"], f"{where}.kernel")
+            if name in names:
+                raise PlanError(f"the plan names the GPU kernel {name} twice")
+            names.add(name)
+            grid, block = (
+                _extents(launch["grid"], f"{where}.grid"),
+                _extents(launch["block"], f"{where}.block"),
+            )
+            if math.prod(block) > MAX_THREADS_PER_BLOCK:
+                raise PlanError(
+                    f"the plan's {where}.block {list(block)} has {math.prod(block)} threads, more than "
+                    f"{MAX_THREADS_PER_BLOCK}"
+                )
+            shared = _size(launch["shared_bytes"], f"{where}.shared_bytes")
+            args = tuple(_size(a, f"{where}.args") for a in _list(launch["args"], f"{where}.args"))
+            bound = len(params) + len(scratch)
+            if any(a >= bound for a in args):
+                raise PlanError(
+                    f"the plan's {where}.args {list(args)} index past the {len(params)} params and "
+                    f"{len(scratch)} scratch buffers of {symbol}"
+                )
+            launches.append(GPULaunch(name, grid, block, shared, args))  # type: ignore[arg-type]
+        out[symbol] = GPUKernelPlan(scratch, tuple(launches))
+    return out
+
+
+def _named_buffers(v: object, where: str) -> tuple[tuple[str, int], ...]:
+    buffers = []
+    for i, b in enumerate(_list(v, where)):
+        b = _object(b, ("name", "dtype", "nbytes"), f"{where}[{i}]")
+        _string(b["name"], f"{where}[{i}].name")
+        buffers.append((_dtype(b["dtype"], f"{where}[{i}]"), _size(b["nbytes"], f"{where}[{i}].nbytes")))
+    return tuple(buffers)
+
+
+def _extents(v: object, where: str) -> tuple[int, ...]:
+    extents = _list(v, where)
+    if len(extents) != 3 or not all(type(e) is int and 1 <= e <= MAX_LAUNCH_EXTENT for e in extents):
+        raise PlanError(f"the plan's {where} {_show(extents)} must be 3 ints from 1 to {MAX_LAUNCH_EXTENT}")
+    return tuple(extents)
 
 
 # ----------------------------------------------------------------------------- manifest vs plan
@@ -386,6 +485,8 @@ def check_manifest_matches(manifest: dict, plan: ModelPlan) -> None:
         if not isinstance(got, dict):
             _same(got, want, where)
         _same(got.get("symbol"), want["symbol"], f"{where}.symbol")
+        if "gpu" in want:
+            _same(got.get("gpu"), want["gpu"], f"{where}.gpu")
         params = got.get("params")
         if not isinstance(params, list) or len(params) != len(want["params"]):
             _same(params, want["params"], f"{where}.params")
