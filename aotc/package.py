@@ -1,5 +1,9 @@
 """Writing aotc packages: one zip holding manifest.json, lib/model.so and weights.bin.
 
+For a GPU target (`opencl`, `cuda -arch=sm_XX`) the zip holds no library but plan.json (the execution
+plan, each kernel with its launches) and the kernels: kernels.cl for OpenCL; kernels.cubin, kernels.ptx and
+kernels.cu for CUDA (docs/package.md).
+
 Weights are laid out in list order, each at a 64-byte aligned offset of weights.bin. Build the
 execution plan with the offsets of `layout_weights(spec.weights)` (or the refs of `weight_refs`):
 `write_package` lays the blob out the same way and checks every reference against it.
@@ -21,6 +25,7 @@ import numpy as np
 from aotc_runtime.package import (
     FORMAT,
     FORMAT_VERSION,
+    GPU_PLAN,
     LIBRARY,
     MANIFEST,
     WEIGHTS,
@@ -32,6 +37,7 @@ from aotc_runtime.signing import SIGNATURE_MEMBER, TRUSTED_KEYS_ENV, load_truste
 
 from aotc import __version__
 from aotc.codegen.entry import ENTRY_SYMBOL, BufferRef, KernelCall, build_entry_ir
+from aotc.codegen.gpu import GPUModule, compile_cuda, emit_gpu, gpu_source
 from aotc.codegen.llvm import build_llvm_ir, compile_to_object, link_shared
 from aotc.files import atomic_file
 from aotc.ir.stmt import PrimFunc
@@ -174,10 +180,8 @@ def weight_refs(weights: list[tuple[str, np.ndarray]]) -> dict[str, BufferRef]:
 def _validate(spec: PackageSpec) -> tuple[list[_WeightEntry], int]:
     if not spec.name or not isinstance(spec.name, str):
         raise ValueError("a package needs a non-empty name")
-    if not spec.target.is_cpu:
-        raise ValueError(
-            f"package {spec.name}: target {spec.target} is not supported (only llvm CPU targets)"
-        )
+    if not (spec.target.is_cpu or spec.target.is_gpu):
+        raise ValueError(f"package {spec.name}: target {spec.target} is not supported")
     variants = spec.variants
     for v in variants:
         _check_unique("input/output", [t.name for t in v.inputs + v.outputs])
@@ -197,7 +201,7 @@ def _validate(spec: PackageSpec) -> tuple[list[_WeightEntry], int]:
     if spec.kernel_info and len(spec.kernel_info) != len(spec.kernels):
         raise ValueError(f"kernel_info has {len(spec.kernel_info)} entries for {len(spec.kernels)} kernels")
     for i, info in enumerate(spec.kernel_info):
-        clash = {"symbol", "params"} & set(info)
+        clash = ({"symbol", "params", "gpu"} if spec.target.is_gpu else {"symbol", "params"}) & set(info)
         if clash:
             raise ValueError(
                 f"kernel_info[{i}] must not set {', '.join(sorted(clash))} (the package writes them)"
@@ -306,17 +310,37 @@ def write_package(spec: PackageSpec, path: str, sign_key: str | os.PathLike | No
     if not os.path.isdir(directory):
         raise FileNotFoundError(f"cannot write {path}: directory {directory} does not exist")
     table, total = _validate(spec)
-    plan = plan_document(spec, total)
-    library = _build_library(spec, encode_plan(plan))
+    if spec.target.is_gpu:
+        modules = [emit_gpu(f, spec.target) for f in spec.kernels]
+        plan = plan_document(spec, total, modules)
+        members = [(GPU_PLAN, encode_plan(plan)), *_gpu_kernels(spec, modules)]
+    else:
+        plan = plan_document(spec, total)
+        members = [(LIBRARY, _build_library(spec, encode_plan(plan)))]
     with atomic_file(path) as f:
-        return _write_zip(f, spec, table, plan, library, sign_key)
+        return _write_zip(f, spec, table, plan, members, sign_key)
 
 
-def plan_document(spec: PackageSpec, weights_nbytes: int) -> dict:
+def _gpu_kernels(spec: PackageSpec, modules: list[GPUModule]) -> list[tuple[str, bytes]]:
+    """The kernel members of a GPU package: OpenCL C source, or CUDA cubin + PTX + source."""
+    if spec.target.kind == "opencl":
+        return [("kernels.cl", gpu_source(modules, "opencl").encode())]
+    source = gpu_source(modules, "cuda")
+    arch = spec.target.arch
+    return [
+        ("kernels.cubin", compile_cuda(source, arch, output="cubin")),
+        ("kernels.ptx", compile_cuda(source, arch, output="ptx")),
+        ("kernels.cu", source.encode()),
+    ]
+
+
+def plan_document(spec: PackageSpec, weights_nbytes: int, gpu: list[GPUModule] | None = None) -> dict:
     """The execution-critical facts the kernel library carries (see `aotc_runtime.plan`). Each argument's
     nbytes is what its kernel param was compiled to access. One variant: plan version 1, its fields at
-    the top; several: version 2 with `variants`."""
+    the top; several: version 2 with `variants`. With `gpu` (each kernel's module), every kernel also
+    has `gpu`: its launches (`GPUModule.launches()`), and the document is a GPU package's plan.json."""
     params = {f.name: [_param_bytes(b) for b in f.params] for f in spec.kernels}
+    launches = [m.launches() for m in gpu] if gpu is not None else [None] * len(spec.kernels)
     variants = [
         {
             "entry": entry_symbol(i),
@@ -342,8 +366,9 @@ def plan_document(spec: PackageSpec, weights_nbytes: int) -> dict:
             {
                 "symbol": f.name,
                 "params": [{"dtype": np.dtype(b.dtype).name, "nbytes": _param_bytes(b)} for b in f.params],
+                **({} if gpu_launches is None else {"gpu": gpu_launches}),
             }
-            for f in spec.kernels
+            for f, gpu_launches in zip(spec.kernels, launches)
         ],
     }
     if len(variants) == 1:
@@ -381,15 +406,14 @@ def _write_zip(
     spec: PackageSpec,
     table: list[_WeightEntry],
     plan: dict,
-    library: bytes,
+    code: list[tuple[str, bytes]],
     sign_key: str | os.PathLike | None = None,
 ) -> dict:
+    """`code` are the members before the weights: the kernel library, or a GPU package's plan and kernels."""
     now = datetime.now(UTC)
     with zipfile.ZipFile(f, "w", allowZip64=True) as zf:
-        members = {
-            LIBRARY: _write_member(zf, LIBRARY, [library], len(library), now),
-            WEIGHTS: _write_member(zf, WEIGHTS, _weight_chunks(table), plan["weights_nbytes"], now),
-        }
+        members = {name: _write_member(zf, name, [data], len(data), now) for name, data in code}
+        members[WEIGHTS] = _write_member(zf, WEIGHTS, _weight_chunks(table), plan["weights_nbytes"], now)
         manifest = _manifest(spec, table, plan, members, now)
         manifest_bytes = json.dumps(manifest, indent=2).encode() + b"\n"
         zf.writestr(_zip_info(MANIFEST, zipfile.ZIP_DEFLATED, now), manifest_bytes)
@@ -447,7 +471,8 @@ def _manifest(spec: PackageSpec, table: list[_WeightEntry], plan: dict, members:
         "inputs": first["inputs"],
         "outputs": first["outputs"],
         "kernels": [
-            {"symbol": f.name, "params": _params_json(f), **extra} for f, extra in zip(spec.kernels, info)
+            {"symbol": f.name, "params": _params_json(f), **extra, **_gpu_json(k)}
+            for f, extra, k in zip(spec.kernels, info, plan["kernels"])
         ],
         "execution_plan": first["execution_plan"],
         "memory_plan": {
@@ -473,6 +498,10 @@ def _manifest(spec: PackageSpec, table: list[_WeightEntry], plan: dict, members:
             {**v, "memory_plan": {"buffers": s.memory_plan}} for v, s in zip(variants, spec.variants)
         ]
     return manifest
+
+
+def _gpu_json(plan_kernel: dict) -> dict:
+    return {"gpu": plan_kernel["gpu"]} if "gpu" in plan_kernel else {}
 
 
 def _describe_signature(block: bytes | None, digest: str, trusted_keys: list[str] | None) -> str:
@@ -506,9 +535,8 @@ def describe_package(path: str, verify: bool = True, trusted_keys: list[str] | N
     if verify:
         checked = verify_package(path)
         manifest, digest = checked.manifest, f"sha256:{checked.digest}"
-        integrity = (
-            f"ok (sha256 of {len(manifest['members'])} members, manifest matches the kernel library's plan)"
-        )
+        against = GPU_PLAN if GPU_PLAN in manifest["members"] else "the kernel library's plan"
+        integrity = f"ok (sha256 of {len(manifest['members'])} members, manifest matches {against})"
         signature = _describe_signature(checked.signature, checked.digest, trusted_keys)
     else:
         manifest = read_manifest(path)
@@ -550,14 +578,37 @@ def _kernels(kernels: list[dict]) -> list[str]:
     lines = [f"kernels ({len(kernels)})"]
     for k in kernels:
         lines.append(f"  {k['symbol']}")
+        lines += _launches(k.get("gpu"))
         for key, value in k.items():
-            if key in ("symbol", "params"):
+            if key in ("symbol", "params", "gpu"):
                 continue
             if isinstance(value, str) and "\n" in value:
                 lines.append(f"    {key}:")
                 lines += [f"      {line}" for line in value.rstrip("\n").splitlines()]
             else:
                 lines.append(f"    {key}: {_value(value)}")
+    return lines
+
+
+def _launches(gpu: object) -> list[str]:
+    """A GPU kernel function's launches: grid x block, static shared memory, scratch (manifest data:
+    anything odd is shown as it is)."""
+    if not isinstance(gpu, dict):
+        return [] if gpu is None else [f"    gpu: {_value(gpu)}"]
+    lines = []
+    for launch in gpu.get("launches") or []:
+        if not isinstance(launch, dict):
+            lines.append(f"    launch {_value(launch)}")
+            continue
+        shape = f"grid {_value(launch.get('grid'))} x block {_value(launch.get('block'))}"
+        shared = launch.get("shared_bytes")
+        extra = f", {_size(shared)} shared" if isinstance(shared, int) and shared > 0 else ""
+        lines.append(f"    launch {_value(launch.get('kernel'))}: {shape}{extra}")
+    scratch = gpu.get("scratch") or []
+    sizes = [b.get("nbytes") for b in scratch if isinstance(b, dict)] if isinstance(scratch, list) else []
+    if sizes:
+        total = sum(n for n in sizes if isinstance(n, int))
+        lines.append(f"    scratch: {len(sizes)} device buffers, {_size(total)}")
     return lines
 
 
