@@ -11,13 +11,25 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from aotc_runtime.cache import install_library
-from aotc_runtime.package import LIBRARY, PackageContents, PackageError, aligned_empty, read_package
+from aotc_runtime.package import (
+    LIBRARY,
+    PackageContents,
+    PackageError,
+    aligned_empty,
+    gpu_kind,
+    read_manifest,
+    read_package,
+)
 from aotc_runtime.plan import PlanCall, PlanTensor, PlanVariant
 from aotc_runtime.signing import check_signature
+
+if TYPE_CHECKING:
+    from aotc_runtime.gpu_model import GPUModel
 
 __all__ = ["CompiledModel", "KernelTime", "ModelVariant", "TensorInfo", "load"]
 
@@ -81,9 +93,13 @@ def load(
     trusted_keys: Iterable[str | os.PathLike] | None = None,
     require_signature: bool | None = None,
     max_concurrency: int | None = None,
-) -> CompiledModel:
+) -> CompiledModel | GPUModel:
     """Verify the package at `path` (format, version, checksums, the manifest against the kernel
     library's own plan, the host, its signature) and only then load its library.
+
+    A GPU package (target `opencl` or `cuda -arch=sm_XX`) is verified as strictly and put on the first
+    device of its kind: a `GPUModel` (aotc_runtime.gpu_model), whose `run` is CompiledModel's;
+    `num_threads` and `max_concurrency` do not apply to it.
 
     A signature is checked against `trusted_keys` (public-key PEM files or directories of *.pub;
     None: $AOTC_TRUSTED_KEYS). An invalid signature is always refused, a signature by a key outside
@@ -95,6 +111,10 @@ def load(
     if num_threads is not None:
         checked_num_threads(num_threads)  # before any of the package's code is loaded
     concurrency = available_cores() if max_concurrency is None else checked_max_concurrency(max_concurrency)
+    if gpu_kind(read_manifest(path)["target"]):
+        from aotc_runtime.gpu_model import load_gpu  # imports no GPU library until a device is opened
+
+        return load_gpu(path, trusted_keys=trusted_keys, require_signature=require_signature)
     contents = read_package(path)
     check_signature(
         contents.signature, contents.digest, "package", str(path), trusted_keys, require_signature
