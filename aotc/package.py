@@ -550,7 +550,7 @@ def describe_package(path: str, verify: bool = True, trusted_keys: list[str] | N
         f"name          {manifest['name']}",
         f"target        {manifest['target']}",
         f"triple        {manifest['triple']}",
-        f"requires      {', '.join(requires) if requires else 'no CPU extensions'}",
+        f"requires      {', '.join(requires) if requires else _no_requirements(manifest)}",
     ]
     lines += _tensors("inputs", manifest["inputs"])
     lines += _tensors("outputs", manifest["outputs"])
@@ -567,6 +567,10 @@ def describe_package(path: str, verify: bool = True, trusted_keys: list[str] | N
     lines.append("provenance")
     lines += [f"  {k}: {_value(v)}" for k, v in manifest["provenance"].items()]
     return "\n".join(lines)
+
+
+def _no_requirements(manifest: dict) -> str:
+    return "a GPU (its kernels run there)" if GPU_PLAN in manifest["members"] else "no CPU extensions"
 
 
 def _tensors(title: str, tensors: list[dict]) -> list[str]:

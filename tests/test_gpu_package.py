@@ -20,7 +20,7 @@ from collections.abc import Callable
 import numpy as np
 import onnx
 import pytest
-from aotc_runtime import GPUModel, GPUUnavailable, PackageError, load, verify_package
+from aotc_runtime import GPUModel, GPUUnavailable, PackageError, SignatureError, load, verify_package
 from aotc_runtime.gpu import KDL_CPU, DeviceArray, DeviceBuffer, dlpack_view
 from aotc_runtime.package import read_package
 from aotc_runtime.plan import encode_plan
@@ -34,6 +34,7 @@ from aotc.graph.passes import optimize
 from aotc.package import describe_package, write_package
 from aotc.schedule.lower import lower
 from aotc.schedule.state import Annotation, ComputeAtKind, IterKind, State
+from aotc.signing import generate_keypair
 from aotc.target import parse_target
 from recipes.zoo.onnx_models import small_cnn
 
@@ -83,7 +84,7 @@ def gpu_schedule(dag, target, threads: int = 64) -> State:
     return s
 
 
-def gpu_package(path, target: str, batches=(1,), name: str = "cnn") -> str:
+def gpu_package(path, target: str, batches=(1,), name: str = "cnn", sign_key=None) -> str:
     """The small CNN (conv+bn+relu, maxpool, conv+bn+relu, global pool, dense) as a GPU package with one
     variant per batch size, built as aotc.build builds packages."""
     model = path.parent / f"{name}.onnx"
@@ -97,7 +98,7 @@ def gpu_package(path, target: str, batches=(1,), name: str = "cnn") -> str:
     funcs = [lower(gpu_schedule(task.dag, t), kernel_symbol(i, task)) for i, task in enumerate(tasks)]
     sources = [{"schedule": "default"} for _ in tasks]
     spec = package_spec(name, variants, tasks, funcs, t, sources, [{} for _ in tasks])
-    write_package(spec, str(path))
+    write_package(spec, str(path), sign_key=sign_key)
     return str(path)
 
 
@@ -184,6 +185,22 @@ def test_cuda_package_holds_cubin_for_the_arch_and_ptx(cuda_pkg):
     assert ".target sm_90" in ptx
     assert b'extern "C"' in source
     assert verify_package(cuda_pkg).manifest["target"] == "cuda -arch=sm_90"
+
+
+def test_signed_gpu_package_and_signature_policy(opencl_pkg, tmp_path):
+    """Signing works unchanged; the policy is applied before any device is opened."""
+    private, public, kid = generate_keypair(tmp_path / "team.pem")
+    signed = gpu_package(tmp_path / "signed.aotc", "opencl", sign_key=private)
+    assert f"valid, key {kid}" in describe_package(signed)
+    with pytest.raises(SignatureError):
+        load(opencl_pkg, require_signature=True)
+    other = generate_keypair(tmp_path / "other.pem")[1]
+    with pytest.raises(SignatureError):
+        load(signed, trusted_keys=[other])
+    if opencl_device() is not None:
+        model = load(signed, trusted_keys=[public], require_signature=True)
+        assert model.run([inputs(1)])["output"].shape == (1, 10)
+        model.close()
 
 
 # ----------------------------------------------------------------------------- tampering

@@ -12,6 +12,7 @@ without copying, `DeviceArray` hands a device buffer out as a DLPack tensor.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import time
@@ -277,7 +278,7 @@ class CUDADevice(Device):
         self.stream = self._call(
             cu.cuStreamCreate(cu.CUstream_flags.CU_STREAM_NON_BLOCKING), "cuStreamCreate"
         )
-        self._allocations: list[int] = []
+        self._allocations: set[int] = set()
         self._modules: list[object] = []
         self._functions: dict[tuple[int, str], object] = {}
         self._closed = False
@@ -315,14 +316,15 @@ class CUDADevice(Device):
     def alloc(self, nbytes: int) -> DeviceBuffer:
         self._enter()
         ptr = int(self._call(self._cu.cuMemAlloc(max(int(nbytes), 1)), f"cuMemAlloc of {nbytes} bytes"))
-        self._allocations.append(ptr)
+        self._allocations.add(ptr)
         return DeviceBuffer(ptr, int(nbytes))
 
     def free(self, buf: DeviceBuffer) -> None:
-        if buf.handle in self._allocations:
-            self._enter()
-            self._allocations.remove(buf.handle)
-            self._call(self._cu.cuMemFree(buf.handle), "cuMemFree")
+        if self._closed or buf.handle not in self._allocations:
+            return  # closing the device freed it, or it is not this device's
+        self._enter()
+        self._allocations.discard(buf.handle)
+        self._call(self._cu.cuMemFree(buf.handle), "cuMemFree")
 
     def upload(self, buf: DeviceBuffer, array: np.ndarray, byte_offset: int = 0) -> None:
         self._check_copy(buf, array, byte_offset, "upload")
@@ -427,7 +429,7 @@ class CUDADevice(Device):
             self._cu.cuStreamDestroy(self.stream)
             self._cu.cuDevicePrimaryCtxRelease(self._dev)
         finally:
-            self._allocations, self._modules, self._functions = [], [], {}
+            self._allocations, self._modules, self._functions = set(), [], {}
             self._closed = True
 
 
@@ -534,7 +536,8 @@ class DeviceArray:
 
     def __del__(self) -> None:
         if self._on_free is not None:
-            self._on_free()
+            with contextlib.suppress(Exception):  # at interpreter exit the device may be gone already
+                self._on_free()
 
     def __repr__(self) -> str:
         return f"<DeviceArray {self.dtype}{list(self.shape)} on {getattr(self.device, 'name', '?')}>"

@@ -71,7 +71,12 @@ def load_gpu(
     check_signature(
         contents.signature, contents.digest, "package", str(path), trusted_keys, require_signature
     )
-    return GPUModel(str(path), contents, open_device(contents.kind, device))
+    opened = open_device(contents.kind, device)
+    try:
+        return GPUModel(str(path), contents, opened)
+    except BaseException:
+        opened.close()  # what the model allocated before failing (a kernel that does not build)
+        raise
 
 
 class GPUModel:
