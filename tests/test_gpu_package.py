@@ -2,8 +2,8 @@
 strictly as CPU packages and runs them on an OpenCL device (PoCL on the CPU here) or an NVIDIA GPU.
 
 Packages are built the way aotc.build does (partition, one schedule per task, lower, package_spec) from
-hand-made GPU schedules: every root stage's spatial loops fused and bound to blocks of threads, the rest
-inlined. Tests skip, naming what is missing, without an OpenCL platform or a CUDA compiler; the `gpu`
+the untuned GPU schedule (default_schedule: every root stage one thread per output point, the rest
+inlined). Tests skip, naming what is missing, without an OpenCL platform or a CUDA compiler; the `gpu`
 tests run a CUDA package on a real GPU and skip where a subprocess probe finds no driver or device.
 """
 
@@ -32,8 +32,8 @@ from aotc.frontend.onnx import load_onnx
 from aotc.graph.partition import extract_tasks, partition
 from aotc.graph.passes import optimize
 from aotc.package import describe_package, write_package
+from aotc.schedule.default import default_schedule
 from aotc.schedule.lower import lower
-from aotc.schedule.state import Annotation, ComputeAtKind, IterKind, State
 from aotc.signing import generate_keypair
 from aotc.target import parse_target
 from recipes.zoo.onnx_models import small_cnn
@@ -54,39 +54,9 @@ needs_cuda_compiler = pytest.mark.skipif(
 # ----------------------------------------------------------------------------- building packages
 
 
-def gpu_schedule(dag, target, threads: int = 64) -> State:
-    """Every inlineable stage inlined; each root stage one thread per output point (its spatial loops
-    fused, split by `threads`, bound to blockIdx.x/threadIdx.x), any reduction serial in the thread."""
-    s = State.initial(dag)
-    for op in reversed(dag.compute_ops):
-        sid = s.stage_id(op.name)
-        if op not in s.outputs and all(it.kind == IterKind.SPATIAL for it in s.stages[sid].iters):
-            s = s.compute_inline(sid)
-    for stage in [st.name for st in s.stages]:
-        st = s.stages[s.stage_id(stage)]
-        if st.is_placeholder or st.compute_at != ComputeAtKind.ROOT:
-            continue
-        n_spatial = 0
-        while n_spatial < len(st.iters) and st.iters[n_spatial].kind == IterKind.SPATIAL:
-            n_spatial += 1
-        if n_spatial == 0:
-            continue  # a reduction to a scalar: one thread
-        if n_spatial > 1:
-            s = s.fuse(stage, list(range(n_spatial)))
-        if (s.stages[s.stage_id(stage)].iters[0].extent or 1) <= threads:
-            s = s.bind(stage, 0, Annotation.THREAD_X)
-        else:
-            s = (
-                s.split(stage, 0, [threads])
-                .bind(stage, 0, Annotation.BLOCK_X)
-                .bind(stage, 1, Annotation.THREAD_X)
-            )
-    return s
-
-
 def gpu_package(path, target: str, batches=(1,), name: str = "cnn", sign_key=None) -> str:
     """The small CNN (conv+bn+relu, maxpool, conv+bn+relu, global pool, dense) as a GPU package with one
-    variant per batch size, built as aotc.build builds packages."""
+    variant per batch size, built as aotc.build builds packages (untuned schedules)."""
     model = path.parent / f"{name}.onnx"
     onnx.save(small_cnn(batch=batches[0], size=SIZE), model)
     variants = []
@@ -95,7 +65,7 @@ def gpu_package(path, target: str, batches=(1,), name: str = "cnn", sign_key=Non
         variants.append((graph, partition(graph)))
     tasks = merge_tasks([extract_tasks(groups) for _, groups in variants])
     t = parse_target(target)
-    funcs = [lower(gpu_schedule(task.dag, t), kernel_symbol(i, task)) for i, task in enumerate(tasks)]
+    funcs = [lower(default_schedule(task.dag, t), kernel_symbol(i, task)) for i, task in enumerate(tasks)]
     sources = [{"schedule": "default"} for _ in tasks]
     spec = package_spec(name, variants, tasks, funcs, t, sources, [{} for _ in tasks])
     write_package(spec, str(path), sign_key=sign_key)
@@ -157,7 +127,7 @@ def test_opencl_package_holds_plan_and_source(opencl_pkg):
 def test_inspect_shows_launch_shapes(opencl_pkg):
     text = describe_package(opencl_pkg)
     assert "manifest matches plan.json" in text
-    assert "launch k0_" in text and "grid [" in text and "x block [64, 1, 1]" in text
+    assert "launch k0_" in text and "grid [" in text and "x block [128, 1, 1]" in text
     assert "kernels.cl" in text
 
 
@@ -247,7 +217,7 @@ def test_tampered_members_are_refused(opencl_pkg, tmp_path):
     with zipfile.ZipFile(opencl_pkg) as zf:
         plan, source = zf.read("plan.json"), zf.read("kernels.cl")
     for member, blob in (
-        ("plan.json", plan.replace(b'"block":[64', b'"block":[32')),
+        ("plan.json", plan.replace(b'"block":[128', b'"block":[64')),
         ("kernels.cl", source + b" "),
     ):
         bad = rewrite(opencl_pkg, tmp_path / "bad.aotc", members={member: blob})
@@ -274,7 +244,7 @@ def _set(path: Callable[[dict], dict], key: str, value) -> Callable[[dict], None
     "change, message",
     [
         (_set(_launch, "block", [0, 1, 1]), r"block \[0, 1, 1\] must be 3 ints from 1"),
-        (_set(_launch, "block", [64, 1]), "must be 3 ints"),
+        (_set(_launch, "block", [128, 1]), "must be 3 ints"),
         (_set(_launch, "block", [64, 32, 1]), "2048 threads, more than 1024"),
         (_set(_launch, "grid", [2**31, 1, 1]), "grid .* must be 3 ints from 1 to 2147483647"),
         (_set(_launch, "grid", [1.0, 1, 1]), "grid .* must be 3 ints"),
