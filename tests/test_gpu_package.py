@@ -9,6 +9,7 @@ tests run a CUDA package on a real GPU and skip where a subprocess probe finds n
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import json
 import os
@@ -17,6 +18,7 @@ import sys
 import zipfile
 from collections.abc import Callable
 
+import aotc_runtime
 import numpy as np
 import onnx
 import pytest
@@ -443,3 +445,90 @@ def test_runtime_imports_no_gpu_library_until_a_device_opens():
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=os.environ
     )
     assert proc.stdout.strip() == "[]", proc.stdout + proc.stderr
+
+
+# ----------------------------------------------------------------------------- CUDA through a fake driver
+
+
+class FakeDriver:
+    """Just enough of cuda.bindings.driver to load and run a package without a GPU: memory is host
+    memory, and each launch is recorded with its kernel parameters read back from the pointer array."""
+
+    class CUresult:
+        CUDA_SUCCESS = 0
+
+    class CUdevice_attribute:
+        CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = "major"
+        CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = "minor"
+        CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK = "threads"
+
+    class CUstream_flags:
+        CU_STREAM_NON_BLOCKING = 1
+
+    def __init__(self, cc: tuple[int, int]) -> None:
+        self.attributes = {"major": cc[0], "minor": cc[1], "threads": 1024}
+        self.memory: dict[int, np.ndarray] = {}
+        self.images: list[bytes] = []
+        self.launches: list[tuple] = []
+
+    def __getattr__(self, name: str):
+        return lambda *args: (0,)  # every other call succeeds and returns nothing
+
+    def cuDeviceGetCount(self):
+        return 0, 1
+
+    def cuDeviceGet(self, index):
+        return 0, index
+
+    def cuDeviceGetName(self, length, dev):
+        return 0, b"Fake GPU\0"
+
+    def cuDeviceGetAttribute(self, attr, dev):
+        return 0, self.attributes[attr]
+
+    def cuMemAlloc(self, nbytes):
+        block = np.zeros(nbytes, np.uint8)
+        self.memory[block.ctypes.data] = block
+        return 0, block.ctypes.data
+
+    def cuModuleLoadData(self, image):
+        self.images.append(bytes(image))
+        return 0, "module"
+
+    def cuModuleGetFunction(self, module, name):
+        return 0, name.decode()
+
+    def cuLaunchKernel(self, fn, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+        n = 2 * len(self.current_args[fn])
+        pointers = np.ctypeslib.as_array((ctypes.c_uint64 * n).from_address(params))
+        values = [ctypes.c_uint64.from_address(int(p)).value for p in pointers]
+        self.launches.append((fn, (gx, gy, gz), (bx, by, bz), list(zip(values[::2], values[1::2]))))
+        return (0,)
+
+
+@pytest.mark.parametrize("cc, image", [((9, 0), "cubin"), ((10, 0), "ptx"), ((8, 0), None)])
+def test_cuda_model_through_a_fake_driver(cuda_pkg, monkeypatch, cc, image):
+    """Without a GPU: the cubin on the package's arch, the NUL-terminated PTX on a newer GPU, a clear
+    refusal on an older one; launches in plan order, each buffer argument a (pointer, element offset)."""
+    import cuda.bindings
+
+    fake = FakeDriver(cc)
+    monkeypatch.setattr(cuda.bindings, "driver", fake)
+    if image is None:
+        with pytest.raises(aotc_runtime.GPUError, match="built for sm_90, but Fake GPU is sm_80"):
+            load(cuda_pkg)
+        return
+    model = load(cuda_pkg)
+    with zipfile.ZipFile(cuda_pkg) as zf:
+        want = zf.read(f"kernels.{image}")
+    assert fake.images == [want if image == "cubin" else want + b"\0"]
+    launches = [launch for call in model.variants[0].launches for launch in call]
+    fake.current_args = {name: args for name, _, _, args in launches}
+    model.run([inputs(1)])
+    assert [launch[:3] for launch in fake.launches] == [launch[:3] for launch in launches]
+    weights = next(iter(fake.memory))  # the first allocation: the weights, uploaded at load
+    for (_, _, _, passed), (_, _, _, planned) in zip(fake.launches, launches):
+        assert len(passed) == len(planned)
+        assert all(ptr in fake.memory and offset >= 0 for ptr, offset in passed)
+    assert any(ptr == weights for _, _, _, passed in fake.launches for ptr, _ in passed)
+    model.close()
