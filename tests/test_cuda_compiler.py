@@ -175,6 +175,11 @@ def test_missing_libnvrtc_is_named_when_nvrtc_is_asked_for():
     assert "libnvrtc not found" in proc.stdout
 
 
+def test_source_must_be_text():
+    with pytest.raises(TypeError, match="CUDA source must be a str, got bytes"):
+        compile_cuda(b"int x;", "sm_90")
+
+
 def test_no_compiler_is_a_clear_error(monkeypatch):
     from aotc.codegen import cuda_compiler
 

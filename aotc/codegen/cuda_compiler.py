@@ -99,6 +99,8 @@ def compile_cuda(
         raise ValueError(f"arch must look like sm_90 (or sm_90a), got {arch!r}")
     if compiler not in (None, *_COMPILERS):
         raise ValueError(f"compiler must be 'nvrtc', 'nvcc' or None, got {compiler!r}")
+    if not isinstance(source, str):
+        raise TypeError(f"CUDA source must be a str, got {type(source).__name__}")
     if "\0" in source:
         raise ValueError("CUDA source contains a NUL character")
     # PTX is for a virtual architecture: the driver finishes it for whatever GPU loads it
