@@ -311,6 +311,14 @@ def test_opencl_profile_times_every_call(opencl_model):
 
 
 @needs_opencl
+def test_opencl_model_benchmarks_like_a_cpu_model(opencl_model):
+    from aotc_runtime.bench import Budget, benchmark
+
+    result = benchmark(opencl_model, budget=Budget(runs=3), warmup=Budget(runs=1))
+    assert result.threads == 1 and len(result.latencies_ms) == 3
+
+
+@needs_opencl
 def test_opencl_device_choice_by_environment(opencl_pkg, monkeypatch):
     monkeypatch.setenv("AOTC_OPENCL_DEVICE", "99")
     with pytest.raises(GPUUnavailable, match="no OpenCL device 99; the devices are 0: "):

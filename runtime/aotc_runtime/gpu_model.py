@@ -85,6 +85,7 @@ class GPUModel:
     serialized (one workspace on one queue): `max_concurrency` is 1."""
 
     max_concurrency = 1
+    num_threads = 1  # host threads per call (aotc_runtime.bench reports it); the kernels' are the GPU's
 
     def __init__(self, path: str, contents: GPUPackageContents, device: Device) -> None:
         self.path = path
