@@ -34,7 +34,8 @@ from aotc.report import build_report, measure_package, report_dir, write_report
 from aotc.schedule.default import default_schedule
 from aotc.schedule.layout import rewrite_layout
 from aotc.schedule.lower import lower
-from aotc.schedule.state import State
+from aotc.schedule.state import THREAD_TAGS, State
+from aotc.search.measure import device_unavailable
 from aotc.search.model_tuning import TuningRun, deadline_reserve, tune_tasks
 from aotc.search.records import Record, load_records
 from aotc.search.scheduler import TuneSummary
@@ -89,8 +90,6 @@ def build(
     log = log or build_log
     start, started, timings = time.perf_counter(), time.monotonic(), {}
     target = parse_target(recipe.target)
-    if not target.is_cpu:
-        raise BuildError(f"target {target}: only llvm (CPU) targets can be built so far")
     check_features_checkable(target)
     check_signing_key(sign_key, log)
     check_outputs(recipe)
@@ -233,9 +232,19 @@ def choose_schedules(
     # without a budget, transferred schedules are still measured here against the default (~1 s a task)
     seeding = not tuning.wants_tuning and any(tr is not None and tr.seeds for tr in transfers)
     run = None
-    if tuning.wants_tuning or seeding:
+    wants_tuning = tuning.wants_tuning
+    if wants_tuning and target.is_gpu:
+        missing = device_unavailable(target)
+        if missing is not None:
+            logging.getLogger("aotc.build").warning(
+                f"tuning for {target} measures candidates on the device, and this machine has none ({missing}): "
+                "the package is built untuned, from records and the default GPU schedule; tune on a machine "
+                "with the GPU"
+            )
+            wants_tuning = False
+    if wants_tuning or seeding:
         deadline = None
-        if tuning.wants_tuning and tuning.deadline is not None:
+        if wants_tuning and tuning.deadline is not None:
             deadline = (
                 started + tuning.deadline - deadline_reserve(len(tasks), recipe.validate, tuning.deadline)
             )
@@ -247,7 +256,7 @@ def choose_schedules(
             known=known,
             cached_costs=[found.record.mean_cost if found.status == "hit" else None for found in lookups],
             seeds=[tr.seeds if tr else [] for tr in transfers],
-            trials=tuning.trials if tuning.wants_tuning else 0,
+            trials=tuning.trials if wants_tuning else 0,
             deadline=deadline,
             resume=resume,
             warm_start=cost_model_warm_start(sources, tasks, target, transfers),
@@ -290,7 +299,7 @@ def transfer_candidates(
     enabled: bool,
 ) -> list[Transfer | None]:
     """Per task without a hit, the schedules of other CPUs of the target's ISA to measure here."""
-    if not enabled:
+    if not enabled or target.is_gpu:
         return [None] * len(tasks)
     todo = [i for i, found in enumerate(lookups) if found.status != "hit"]
     found = find_transfers(
@@ -331,7 +340,8 @@ def lower_kernels(tasks: list[Task], chosen: Schedules) -> tuple[list, list[dict
         found.state if found.state is not None else d for found, d in zip(chosen.lookups, chosen.defaults)
     ]
     sources = [kernel_source(t, found, out) for t, found, out in zip(tasks, chosen.lookups, chosen.outcomes)]
-    rewritten = [rewrite_layout(state) for state in states]
+    # GPU kernels read weights as stored: their shared-memory stages lay tiles out for the threads
+    rewritten = [(state, []) if state_is_gpu(state) else rewrite_layout(state) for state in states]
     funcs = [
         lower(state, kernel_symbol(i, task)) for i, (task, (state, _)) in enumerate(zip(tasks, rewritten))
     ]
@@ -340,6 +350,11 @@ def lower_kernels(tasks: list[Task], chosen: Schedules) -> tuple[list, list[dict
         if task_layouts:
             source["weight_layouts"] = [layout.to_json() for layout in task_layouts.values()]
     return funcs, sources, layouts
+
+
+def state_is_gpu(state: State) -> bool:
+    """The schedule binds loops to GPU blocks or threads."""
+    return any(it.annotation in THREAD_TAGS for st in state.stages for it in st.iters)
 
 
 def write_package_and_report(

@@ -135,7 +135,8 @@ stable percentiles of a fast model and keep a build of one short)."""
 def measure_package(package: str | Path, target: Target) -> dict:
     """The written package's measured latency (`aotc_runtime.bench`'s result) at the target's thread
     count (at most the cores this process may use), or {"skipped": why} where this host cannot load it
-    (another architecture, CPU features it lacks, a signature policy the package does not meet)."""
+    (another architecture, CPU features it lacks, a signature policy the package does not meet, no device
+    of a GPU package's kind)."""
     import aotc_runtime
     from aotc_runtime.bench import Budget, benchmark
 
@@ -144,8 +145,8 @@ def measure_package(package: str | Path, target: Target) -> dict:
     threads = max(1, min(target.hw.num_cores, host_cores()))
     try:
         model = aotc_runtime.load(str(package), num_threads=threads)
-    except aotc_runtime.PackageError as err:
-        return {"skipped": str(err)}
+    except (aotc_runtime.PackageError, aotc_runtime.GPUUnavailable) as err:
+        return {"skipped": str(err)}  # GPUUnavailable: a GPU package where this machine has no such device
     result = benchmark(
         model,
         budget=Budget(seconds=MEASURE_SECONDS, runs=MEASURE_RUNS),

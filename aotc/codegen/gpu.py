@@ -122,6 +122,18 @@ _ITEM_BYTES |= {"uint8": 1, "uint16": 2, "uint32": 4, "uint64": 8}
 _INFIX = {"add": "+", "sub": "-", "mul": "*"}
 _CMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
 _AXES = ("x", "y", "z")
+# C, CUDA and OpenCL C keywords and the names the preludes define: an IR name (an ONNX node's, say) may
+# be any of them
+_RESERVED_WORDS = """auto break case char const constant continue default do double else enum extern float for goto
+    if inline int long register restrict return short signed sizeof static struct switch typedef union
+    unsigned void volatile while bool half kernel global local private read_only write_only read_write
+    uchar ushort uint ulong char2 char4 float2 float3 float4 float8 float16 int2 int4 uint3 image2d_t
+    image3d_t sampler_t event_t size_t ptrdiff_t intptr_t uintptr_t complex imaginary true false
+    __global__ __shared__ __device__ __constant__ __kernel __global __local threadIdx blockIdx blockDim
+    gridDim warpSize barrier GPTR RESTRICT AOTC_INLINE i64 u64 aotc_floordiv aotc_floormod exp log sqrt
+    tanh erf fabs floor ceil rint fmin fmax pow expf logf sqrtf tanhf erff fabsf floorf ceilf rintf fminf
+    fmaxf powf min max abs select asm template class new delete this operator namespace using"""
+_RESERVED = frozenset(_RESERVED_WORDS.split())
 
 
 @dataclass(frozen=True)
@@ -249,7 +261,7 @@ class _Names:
 
     def _fresh(self, base: str) -> str:
         clean = "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in base) or "v"
-        if clean[0].isdigit():
+        if clean[0].isdigit() or clean in _RESERVED:
             clean = "v" + clean
         name, n = clean, 1
         while name in self.taken:

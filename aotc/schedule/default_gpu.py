@@ -1,6 +1,7 @@
 """The untuned GPU schedule of any DAG: what a GPU build compiles where no record exists.
 
-Every inlineable stage is inlined (Ansor's AlwaysInline is greedy on GPU); every stage left at the root
+Every stage without a reduction is inlined (Ansor's AlwaysInline is greedy on GPU), but Winograd's
+constant-indexed transforms; every stage left at the root
 becomes one kernel in which each thread computes one output element: its spatial loops fused, split by
 the block size and bound to blockIdx.x / threadIdx.x, its reduction (if any) a serial loop per thread.
 Correct for every DAG and every GPU; fast only for element-wise stages: tuning finds the tiled ones.
@@ -11,6 +12,7 @@ from __future__ import annotations
 from aotc.schedule.state import Annotation, ComputeAtKind, IterKind, State
 from aotc.target import Target
 from aotc.te.dag import ComputeDAG
+from aotc.te.tensor import CONST_INDEX_AXES
 
 THREADS_PER_BLOCK = 128  # four warps: enough to hide latency, within every OpenCL device's 256
 
@@ -19,6 +21,8 @@ def gpu_default_schedule(dag: ComputeDAG, target: Target) -> State:
     s = State.initial(dag)
     for op in reversed(dag.compute_ops):
         sid = s.stage_id(op.name)
+        if op.attrs.get(CONST_INDEX_AXES):
+            continue  # a Winograd transform inlined would be its whole sum again at every use
         if op not in s.outputs and all(it.kind == IterKind.SPATIAL for it in s.stages[sid].iters):
             s = s.compute_inline(sid)
     for name in [st.name for st in s.stages]:

@@ -30,12 +30,12 @@ from multiprocessing.connection import wait as wait_for_connections
 from aotc.ir.stmt import PrimFunc
 from aotc.schedule.state import State
 from aotc.search.common import ErrorCode, MeasureResult, Noise
-from aotc.search.timing import KERNEL_NAME, runner_main
-from aotc.search.workers import STARTUP_TIMEOUT, Worker, error_text, serve, shutdown_workers
-from aotc.target import Target, arch_of, as_target, host_cores
+from aotc.search.timing import KERNEL_NAME, gpu_runner_main, runner_main
+from aotc.search.workers import STARTUP_TIMEOUT, Worker, error_text, message_tail, serve, shutdown_workers
+from aotc.target import Target, arch_of, as_target, host_cores, host_target
 from aotc.te.dag import ComputeDAG
 
-__all__ = ["KERNEL_NAME", "BatchStats", "MeasureError", "MeasureOptions", "Measurer"]
+__all__ = ["KERNEL_NAME", "BatchStats", "MeasureError", "MeasureOptions", "Measurer", "device_unavailable"]
 
 
 class MeasureError(RuntimeError):
@@ -125,14 +125,19 @@ class _Built:
 
 def _builder_main(conn, dag: ComputeDAG, target: Target, workdir: str, env: dict[str, str]) -> None:
     counter = itertools.count()
+    suffix = ".gpu.json" if target.is_gpu else ".so"
 
     def setup():
         import aotc.codegen.module  # noqa: F401  (import before the first task, not during it)
         import aotc.schedule.lower  # noqa: F401
 
-        return lambda task: _build_one(
-            dag, target, os.path.join(workdir, f"b{os.getpid()}_{next(counter)}.so"), task
-        )
+        def build(task: tuple[str, object]) -> _Built:
+            path = os.path.join(workdir, f"b{os.getpid()}_{next(counter)}{suffix}")
+            if target.is_gpu and task[0] == "reference":  # checked against the naive schedule on this CPU
+                return _build_one(dag, host_target(), path.replace(suffix, ".so"), task)
+            return _build_one(dag, target, path, task)
+
+        return build
 
     serve(conn, env, setup)
 
@@ -148,7 +153,9 @@ def _build_one(dag: ComputeDAG, target: Target, path: str, task: tuple[str, obje
     kind, payload = task
     layouts: list = []
     try:
-        if kind == "steps":
+        if kind == "steps" and target.is_gpu:  # weights keep their layout: shared memory stages them
+            func = lower(replay(dag, steps_from_json(payload)), KERNEL_NAME)
+        elif kind == "steps":
             state, rewritten = rewrite_layout(replay(dag, steps_from_json(payload)))
             layouts = [layout.to_json() for layout in rewritten]
             func = lower(state, KERNEL_NAME)
@@ -159,10 +166,29 @@ def _build_one(dag: ComputeDAG, target: Target, path: str, task: tuple[str, obje
     except Exception as err:
         return _Built(ErrorCode.INSTANTIATION_ERROR, error_text(err), seconds=time.perf_counter() - start)
     try:
-        build_module([func], target, path)
+        if target.is_gpu:
+            _build_gpu(func, target, path)
+        else:
+            build_module([func], target, path)
     except Exception as err:
         return _Built(ErrorCode.COMPILE_HOST, error_text(err), seconds=time.perf_counter() - start)
     return _Built(ErrorCode.NO_ERROR, path=path, seconds=time.perf_counter() - start, layouts=layouts)
+
+
+def _build_gpu(func: PrimFunc, target: Target, path: str) -> None:
+    """A GPU candidate as the GPU runner loads it (JSON): its kernels (OpenCL C source, or a cubin for the
+    target's arch as hex) and how to launch them."""
+    import json
+
+    from aotc.codegen.gpu import compile_cuda, emit_gpu
+
+    module = emit_gpu(func, target)
+    if target.kind == "cuda":
+        code = compile_cuda(module.cuda_source, target.arch).hex()
+    else:
+        code = module.opencl_source
+    with open(path, "w") as f:
+        json.dump({"language": target.kind, "code": code, "launches": module.launches()}, f)
 
 
 # ----------------------------------------------------------------------------- the measurer
@@ -199,8 +225,12 @@ class Measurer:
             raise MeasureError(
                 f"the naive schedule of {self.dag} does not build ({ref.error.name}): {ref.msg}"
             )
-        bench_args = (self.workdir, ref.path, len(self.dag.placeholders), self.options, self.threads)
-        self._runner = Worker(self._ctx, "aotc-runner", runner_main, (env, bench_args))
+        if self.target.is_gpu:
+            bench_args = (self.workdir, ref.path, len(self.dag.placeholders), self.options, self.target.kind)
+            self._runner = Worker(self._ctx, "aotc-gpu-runner", gpu_runner_main, (env, bench_args))
+        else:
+            bench_args = (self.workdir, ref.path, len(self.dag.placeholders), self.options, self.threads)
+            self._runner = Worker(self._ctx, "aotc-runner", runner_main, (env, bench_args))
         self._workers.append(self._runner)
         self._await_runner()
 
@@ -376,9 +406,35 @@ class Measurer:
         return result
 
 
+def device_unavailable(target: Target, timeout: float = 60.0) -> str | None:
+    """Why candidates for the GPU `target` cannot be measured on this machine, or None if they can.
+
+    The device is opened in a child process: without a GPU the CUDA driver fails, and a call past a
+    failed cuInit once hung, so nothing of it runs in this one."""
+    import subprocess
+    import sys
+
+    if not target.is_gpu:
+        return None
+    probe = (
+        "import sys\nfrom aotc_runtime.gpu import open_device\n"
+        f"try:\n    open_device({target.kind!r}).close()\n"
+        "except Exception as err:\n    print(err)\n    sys.exit(3)\n"
+    )
+    try:
+        proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return f"opening the {target.kind} device took more than {timeout:g} s"
+    if proc.returncode == 0:
+        return None
+    return message_tail((proc.stdout.strip() or proc.stderr.strip()) or f"exit status {proc.returncode}")
+
+
 def _check_runnable(target: Target) -> None:
     import llvmlite.binding as llvm
 
+    if target.is_gpu:
+        return  # the GPU runner opens the device; without one it fails to start, saying why
     if not target.is_cpu:
         raise ValueError(f"Measurer runs kernels on this host's CPU; target {target} is not a CPU target")
     host = arch_of(llvm.get_process_triple())

@@ -330,8 +330,8 @@ class AlwaysInlineGPU(SketchRule):
         st = state.stages[stage_id]
         if st.is_placeholder or st.op in state.outputs or has_reduce_iter(state, stage_id):
             return Condition.SKIP
-        if st.compute_at == ComputeAtKind.INLINED:
-            return Condition.SKIP
+        if st.compute_at == ComputeAtKind.INLINED or st.op.attrs.get(CONST_INDEX_AXES):
+            return Condition.SKIP  # a Winograd transform inlined is its whole sum again per use
         return Condition.APPLY_AND_SKIP_REST
 
     def apply(self, ctx, state, stage_id):

@@ -2,7 +2,9 @@
 
 The runner process (`runner_main`) holds seeded random inputs and the naive schedule's outputs on
 page-protected buffers; each candidate's first run is checked against them and doubles as the warm-up,
-then `time_kernel` (or `time_flushed`, with cache flushing) takes its repeats.
+then `time_kernel` (or `time_flushed`, with cache flushing) takes its repeats. The GPU runner
+(`gpu_runner_main`) holds the same inputs and reference outputs (from the naive schedule compiled for
+this CPU) in device memory, and times candidates on the device's clock through aotc_runtime.gpu.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from aotc.search.workers import error_text, message_tail, serve
 if TYPE_CHECKING:
     from aotc.search.measure import MeasureOptions
 
-__all__ = ["KERNEL_NAME", "runner_main", "time_flushed", "time_kernel"]
+__all__ = ["KERNEL_NAME", "gpu_runner_main", "runner_main", "time_flushed", "time_kernel"]
 
 KERNEL_NAME = "aotc_candidate"  # the builders name every candidate's function this; the runner looks it up
 _MAX_NUMBER = 10**7
@@ -381,3 +383,91 @@ def runner_main(conn, env: dict[str, str], bench_args: tuple) -> None:
     """The runner process: `bench_args` (workdir, reference library, input count, options, threads)
     set up its bench, then it checks and times one (library, cutoff, layouts) request at a time."""
     serve(conn, env, lambda: _Bench(*bench_args).run)
+
+
+# ----------------------------------------------------------------------------- GPU
+
+
+class _GPUBench:
+    """The GPU runner's state: the device, the inputs and output buffers on it, the reference outputs."""
+
+    def __init__(self, workdir: str, ref_path: str, n_inputs: int, opts: MeasureOptions, kind: str):
+        from aotc_runtime.gpu import open_device
+
+        named = _load_reference(workdir, ref_path, n_inputs, opts.seed)
+        arrays = list(named.values())
+        self.opts = opts
+        self.device = open_device(kind)
+        self.output_names = list(named)[n_inputs:]
+        self.refs = arrays[n_inputs:]
+        self.poison = [_poison(r) for r in self.refs]
+        self.buffers = []
+        for a in arrays:
+            buf = self.device.alloc(max(1, a.nbytes))
+            self.device.upload(buf, np.ascontiguousarray(a))
+            self.buffers.append(buf)
+        self.signature = [(a.dtype.name, a.nbytes) for a in arrays]
+
+    def run(
+        self, request: tuple[str, float | None, list]
+    ) -> tuple[ErrorCode, str, list[float], Noise | None]:
+        path, cutoff, _ = request
+        try:
+            fn = self._prepare(path)
+        except Exception as err:
+            return ErrorCode.COMPILE_DEVICE, error_text(err), [], None
+        try:
+            return self._check_and_time(fn, cutoff)
+        except Exception:
+            return ErrorCode.RUNTIME_DEVICE, message_tail(traceback.format_exc()), [], None
+
+    def _prepare(self, path: str) -> Callable[[], None]:
+        with open(path) as f:
+            built = json.load(f)
+        code = built["code"] if built["language"] == "opencl" else bytes.fromhex(built["code"])
+        program = self.device.load_program(code)
+        plan = built["launches"]
+        sig = [(p["dtype"], p["nbytes"]) for p in plan["params"]]
+        if sig != self.signature:
+            raise TypeError(f"kernel parameters {sig} differ from the task's {self.signature}")
+        buffers = self.buffers + [self.device.alloc(max(1, s["nbytes"])) for s in plan["scratch"]]
+        launches = [
+            (k["kernel"], k["grid"], k["block"], [(buffers[a], 0) for a in k["args"]])
+            for k in plan["launches"]
+        ]
+
+        def fn() -> None:
+            for name, grid, block, args in launches:
+                self.device.launch(program, name, grid, block, args)
+
+        return fn
+
+    def _check_and_time(
+        self, fn: Callable[[], None], cutoff: float | None
+    ) -> tuple[ErrorCode, str, list[float], Noise | None]:
+        device, opts = self.device, self.opts
+        n_out = len(self.refs)
+        outputs = self.buffers[len(self.buffers) - n_out :]
+        if opts.check_correctness:
+            for buf, poison in zip(outputs, self.poison):
+                device.upload(buf, poison)
+        first = device.elapsed(fn, 1)
+        if opts.check_correctness:
+            for name, buf, ref in zip(self.output_names, outputs, self.refs):
+                out = np.empty_like(ref)
+                device.download(buf, out)
+                msg = _mismatch(name, out, ref, opts.rtol, opts.atol)
+                if msg:
+                    return ErrorCode.WRONG_ANSWER, msg, [], None
+        if cutoff is not None and first > cutoff:
+            return ErrorCode.NO_ERROR, "", [first], None
+        number = opts.number or max(
+            1, min(_MAX_NUMBER, math.ceil(opts.min_repeat_ms * 1e-3 / max(first, 1e-7)))
+        )
+        return ErrorCode.NO_ERROR, "", [device.elapsed(fn, number) for _ in range(opts.repeat)], None
+
+
+def gpu_runner_main(conn, env: dict[str, str], bench_args: tuple) -> None:
+    """The GPU runner process: `bench_args` (workdir, reference library, input count, options, device
+    kind "opencl" or "cuda") set up its bench; then it checks and times one built candidate at a time."""
+    serve(conn, env, lambda: _GPUBench(*bench_args).run)
