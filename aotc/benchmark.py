@@ -142,7 +142,11 @@ def cmd_benchmark(args: argparse.Namespace) -> int:
             [(calls, concurrent_runs(model)), (peer, args.streams)], budget, args.warmup, threads
         )
         results = {"aotc": aotc_result, name: peer_result}
-    report = benchmark_report(str(args.package), cpu_class(), sources, results, args.compare)
+    where = cpu_class()
+    device = getattr(model, "device", None)
+    if device is not None:  # a GPU package: its kernels ran there, the peer on this CPU
+        where = f"{model.kind} device {device.name} (peer on {where})"
+    report = benchmark_report(str(args.package), where, sources, results, args.compare)
     print(json.dumps(report, indent=1) if args.json else format_report(report))
     return 0
 
