@@ -114,3 +114,26 @@ def test_gpu_measurer_times_right_kernels_and_catches_wrong_ones():
         ok, bad = measurer.measure_funcs([right, wrong])
     assert ok.error == ErrorCode.NO_ERROR and len(ok.costs) == 3 and min(ok.costs) > 0
     assert bad.error == ErrorCode.WRONG_ANSWER, bad.error_msg
+
+
+@needs_opencl
+def test_each_loaded_program_runs_its_own_kernels():
+    """The GPU runner loads a program per candidate; kernels once cached by id(program) ran a freed
+    program's code in the next one allocated at its address (wrong answers, then heap corruption)."""
+    import gc
+
+    from aotc_runtime.gpu import open_device
+
+    device = open_device("opencl")
+    buf = device.alloc(4)
+    out = np.zeros(1, np.float32)
+    for i in range(12):
+        source = f"__kernel void k(__global float* y, long off) {{ y[off] = {i}.0f; }}"
+        program = device.load_program(source)
+        device.launch(program, "k", (1, 1, 1), (1, 1, 1), [(buf, 0)])
+        device.download(buf, out)
+        assert out[0] == i
+        device.unload_program(program)
+        del program
+        gc.collect()
+    device.close()

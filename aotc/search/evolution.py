@@ -251,9 +251,16 @@ MUTATIONS: tuple[tuple[Mutation, float], ...] = (
 )
 
 
+# Ansor's GPU weights: a GPU program has no compute locations or parallel loops to change
+GPU_MUTATIONS: tuple[tuple[Mutation, float], ...] = (
+    (mutate_tile_size, 0.90),
+    (mutate_auto_unroll, 0.10),
+)
+
+
 def mutate(state: State, rng: random.Random, ctx: SearchContext) -> State | None:
-    """One mutation chosen by the weights of docs/search.md#mutations-and-crossover."""
-    fns, weights = zip(*MUTATIONS)
+    """One mutation chosen by the target's weights (docs/search.md#mutations-and-crossover)."""
+    fns, weights = zip(*(GPU_MUTATIONS if ctx.target.is_gpu else MUTATIONS))
     fn = rng.choices(fns, weights=weights)[0]
     return fn(state, rng, ctx)
 

@@ -407,30 +407,47 @@ class _GPUBench:
             self.device.upload(buf, np.ascontiguousarray(a))
             self.buffers.append(buf)
         self.signature = [(a.dtype.name, a.nbytes) for a in arrays]
+        self.program, self.scratch = None, []
 
     def run(
         self, request: tuple[str, float | None, list]
     ) -> tuple[ErrorCode, str, list[float], Noise | None]:
         path, cutoff, _ = request
+        self.program = None
         try:
             fn = self._prepare(path)
         except Exception as err:
+            self._unload()
             return ErrorCode.COMPILE_DEVICE, error_text(err), [], None
         try:
             return self._check_and_time(fn, cutoff)
         except Exception:
             return ErrorCode.RUNTIME_DEVICE, message_tail(traceback.format_exc()), [], None
+        finally:
+            self._unload()
+
+    def _unload(self) -> None:
+        """Free the candidate's kernels and scratch: the runner measures thousands."""
+        if self.program is not None:
+            with contextlib.suppress(Exception):
+                self.device.synchronize()
+                self.device.unload_program(self.program)
+        for buf in self.scratch:
+            with contextlib.suppress(Exception):
+                self.device.free(buf)
+        self.program, self.scratch = None, []
 
     def _prepare(self, path: str) -> Callable[[], None]:
         with open(path) as f:
             built = json.load(f)
         code = built["code"] if built["language"] == "opencl" else bytes.fromhex(built["code"])
-        program = self.device.load_program(code)
         plan = built["launches"]
         sig = [(p["dtype"], p["nbytes"]) for p in plan["params"]]
         if sig != self.signature:
             raise TypeError(f"kernel parameters {sig} differ from the task's {self.signature}")
-        buffers = self.buffers + [self.device.alloc(max(1, s["nbytes"])) for s in plan["scratch"]]
+        self.program = program = self.device.load_program(code)
+        self.scratch = [self.device.alloc(max(1, s["nbytes"])) for s in plan["scratch"]]
+        buffers = self.buffers + self.scratch
         launches = [
             (k["kernel"], k["grid"], k["block"], [(buffers[a], 0) for a in k["args"]])
             for k in plan["launches"]

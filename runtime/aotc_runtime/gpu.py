@@ -17,7 +17,7 @@ import ctypes
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -60,6 +60,16 @@ class DeviceBuffer:
     nbytes: int
 
 
+@dataclass(eq=False)
+class Program:
+    """Loaded kernels: `handle` is a pyopencl Program (OpenCL) or a CUmodule (CUDA); `kernels` caches
+    the kernel handles looked up in it, and dies with it (a cache keyed by id() served a freed program's
+    kernels to the next program given the same address: a tuner loads thousands)."""
+
+    handle: object
+    kernels: dict[str, object] = field(default_factory=dict)
+
+
 class Device:
     """A GPU as aotc_runtime uses it: memory, programs, launches in order on one queue or stream."""
 
@@ -78,17 +88,21 @@ class Device:
         """Fill `array` (C-contiguous, writeable) from `buf` at `byte_offset`, after everything enqueued."""
         raise NotImplementedError
 
-    def load_program(self, code: str | bytes) -> object:
+    def load_program(self, code: str | bytes) -> Program:
         """OpenCL C source, or a CUDA cubin or PTX image, ready to launch kernels of."""
         raise NotImplementedError
 
-    def kernel(self, program: object, name: str) -> object:
+    def unload_program(self, program: Program) -> None:
+        """Free what loading `program` took on the device (OpenCL: the garbage collector does)."""
+        program.kernels.clear()
+
+    def kernel(self, program: Program, name: str) -> object:
         """The kernel `name` of `program` (cached); GPUError when the program has none of that name."""
         raise NotImplementedError
 
     def launch(
         self,
-        program: object,
+        program: Program,
         kernel_name: str,
         grid: Sequence[int],
         block: Sequence[int],
@@ -168,7 +182,6 @@ class OpenCLDevice(Device):
         self.max_threads_per_block = int(device.max_work_group_size)
         self._ctx = cl.Context([device])
         self._queue = cl.CommandQueue(self._ctx)
-        self._kernels: dict[tuple[int, str], object] = {}
 
     def alloc(self, nbytes: int) -> DeviceBuffer:
         try:
@@ -190,25 +203,24 @@ class OpenCLDevice(Device):
     def load_program(self, code: str | bytes) -> object:
         source = code.decode() if isinstance(code, bytes) else code
         try:
-            return self._cl.Program(self._ctx, source).build()
+            return Program(self._cl.Program(self._ctx, source).build())
         except self._cl.Error as err:
             raise GPUError(f"OpenCL could not build the kernels on {self.name}:\n{err}") from None
 
-    def kernel(self, program: object, name: str) -> object:
+    def kernel(self, program: Program, name: str) -> object:
         """The kernel `name` of `program` (cached); GPUError when the program has none of that name."""
-        key = (id(program), name)
-        kernel = self._kernels.get(key)
+        kernel = program.kernels.get(name)
         if kernel is None:
             try:
-                kernel = self._cl.Kernel(program, name)
+                kernel = self._cl.Kernel(program.handle, name)
             except self._cl.Error as err:
                 raise GPUError(f"the OpenCL program has no kernel {name!r} ({err})") from None
-            self._kernels[key] = kernel
+            program.kernels[name] = kernel
         return kernel
 
     def launch(
         self,
-        program: object,
+        program: Program,
         kernel_name: str,
         grid: Sequence[int],
         block: Sequence[int],
@@ -236,7 +248,7 @@ class OpenCLDevice(Device):
         return (time.perf_counter() - start) / number
 
     def close(self) -> None:
-        self._kernels.clear()
+        self._queue.finish()  # pyopencl frees the buffers and programs with their last reference
 
 
 # ----------------------------------------------------------------------------- CUDA
@@ -280,7 +292,6 @@ class CUDADevice(Device):
         )
         self._allocations: set[int] = set()
         self._modules: list[object] = []
-        self._functions: dict[tuple[int, str], object] = {}
         self._closed = False
 
     @property
@@ -360,22 +371,29 @@ class CUDADevice(Device):
         self._enter()
         module = self._call(self._cu.cuModuleLoadData(image), "cuModuleLoadData (loading the kernels)")
         self._modules.append(module)
-        return module
+        return Program(module)
 
-    def kernel(self, program: object, name: str) -> object:
+    def unload_program(self, program: Program) -> None:
+        """Unload a module this device loaded (a tuner's runner loads one per candidate)."""
+        if program.handle in self._modules:
+            self._modules.remove(program.handle)
+            self._enter()
+            self._cu.cuModuleUnload(program.handle)
+        program.kernels.clear()
+
+    def kernel(self, program: Program, name: str) -> object:
         """The kernel `name` of the module `program` (cached); GPUError when it has none of that name."""
-        key = (id(program), name)
-        fn = self._functions.get(key)
+        fn = program.kernels.get(name)
         if fn is None:
             fn = self._call(
-                self._cu.cuModuleGetFunction(program, name.encode()), f"cuModuleGetFunction({name})"
+                self._cu.cuModuleGetFunction(program.handle, name.encode()), f"cuModuleGetFunction({name})"
             )
-            self._functions[key] = fn
+            program.kernels[name] = fn
         return fn
 
     def launch(
         self,
-        program: object,
+        program: Program,
         kernel_name: str,
         grid: Sequence[int],
         block: Sequence[int],
@@ -429,7 +447,7 @@ class CUDADevice(Device):
             self._cu.cuStreamDestroy(self.stream)
             self._cu.cuDevicePrimaryCtxRelease(self._dev)
         finally:
-            self._allocations, self._modules, self._functions = set(), [], {}
+            self._allocations, self._modules = set(), []
             self._closed = True
 
 
