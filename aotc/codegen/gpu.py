@@ -4,6 +4,8 @@ The body is written once, in CUDA's spelling; a prelude per language maps it (th
 `__shared__`, `__syncthreads()`, the `GPTR` qualifier of global pointers, 64-bit integer types, the float
 math functions). Each root statement of the function becomes one kernel, launched in order; buffers
 the function allocates in "global" scope become a workspace in device memory passed to the kernels.
+A reduction across a block's threads arrives lowered to plain statements (registers, a shared-memory
+tree, barriers; see aotc/schedule/lower.py), so both languages get it from the same body.
 """
 
 from __future__ import annotations
@@ -351,9 +353,14 @@ class _KernelWriter:
                 tags = [t for t in launched if s.buffer.scope != "shared" or t.startswith("threadIdx")]
                 for tag in tags if reads_self else ():
                     if tag not in bound or bound[tag] not in index_vars:
+                        how = (
+                            "a reduction across blocks is not supported"
+                            if tag.startswith("blockIdx")
+                            else "threads reduce together when a reduce iterator, not fused with spatial "
+                            "ones, is bound to threadIdx: a cross-thread reduction"
+                        )
                         raise GPUCodegenError(
-                            f"buffer {s.buffer.name}: the threads along {tag} update the same elements "
-                            "(a reduction across threads needs a cross-thread reduction)"
+                            f"buffer {s.buffer.name}: the threads along {tag} update the same elements ({how})"
                         )
             for c in stmt_children(s):
                 visit(c, bound)

@@ -8,6 +8,8 @@ GPU states bind iterators to blockIdx/threadIdx/vthread: those become THREAD_BIN
 computed inside a kernel is "shared" when the threads of a block compute it together (its own
 iterators are bound to threadIdx, or it sits outside every threadIdx loop): its region then covers
 what all threads of the block read, and barriers fence its writes. Otherwise it is per-thread "local".
+A reduction whose reduce iterator is bound to threadIdx becomes a cross-thread reduction: per-thread
+partials in a register, combined by the block in a shared-memory tree (`_emit_cross_thread`).
 """
 
 from __future__ import annotations
@@ -388,6 +390,10 @@ class _Lowering:
         guards = self._guards(info)
         iters = list(st.iters)
         first_red = next((p for p, it in enumerate(iters) if it.kind != IterKind.SPATIAL), None)
+        if isinstance(body, Reduce):
+            across = self._thread_reduce_position(st)
+            if across is not None:
+                return self._finish(st, self._emit_cross_thread(info, body, across))
         if not isinstance(body, Reduce):
             store = BufferStore(info.buffer, self._value(body, vmap), store_idx)
             nest = self._nest(info, list(range(len(iters))), guards, store)
@@ -417,6 +423,135 @@ class _Lowering:
             update_nest = self._nest(info, inner, inner_guards, update)
             nest = self._nest(info, list(range(first_red)), outer_guards, seq(init_nest, update_nest))
         return self._finish(st, nest)
+
+    # ---- cross-thread reductions (GPU) ------------------------------------------------------
+
+    def _thread_reduce_position(self, st: Stage) -> int | None:
+        """Position of the reduce iterator bound to threadIdx (the block's threads reduce together)."""
+        found = [
+            p
+            for p, it in enumerate(st.iters)
+            if it.kind == IterKind.REDUCE and THREAD_TAGS.get(it.annotation, "").startswith("threadIdx")
+        ]
+        if len(found) > 1:
+            names = ", ".join(st.iters[p].name for p in found)
+            raise ScheduleError(
+                f"stage {st.name}: reduce iterators {names} are all bound to threads; a cross-thread "
+                "reduction binds one (fuse the reduce iterators first)"
+            )
+        return found[0] if found else None
+
+    def _emit_cross_thread(self, info: _StageInfo, body: Reduce, p_thr: int) -> Stmt:
+        """A reduction whose reduce iterator at `p_thr` is bound to threadIdx: an all-reduce of the block.
+
+        Each thread folds its strided share into a register (from the combiner's identity; threads past
+        the extent keep the identity), writes it to one slot of a shared buffer, and the block combines
+        the slots in a tree, halving the active threads per step, with a barrier after every step that
+        all threads reach (no barrier sits under a condition); thread 0 then stores the result.
+        """
+        st = info.stage
+        op = st.op
+        assert isinstance(op, ComputeOp) and info.buffer is not None
+        iters = st.iters
+        first_red = next(p for p, it in enumerate(iters) if it.kind != IterKind.SPATIAL)
+        for p in range(first_red, len(iters)):
+            it = iters[p]
+            if it.kind != IterKind.REDUCE:
+                raise ScheduleError(
+                    f"stage {st.name}: iterator {it.name} ({it.kind.name.lower()}) sits inside the reduce "
+                    "loops; a cross-thread reduction needs every spatial iterator outside them"
+                )
+            if THREAD_TAGS.get(it.annotation, "").startswith("blockIdx"):
+                raise ScheduleError(
+                    f"stage {st.name}: reduce iterator {it.name} is bound to {THREAD_TAGS[it.annotation]}; "
+                    "a reduction across blocks is not supported"
+                )
+        if self.attached.get((info.index, iters[p_thr].uid)):
+            raise ScheduleError(
+                f"stage {st.name}: a stage is computed at {iters[p_thr].name}, the iterator its threads "
+                "reduce along"
+            )
+        tag = THREAD_TAGS[iters[p_thr].annotation]
+        tvar = info.leaf_vars[p_thr]
+        own = info.extents[iters[p_thr].uid]
+        # every thread of the block takes part in the barriers, also those a wider loop of the same
+        # kernel launches: they contribute the identity
+        n = max(own, self._launch_extent(info.index, tag))
+        self.ranges[tvar] = (0, n - 1)
+        t: Expr = tvar if n > 1 else const(0)
+        outer_vars = set(info.prefix) | {info.leaf_vars[p] for p in range(first_red)}
+        lanes = []  # the block's other thread indices: each set of them reduces apart
+        for v in outer_vars:
+            other = self.thread_tag.get(v, "")
+            if other == tag:
+                raise ScheduleError(
+                    f"stage {st.name}: {tag} is bound both outside its reduction and to its reduce iterator"
+                )
+            if other.startswith("threadIdx"):
+                lanes.append(v)
+        lanes.sort(key=lambda v: self.thread_tag[v])
+        lo = [self.ranges[v][1] + 1 for v in lanes]
+
+        guards = self._guards(info)
+        store_guards = [g for g in guards if free_vars(g.expr) <= outer_vars]
+        if n > own:
+            guards.append(_Guard(tvar, own))
+        vmap = {a.var: info.absolute[k] for k, a in enumerate(op.all_axes)}
+        acc = Buffer(unique_name(f"{op.name}.acc", self.names), op.dtype, (1,), "local")
+        red = Buffer(unique_name(f"{op.name}.red", self.names), op.dtype, (*lo, n), "shared")
+        zero = (const(0),)
+
+        def slot(i: Expr) -> tuple[Expr, ...]:
+            return (*lanes, i)
+
+        update: Stmt = BufferStore(
+            acc, simplify(_combine(body.combiner, Load(acc, zero), self._value(body.source, vmap))), zero
+        )
+        if body.condition is not None:
+            update = IfThenElse(self._value(body.condition, vmap), update)
+        serial = [p for p in range(first_red, len(iters)) if p != p_thr]
+        parts: list[Stmt] = [
+            BufferStore(acc, reduce_identity(body.combiner, op.dtype), zero),
+            self._nest(info, serial, guards, update),
+            BufferStore(red, Load(acc, zero), slot(t)),
+            Barrier(),
+        ]
+        width = n
+        while width > 1:
+            half = 1 << ((width - 1).bit_length() - 1)  # the largest power of two below width
+            fold = BufferStore(
+                red, _combine(body.combiner, Load(red, slot(t)), Load(red, slot(t + half))), slot(t)
+            )
+            parts += [IfThenElse(t < width - half, fold), Barrier()]
+            width = half
+        store_idx = tuple(info.local[k] for k in range(len(op.axes)))
+        writer = [eq(t, 0)] if n > 1 else []
+        result: Stmt = BufferStore(info.buffer, Load(red, slot(const(0))), store_idx)
+        if writer or store_guards:
+            result = IfThenElse(simplify(logical_and(*writer, *(g.cond() for g in store_guards))), result)
+        parts.append(result)
+        threads: Stmt = Allocate(acc, seq(*parts))
+        if n > 1:
+            threads = For(tvar, const(n), n, ForKind.THREAD_BINDING, threads, tag)
+        return self._nest(info, list(range(first_red)), [], Allocate(red, threads))
+
+    def _launch_extent(self, sid: int, tag: str) -> int:
+        """The threads along `tag` of the kernel that stage `sid` is part of (its root stage's kernel)."""
+
+        def root(i: int) -> int:
+            while self.stages[i].compute_at == ComputeAtKind.ITER:
+                i = self.stages[i].attach[0]  # type: ignore[index]
+            return i
+
+        kernel = root(sid)
+        best = 1
+        for j, info in self.infos.items():
+            if root(j) != kernel:
+                continue
+            for it in info.stage.iters:
+                if THREAD_TAGS.get(it.annotation) == tag:
+                    best = max(best, info.extents[it.uid])
+        return best
 
     def _finish(self, st: Stage, nest: Stmt) -> Stmt:
         if st.auto_unroll_max_step > 0:
