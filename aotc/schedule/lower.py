@@ -458,7 +458,7 @@ class _Lowering:
             it = iters[p]
             if it.kind != IterKind.REDUCE:
                 raise ScheduleError(
-                    f"stage {st.name}: iterator {it.name} ({it.kind.name.lower()}) sits inside the reduce "
+                    f"stage {st.name}: iterator {it.name} ({it.kind.name.lower()}) is among the reduce "
                     "loops; a cross-thread reduction needs every spatial iterator outside them"
                 )
             if THREAD_TAGS.get(it.annotation, "").startswith("blockIdx"):
