@@ -26,7 +26,7 @@ from aotc_runtime.gpu import (
     dlpack_view,
     open_device,
 )
-from aotc_runtime.model import KernelTime, TensorInfo
+from aotc_runtime.model import KernelTime, LoadedModel, TensorInfo, check_array, kernel_info
 from aotc_runtime.package import GPUPackageContents, PackageError, read_gpu_package
 from aotc_runtime.plan import DTYPES, PlanCall, PlanVariant
 from aotc_runtime.signing import check_signature
@@ -79,7 +79,7 @@ def load_gpu(
         raise
 
 
-class GPUModel:
+class GPUModel(LoadedModel):
     """A model on a GPU. `run` takes and returns numpy arrays like CompiledModel.run; with CUDA,
     `run_dlpack` takes and returns device tensors (torch, cupy, ...) without copies. Calls are
     serialized (one workspace on one queue): `max_concurrency` is 1."""
@@ -99,11 +99,7 @@ class GPUModel:
         self._check_device_limits()
         self._scratch_offsets, arena = _scratch_layout(plan.gpu)
         self.variants = [self._variant(v) for v in plan.variants]
-        self._by_shapes = {v.input_shapes: v for v in self.variants}
-        first = self.variants[0]
-        self.inputs, self.outputs = first.inputs, first.outputs
-        self._input_names = [t.name for t in self.inputs]
-        self._output_names = [t.name for t in self.outputs]
+        self._index_variants()
         self._program = device.load_program(self._kernel_code(contents))
         for symbol in plan.gpu.values():
             for launch in symbol.launches:
@@ -172,23 +168,8 @@ class GPUModel:
             )
         return GPUVariant(inputs, outputs, v.calls, launches)
 
-    @property
-    def manifest(self) -> dict:
-        """The package's parsed manifest.json (treat as read-only)."""
-        return self._manifest
-
-    @property
-    def name(self) -> str:
-        return self._manifest["name"]
-
-    def __repr__(self) -> str:
-        def sig(ts: list[TensorInfo]) -> str:
-            return ", ".join(f"{t.name}: {t.dtype}{list(t.shape)}" for t in ts)
-
-        return (
-            f"<GPUModel {self.name!r} ({sig(self.inputs)}) -> ({sig(self.outputs)}) on {self.device.name} "
-            f"from {self.path}>"
-        )
+    def _where(self) -> str:
+        return f" on {self.device.name}"
 
     def close(self) -> None:
         """Free the model's device memory and kernels."""
@@ -212,7 +193,7 @@ class GPUModel:
         """Run the model; inputs by name or in order, numpy arrays. Preallocated `outputs` (by name) are
         filled. `num_threads` is accepted for CompiledModel's signature and unused (the GPU's threads
         come from the plan)."""
-        values = self._values(inputs)
+        values = self._input_values(inputs)
         variant = self._pick_variant(values)
         arrays = [_host_input(v, t) for v, t in zip(values, variant.inputs)]
         results = self._host_outputs(outputs, variant)
@@ -233,7 +214,7 @@ class GPUModel:
         one without a copy; `a.numpy()` copies it to the host). Returns once the outputs are complete."""
         if self.kind != "cuda":
             raise TypeError(f"run_dlpack needs a CUDA package; {self.path} is {self.kind} (use run)")
-        values = self._values(inputs)
+        values = self._input_values(inputs)
         variant = self._pick_variant(values)
         stream = int(self.device.stream)  # type: ignore[attr-defined]
         views = [self._device_tensor(v, t, stream, "input") for v, t in zip(values, variant.inputs)]
@@ -303,37 +284,6 @@ class GPUModel:
             bound = [(buffers[kind][index], offset) for kind, index, offset in args]
             self.device.launch(self._program, kernel, grid, block, bound)
 
-    def _values(self, inputs: Mapping[str, object] | Sequence[object]) -> list[object]:
-        names = self._input_names
-        if isinstance(inputs, (list, tuple)):
-            if len(inputs) != len(names):
-                raise ValueError(f"expected {len(names)} inputs ({', '.join(names)}), got {len(inputs)}")
-            return list(inputs)
-        if isinstance(inputs, Mapping):
-            unknown = [n for n in inputs if n not in names]
-            if unknown:
-                raise ValueError(f"unknown input {unknown[0]!r}; expected inputs: {', '.join(names)}")
-            missing = [n for n in names if n not in inputs]
-            if missing:
-                raise ValueError(f"missing input {missing[0]!r}; expected inputs: {', '.join(names)}")
-            return [inputs[n] for n in names]
-        raise TypeError(
-            f"inputs must be a dict of name -> array or a list of arrays, got {type(inputs).__name__}"
-        )
-
-    def _pick_variant(self, values: Sequence[object]) -> GPUVariant:
-        if len(self.variants) == 1:
-            return self.variants[0]
-        shapes = tuple(tuple(getattr(v, "shape", ())) for v in values)
-        variant = self._by_shapes.get(shapes)
-        if variant is not None:
-            return variant
-        given = ", ".join(f"{n}{list(s)}" for n, s in zip(self._input_names, shapes))
-        compiled = "; ".join(v.describe() for v in self.variants)
-        raise ValueError(
-            f"no variant of the model takes inputs of shapes {given}; it was compiled for {compiled}"
-        )
-
     def _host_outputs(
         self, outputs: Mapping[str, np.ndarray] | None, variant: GPUVariant
     ) -> list[np.ndarray]:
@@ -349,7 +299,7 @@ class GPUModel:
             if a is None:
                 a = np.empty(t.shape, t.dtype)
             else:
-                _check_array(a, t, "output")
+                check_array(a, t, "output")
                 if not (a.flags.c_contiguous and a.flags.writeable):
                     raise ValueError(
                         f"output {t.name!r}: a preallocated output must be C-contiguous and writeable"
@@ -358,19 +308,6 @@ class GPUModel:
         return results
 
     # ------------------------------------------------------------------------- profiling
-
-    def random_inputs(self, seed: int = 0) -> list[np.ndarray]:
-        """Seeded inputs: standard normal floats, 0/1 integers and booleans."""
-        rng = np.random.default_rng(seed)
-        out = []
-        for t in self.inputs:
-            if t.dtype.kind == "f":
-                out.append(rng.standard_normal(t.shape).astype(t.dtype))
-            elif t.dtype.kind == "b":
-                out.append(rng.random(t.shape) < 0.5)
-            else:
-                out.append(rng.integers(0, 2, t.shape).astype(t.dtype))
-        return out
 
     def profile(
         self,
@@ -382,9 +319,9 @@ class GPUModel:
         """Time every call of the execution plan on the device (CUDA events; OpenCL: the host clock
         around a finished queue): each call's launches `repeat` times after `warmup` whole runs."""
         feeds = self.random_inputs(seed) if inputs is None else inputs
-        values = self._values(feeds)
+        values = self._input_values(feeds)
         variant = self._pick_variant(values)
-        info = _kernel_info(self._manifest)
+        info = kernel_info(self._manifest)
         timed = []
         with self._lock:
             for buf, v, t in zip(self._buffers["input"], values, variant.inputs):
@@ -417,24 +354,6 @@ def _scratch_layout(gpu: dict) -> tuple[dict[str, list[int]], int]:
     return offsets, size
 
 
-def _kernel_info(manifest: dict) -> dict[str, tuple[str, int]]:
-    info = {}
-    for k in manifest["kernels"]:
-        task, flops = k.get("task", ""), k.get("flops", 0)
-        valid = isinstance(flops, int) and not isinstance(flops, bool) and flops >= 0
-        info[k["symbol"]] = (task if isinstance(task, str) else "", flops if valid else 0)
-    return info
-
-
-def _check_array(a: object, t: TensorInfo, role: str) -> None:
-    if not isinstance(a, np.ndarray):
-        raise TypeError(f"{role} {t.name!r}: expected a numpy.ndarray, got {type(a).__name__}")
-    if a.dtype != t.dtype:
-        raise ValueError(f"{role} {t.name!r}: expected dtype {t.dtype}, got {a.dtype}")
-    if a.shape != t.shape:
-        raise ValueError(f"{role} {t.name!r}: expected shape {t.shape}, got {a.shape}")
-
-
 def _host_input(a: object, t: TensorInfo) -> np.ndarray:
-    _check_array(a, t, "input")
+    check_array(a, t, "input")
     return np.ascontiguousarray(a)

@@ -190,7 +190,92 @@ class CallSlotPool:
         return self._made
 
 
-class CompiledModel:
+class LoadedModel:
+    """What every loaded package offers, CPU or GPU: its manifest and name, its variants' inputs and
+    outputs, inputs given by name or in order, the variant their shapes pick, seeded random inputs.
+    A subclass sets `path`, `_manifest` and `variants` (each with `inputs`, `outputs`, `input_shapes`,
+    `describe()`), then calls `_index_variants`."""
+
+    path: str
+    _manifest: dict
+    variants: list
+
+    def _index_variants(self) -> None:
+        self._by_shapes = {v.input_shapes: v for v in self.variants}
+        first = self.variants[0]
+        self.inputs, self.outputs = first.inputs, first.outputs
+        self._input_names = [t.name for t in self.inputs]
+        self._output_names = [t.name for t in self.outputs]
+
+    @property
+    def manifest(self) -> dict:
+        """The package's parsed manifest.json (treat as read-only)."""
+        return self._manifest
+
+    @property
+    def name(self) -> str:
+        return self._manifest["name"]
+
+    def _where(self) -> str:
+        return ""
+
+    def __repr__(self) -> str:
+        def sig(ts: list[TensorInfo]) -> str:
+            return ", ".join(f"{t.name}: {t.dtype}{list(t.shape)}" for t in ts)
+
+        return (
+            f"<{type(self).__name__} {self.name!r} ({sig(self.inputs)}) -> ({sig(self.outputs)})"
+            f"{self._where()} from {self.path}>"
+        )
+
+    def _input_values(self, inputs: Mapping[str, object] | Sequence[object]) -> list[object]:
+        """The inputs in the model's order, from a list or a mapping by name."""
+        names = self._input_names
+        if isinstance(inputs, (list, tuple)):
+            if len(inputs) != len(names):
+                raise ValueError(f"expected {len(names)} inputs ({', '.join(names)}), got {len(inputs)}")
+            return list(inputs)
+        if isinstance(inputs, Mapping):
+            if len(inputs) != len(names) or not all(n in inputs for n in names):
+                raise ValueError(self._name_mismatch(inputs))
+            return [inputs[n] for n in names]
+        raise TypeError(
+            f"inputs must be a dict of name -> array or a list of arrays, got {type(inputs).__name__}"
+        )
+
+    def _name_mismatch(self, given: Mapping[str, object], role: str = "input") -> str:
+        expected = self._input_names if role == "input" else self._output_names
+        unknown = [n for n in given if n not in expected]
+        if unknown:
+            return f"unknown {role} {unknown[0]!r}; expected {role}s: {', '.join(expected)}"
+        missing = [n for n in expected if n not in given]
+        return f"missing {role} {missing[0]!r}; expected {role}s: {', '.join(expected)}"
+
+    def _pick_variant(self, values: Sequence[object]):
+        """The variant compiled for these inputs' shapes; values without a shape get the first variant,
+        whose checks then say what is wrong."""
+        if len(self.variants) == 1:
+            return self.variants[0]
+        shapes = [getattr(v, "shape", None) for v in values]
+        if any(s is None for s in shapes):
+            return self.variants[0]
+        key = tuple(tuple(int(d) for d in s) for s in shapes)
+        variant = self._by_shapes.get(key)
+        if variant is not None:
+            return variant
+        given = ", ".join(f"{n}{list(s)}" for n, s in zip(self._input_names, key))
+        compiled = "; ".join(v.describe() for v in self.variants)
+        raise ValueError(
+            f"no variant of the model takes inputs of shapes {given}; it was compiled for {compiled}"
+        )
+
+    def random_inputs(self, seed: int = 0) -> list[np.ndarray]:
+        """Seeded inputs: standard normal floats, 0/1 integers and booleans."""
+        rng = np.random.default_rng(seed)
+        return [_random_array(rng, t) for t in self.inputs]
+
+
+class CompiledModel(LoadedModel):
     """A model ready to run. `run` is thread-safe: up to `max_concurrency` calls run at once, each with
     its own workspace (made when first needed); further callers wait for one to finish.
 
@@ -209,11 +294,7 @@ class CompiledModel:
         self._weights = weights
         self._lib = _open_library(path, lib_path)
         self.variants = [self._variant(v) for v in plan.variants]
-        self._by_shapes = {v.input_shapes: v for v in self.variants}
-        first = self.variants[0]
-        self.inputs, self.outputs = first.inputs, first.outputs
-        self._input_names = [t.name for t in self.inputs]
-        self._output_names = [t.name for t in self.outputs]
+        self._index_variants()
         self._weights_ptr = ctypes.c_void_p(weights.__array_interface__["data"][0])
         limit = available_cores() if max_concurrency is None else checked_max_concurrency(max_concurrency)
         # one pool for every variant, each workspace sized for the largest (variants share names, so counts)
@@ -237,15 +318,6 @@ class CompiledModel:
         return fn
 
     @property
-    def manifest(self) -> dict:
-        """The package's parsed manifest.json (treat as read-only)."""
-        return self._manifest
-
-    @property
-    def name(self) -> str:
-        return self._manifest["name"]
-
-    @property
     def max_concurrency(self) -> int:
         """How many `run` calls may proceed at once, each in its own workspace."""
         return self.call_slots.limit
@@ -262,12 +334,6 @@ class CompiledModel:
     @num_threads.setter
     def num_threads(self, n: int) -> None:
         self._num_threads = checked_num_threads(n)
-
-    def __repr__(self) -> str:
-        def sig(ts: list[TensorInfo]) -> str:
-            return ", ".join(f"{t.name}: {t.dtype}{list(t.shape)}" for t in ts)
-
-        return f"<CompiledModel {self.name!r} ({sig(self.inputs)}) -> ({sig(self.outputs)}) from {self.path}>"
 
     # ------------------------------------------------------------------------- running
 
@@ -322,47 +388,14 @@ class CompiledModel:
     ) -> tuple[ModelVariant, list[np.ndarray], list[int]]:
         """The variant whose input shapes the arrays have (a ValueError lists the compiled shapes when
         none has), the arrays as passed to it and their data pointers."""
-        names = self._input_names
-        if isinstance(inputs, (list, tuple)):
-            if len(inputs) != len(names):
-                raise ValueError(f"expected {len(names)} inputs ({', '.join(names)}), got {len(inputs)}")
-            values = inputs
-        elif type(inputs) is dict or isinstance(inputs, Mapping):
-            if len(inputs) != len(names) or not all(n in inputs for n in names):
-                raise ValueError(self._name_mismatch(inputs))
-            values = [inputs[n] for n in names]
-        else:
-            raise TypeError(
-                f"inputs must be a dict of name -> array or a list of arrays, got {type(inputs).__name__}"
-            )
-        variant = self.variants[0]
-        if len(self.variants) > 1:
-            variant = self._pick_variant(values)
+        values = self._input_values(inputs)
+        variant = self._pick_variant(values)
         arrays, ptrs = [], []
         for v, t in zip(values, variant.inputs):
             a, p = _conform(v, t)
             arrays.append(a)
             ptrs.append(p)
         return variant, arrays, ptrs
-
-    def _pick_variant(self, values: Sequence[object]) -> ModelVariant:
-        shapes = tuple(getattr(v, "shape", None) for v in values)
-        variant = self._by_shapes.get(shapes)
-        if variant is not None or not all(isinstance(v, np.ndarray) for v in values):
-            return variant or self.variants[0]  # not arrays: the first variant's checks say so
-        given = ", ".join(f"{n}{list(s)}" for n, s in zip(self._input_names, shapes))
-        compiled = "; ".join(v.describe() for v in self.variants)
-        raise ValueError(
-            f"no variant of the model takes inputs of shapes {given}; it was compiled for {compiled}"
-        )
-
-    def _name_mismatch(self, given: Mapping[str, np.ndarray], role: str = "input") -> str:
-        expected = self._input_names if role == "input" else self._output_names
-        unknown = [n for n in given if n not in expected]
-        if unknown:
-            return f"unknown {role} {unknown[0]!r}; expected {role}s: {', '.join(expected)}"
-        missing = [n for n in expected if n not in given]
-        return f"missing {role} {missing[0]!r}; expected {role}s: {', '.join(expected)}"
 
     def _bind_outputs(
         self,
@@ -456,7 +489,7 @@ class CompiledModel:
                     if i >= warmup:
                         spent.append((end - start) * 1e3)
             alone_ms = [self._time_alone(fn, argv, max(repeat, 1)) for fn, argv in calls] if alone else None
-        info = _kernel_info(self._manifest)
+        info = kernel_info(self._manifest)
         timed = []
         for i, (call, spent) in enumerate(zip(variant.calls, times)):
             task, flops = info.get(call.kernel, ("", 0))
@@ -506,13 +539,8 @@ class CompiledModel:
             calls.append((fn, argv))
         return calls
 
-    def random_inputs(self, seed: int = 0) -> list[np.ndarray]:
-        """Seeded inputs: standard normal floats, 0/1 integers and booleans."""
-        rng = np.random.default_rng(seed)
-        return [_random_array(rng, t) for t in self.inputs]
 
-
-def _kernel_info(manifest: dict) -> dict[str, tuple[str, int]]:
+def kernel_info(manifest: dict) -> dict[str, tuple[str, int]]:
     """Each kernel's task name and flops as the manifest describes them (informational: 0 and '' when odd)."""
     info = {}
     for k in manifest["kernels"]:
@@ -566,7 +594,7 @@ def _address(a: np.ndarray) -> int:
 
 def _conform(a: np.ndarray, t: TensorInfo) -> tuple[np.ndarray, int]:
     """`a` and its data pointer when usable as is (zero-copy), else a C-contiguous aligned copy."""
-    _check_array(a, t, "input")
+    check_array(a, t, "input")
     if a.flags.c_contiguous:
         ptr = _address(a)
         if ptr % t.dtype.alignment == 0:
@@ -576,7 +604,7 @@ def _conform(a: np.ndarray, t: TensorInfo) -> tuple[np.ndarray, int]:
 
 
 def _writable_pointer(a: np.ndarray, t: TensorInfo) -> int:
-    _check_array(a, t, "output")
+    check_array(a, t, "output")
     flags = a.flags
     if not (flags.c_contiguous and flags.aligned and flags.writeable):
         raise ValueError(
@@ -585,7 +613,8 @@ def _writable_pointer(a: np.ndarray, t: TensorInfo) -> int:
     return _address(a)
 
 
-def _check_array(a: np.ndarray, t: TensorInfo, role: str) -> None:
+def check_array(a: object, t: TensorInfo, role: str) -> None:
+    """A numpy array of the tensor's dtype and shape, else a TypeError or ValueError naming it."""
     if not isinstance(a, np.ndarray):
         raise TypeError(f"{role} {t.name!r}: expected a numpy.ndarray, got {type(a).__name__}")
     if a.dtype != t.dtype:
