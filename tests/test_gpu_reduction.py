@@ -167,6 +167,25 @@ def dense_batch1():
     return dag, cross_thread(State.initial(dag), "dense", 32)
 
 
+def dense_batch1_shared():
+    """As dense_batch1, with x and w staged in shared memory at the serial reduce loop (Ansor's shared
+    cache reads), fetched by the same 32 threads: its barriers sit outside the reducing thread loop."""
+    dag, s = dense_batch1()
+    s = s.cache_read("x", "shared", ["dense"]).cache_read("w", "shared", ["dense"])
+    for shared in ("x.shared", "w.shared"):
+        s = s.compute_at(shared, "dense", 1)
+        s = s.fuse(shared, [0, 1]).split(shared, 0, [32]).bind(shared, 1, Annotation.THREAD_X)
+    return dag, s
+
+
+def softmax_fused_one_thread_reduces():
+    """Reductions split by 1 (one thread each) inside a 32-thread kernel: the other 31 add nothing."""
+    x = te.placeholder((3, 40), name="x")
+    dag = te.ComputeDAG([nn.softmax(x)])
+    s = State.initial(dag).compute_inline("softmax_exp")
+    return dag, fused_into_rows(s, "softmax_norm", ["softmax_maxelem", "softmax_expsum"], 32, 1)
+
+
 def global_avg_pool():
     """Mean over 7x7 (49 points by 32 threads) per (n, c); the mean a separate kernel."""
     x = te.placeholder((2, 8, 7, 7), name="x")
@@ -207,6 +226,8 @@ WORKLOADS = {
     "layer_norm_root": layer_norm_root,
     "layer_norm_fused": layer_norm_fused,
     "dense_batch1": dense_batch1,
+    "dense_batch1_shared": dense_batch1_shared,
+    "softmax_fused_one_thread_reduces": softmax_fused_one_thread_reduces,
     "global_avg_pool": global_avg_pool,
     "global_avg_pool_fused": global_avg_pool_fused,
     "rows_per_block": rows_per_block,

@@ -444,10 +444,12 @@ class _Lowering:
     def _emit_cross_thread(self, info: _StageInfo, body: Reduce, p_thr: int) -> Stmt:
         """A reduction whose reduce iterator at `p_thr` is bound to threadIdx: an all-reduce of the block.
 
-        Each thread folds its strided share into a register (from the combiner's identity; threads past
-        the extent keep the identity), writes it to one slot of a shared buffer, and the block combines
-        the slots in a tree, halving the active threads per step, with a barrier after every step that
-        all threads reach (no barrier sits under a condition); thread 0 then stores the result.
+        Each thread folds its share into a register (from the combiner's identity; a thread past the
+        extent or the split keeps it) in the stage's own loop order, so a stage computed at an outer
+        reduce loop (a shared cache read) stays outside the thread loop. Then every thread of the block
+        writes its partial to one slot of a shared buffer, the slots are combined in a tree, halving the
+        active threads per step, with a barrier after every step that all threads reach (none sits under
+        a condition), and thread 0 stores the result.
         """
         st = info.stage
         op = st.op
@@ -466,19 +468,11 @@ class _Lowering:
                     f"stage {st.name}: reduce iterator {it.name} is bound to {THREAD_TAGS[it.annotation]}; "
                     "a reduction across blocks is not supported"
                 )
-        if self.attached.get((info.index, iters[p_thr].uid)):
-            raise ScheduleError(
-                f"stage {st.name}: a stage is computed at {iters[p_thr].name}, the iterator its threads "
-                "reduce along"
-            )
         tag = THREAD_TAGS[iters[p_thr].annotation]
-        tvar = info.leaf_vars[p_thr]
         own = info.extents[iters[p_thr].uid]
-        # every thread of the block takes part in the barriers, also those a wider loop of the same
-        # kernel launches: they contribute the identity
+        # every thread the kernel launches along the tag takes part in the tree (a wider consumer loop
+        # launches more than the split): the extra ones hold the identity
         n = max(own, self._launch_extent(info.index, tag))
-        self.ranges[tvar] = (0, n - 1)
-        t: Expr = tvar if n > 1 else const(0)
         outer_vars = set(info.prefix) | {info.leaf_vars[p] for p in range(first_red)}
         lanes = []  # the block's other thread indices: each set of them reduces apart
         for v in outer_vars:
@@ -490,50 +484,63 @@ class _Lowering:
             if other.startswith("threadIdx"):
                 lanes.append(v)
         lanes.sort(key=lambda v: self.thread_tag[v])
-        lo = [self.ranges[v][1] + 1 for v in lanes]
 
         guards = self._guards(info)
-        store_guards = [g for g in guards if free_vars(g.expr) <= outer_vars]
-        if n > own:
-            guards.append(_Guard(tvar, own))
+        # a point past a spatial edge adds nothing; its guard goes on the update, never around the loops
+        # that may hold barriers (a cache read at an outer reduce loop)
+        edge = [g.cond() for g in guards if free_vars(g.expr) <= outer_vars]
+        inner = [g for g in guards if not free_vars(g.expr) <= outer_vars]
         vmap = {a.var: info.absolute[k] for k, a in enumerate(op.all_axes)}
         acc = Buffer(unique_name(f"{op.name}.acc", self.names), op.dtype, (1,), "local")
-        red = Buffer(unique_name(f"{op.name}.red", self.names), op.dtype, (*lo, n), "shared")
+        slots = (*(self.ranges[v][1] + 1 for v in lanes), n)
+        red = Buffer(unique_name(f"{op.name}.red", self.names), op.dtype, slots, "shared")
         zero = (const(0),)
+        update: Stmt = BufferStore(
+            acc, simplify(_combine(body.combiner, Load(acc, zero), self._value(body.source, vmap))), zero
+        )
+        conds = [self._value(body.condition, vmap)] if body.condition is not None else []
+        if conds or edge:
+            update = IfThenElse(logical_and(*conds, *edge), update)
+        accumulate = self._nest(info, list(range(first_red, len(iters))), inner, update)
+        if own == 1 and n > 1:  # no loop binds the index: only thread 0 may add
+            t0 = self._thread_var(iters[p_thr].name, tag, n)
+            accumulate = For(t0, const(n), n, ForKind.THREAD_BINDING, IfThenElse(eq(t0, 0), accumulate), tag)
+
+        # the tree runs in a thread loop of its own over all n threads: no guard around its barriers
+        tvar = self._thread_var(iters[p_thr].name, tag, n)
+        t: Expr = tvar if n > 1 else const(0)
 
         def slot(i: Expr) -> tuple[Expr, ...]:
             return (*lanes, i)
 
-        update: Stmt = BufferStore(
-            acc, simplify(_combine(body.combiner, Load(acc, zero), self._value(body.source, vmap))), zero
-        )
-        if body.condition is not None:
-            update = IfThenElse(self._value(body.condition, vmap), update)
-        serial = [p for p in range(first_red, len(iters)) if p != p_thr]
-        parts: list[Stmt] = [
-            BufferStore(acc, reduce_identity(body.combiner, op.dtype), zero),
-            self._nest(info, serial, guards, update),
-            BufferStore(red, Load(acc, zero), slot(t)),
-            Barrier(),
-        ]
+        tree: list[Stmt] = [BufferStore(red, Load(acc, zero), slot(t)), Barrier()]
         width = n
         while width > 1:
             half = 1 << ((width - 1).bit_length() - 1)  # the largest power of two below width
             fold = BufferStore(
                 red, _combine(body.combiner, Load(red, slot(t)), Load(red, slot(t + half))), slot(t)
             )
-            parts += [IfThenElse(t < width - half, fold), Barrier()]
+            tree += [IfThenElse(t < width - half, fold), Barrier()]
             width = half
         store_idx = tuple(info.local[k] for k in range(len(op.axes)))
-        writer = [eq(t, 0)] if n > 1 else []
         result: Stmt = BufferStore(info.buffer, Load(red, slot(const(0))), store_idx)
-        if writer or store_guards:
-            result = IfThenElse(simplify(logical_and(*writer, *(g.cond() for g in store_guards))), result)
-        parts.append(result)
-        threads: Stmt = Allocate(acc, seq(*parts))
+        writer = [eq(t, 0)] if n > 1 else []
+        if writer or edge:
+            result = IfThenElse(simplify(logical_and(*writer, *edge), self.ranges), result)
+        tree.append(result)
+        combine: Stmt = seq(*tree)
         if n > 1:
-            threads = For(tvar, const(n), n, ForKind.THREAD_BINDING, threads, tag)
-        return self._nest(info, list(range(first_red)), [], Allocate(red, threads))
+            combine = For(tvar, const(n), n, ForKind.THREAD_BINDING, combine, tag)
+        init = BufferStore(acc, reduce_identity(body.combiner, op.dtype), zero)
+        # acc is per thread wherever it is declared (every statement of a kernel runs in each thread)
+        nest = Allocate(red, Allocate(acc, seq(init, accumulate, combine)))
+        return self._nest(info, list(range(first_red)), [], nest)
+
+    def _thread_var(self, name: str, tag: str, extent: int) -> Var:
+        v = Var(name)
+        self.thread_tag[v] = tag
+        self.ranges[v] = (0, extent - 1)
+        return v
 
     def _launch_extent(self, sid: int, tag: str) -> int:
         """The threads along `tag` of the kernel that stage `sid` is part of (its root stage's kernel)."""
