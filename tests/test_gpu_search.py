@@ -17,7 +17,7 @@ from aotc import te
 from aotc.codegen.gpu import build_opencl, compile_cuda, emit_gpu, gpu_source, opencl_device, run_opencl
 from aotc.schedule.default import default_schedule
 from aotc.schedule.lower import lower
-from aotc.schedule.state import Annotation, ComputeAtKind
+from aotc.schedule.state import Annotation, ComputeAtKind, IterKind
 from aotc.search.annotation import sample_state
 from aotc.search.evolution import mutate
 from aotc.search.lowering import lowered
@@ -103,6 +103,24 @@ def _sum():
     return te.ComputeDAG([nn.reduce(te.placeholder((4, 11, 6), name="x"), "sum", [0, 2])])
 
 
+def _long_softmax():
+    return te.ComputeDAG([nn.softmax(te.placeholder((3, 300), name="x"))])
+
+
+def _long_layer_norm():
+    x, g, b = (
+        te.placeholder((4, 96), name="x"),
+        te.placeholder((96,), name="g"),
+        te.placeholder((96,), name="b"),
+    )
+    return te.ComputeDAG([nn.layer_norm(x, g, b)])
+
+
+def _dense_batch1():
+    x, w = te.placeholder((1, 300), name="x"), te.placeholder((16, 300), name="w")
+    return te.ComputeDAG([nn.dense(x, w)])
+
+
 WORKLOADS = {
     "matmul": _matmul,
     "dense_bias_relu": _dense_bias_relu,
@@ -114,6 +132,10 @@ WORKLOADS = {
     "layer_norm": _layer_norm,
     "pool": _pool,
     "sum": _sum,
+    # long reductions: cross-thread reduction sketches
+    "long_softmax": _long_softmax,
+    "long_layer_norm": _long_layer_norm,
+    "dense_batch1": _dense_batch1,
 }
 
 
@@ -231,3 +253,20 @@ def test_untuned_gpu_schedule_inlines_and_binds_every_root_stage():
     assert [st.name for st in roots] == ["conv2d", "relu"]
     for st in roots:
         assert [it.annotation for it in st.iters[:2]] == [Annotation.BLOCK_X, Annotation.THREAD_X]
+
+
+@pytest.mark.parametrize("name", ["long_softmax", "long_layer_norm", "dense_batch1"])
+def test_long_reductions_get_cross_thread_sketches(name):
+    """A reduction longer than a warp (or a tiled op with less spatial work than a block) gets a sketch
+    whose reduce loop is split by a warp and bound to threadIdx.x, besides the others."""
+    sketches = generate_sketches(WORKLOADS[name](), CUDA)
+    bound = [
+        s
+        for s in sketches
+        if any(
+            it.annotation == Annotation.THREAD_X and it.kind == IterKind.REDUCE
+            for st in s.stages
+            for it in st.iters
+        )
+    ]
+    assert bound and len(bound) < len(sketches)

@@ -468,9 +468,11 @@ def _bind_untiled(state: State, sid: int, hw, rng: random.Random) -> State:
     while n < len(iters) and iters[n].kind == IterKind.SPATIAL and iters[n].annotation == Annotation.NONE:
         n += 1
     if n == 0:
-        return state  # a reduction to one value: one thread (a cross-thread reduction is future work)
+        return state  # a reduction to one value: one block
     if n > 1:
         state = state.fuse(sid, list(range(n)))
+    if any(it.annotation == Annotation.THREAD_X for it in iters):
+        return state.bind(sid, 0, Annotation.BLOCK_X)  # a cross-thread reduction: its threads are taken
     extent = state.stages[sid].iters[0].extent or 1
     sizes = [b for b in BLOCK_SIZES if b <= hw.max_threads_per_block]
     threads = sizes[rng.randrange(len(sizes))]

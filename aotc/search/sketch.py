@@ -13,7 +13,7 @@ from enum import Enum
 
 import numpy as np
 
-from aotc.schedule.state import ComputeAtKind, IterKind, SplitRel, State
+from aotc.schedule.state import Annotation, ComputeAtKind, IterKind, SplitRel, State
 from aotc.schedule.steps import RfactorStep, SplitStep, effective_consumers, replay
 from aotc.schedule.tiling import (
     const_index_vector_axes,
@@ -381,6 +381,47 @@ class AddCacheReadShared(SketchRule):
         return [(state, stage_id)]
 
 
+def cross_thread_width(ctx: SearchContext) -> int:
+    """Threads that share one reduction: a warp (32 where the target promises no lock-step width)."""
+    return max(ctx.target.hw.warp_size, 32)
+
+
+def needs_cross_thread_reduction(ctx: SearchContext, state: State, stage_id: int) -> bool:
+    """Ansor's NeedsCrossThreadReduction: too little spatial work to fill a block with threads of their
+    own (a tiled op), or a reduction longer than a warp (any other)."""
+    st = state.stages[stage_id]
+    if not isinstance(st.op, ComputeOp) or not st.op.reduce_axes or is_tiled(state, stage_id):
+        return False
+    if any(it.annotation != Annotation.NONE for it in st.iters):
+        return False
+    space, reduce = space_and_reduce_length(state, stage_id)
+    if needs_multi_level_tiling(ctx, state, stage_id):
+        return space <= ctx.target.hw.max_threads_per_block and space < reduce
+    return reduce > cross_thread_width(ctx)
+
+
+class CrossThreadReduction(SketchRule):
+    """Fuse the reduce loops, split them by a warp and bind the inner part to threadIdx.x: the threads
+    of a block reduce together (the outer spatial loops become blocks in ThreadBind)."""
+
+    name = "CrossThreadReduction"
+
+    def meets(self, ctx, state, stage_id):
+        if has_cache_write_stage(state, stage_id) or not needs_cross_thread_reduction(ctx, state, stage_id):
+            return Condition.SKIP
+        return Condition.APPLY
+
+    def apply(self, ctx, state, stage_id):
+        st = state.stages[stage_id]
+        red = [i for i, it in enumerate(st.iters) if it.kind == IterKind.REDUCE]
+        if red != list(range(red[0], len(st.iters))):
+            return []
+        if len(red) > 1:
+            state = state.fuse(stage_id, red)
+        state = state.split(stage_id, red[0], [cross_thread_width(ctx)])
+        return [(state.bind(stage_id, red[0] + 1, Annotation.THREAD_X), stage_id - 1)]
+
+
 class AddCacheWriteGPU(AddCacheWrite):
     """On GPU a tiled stage always accumulates in registers: no variant without the cache."""
 
@@ -409,6 +450,7 @@ GPU_RULES: tuple[SketchRule, ...] = (
     AddCacheReadShared(),
     AlwaysInlineGPU(),
     SimplifyComputeWithConstTensor(),
+    CrossThreadReduction(),
     AddCacheWriteGPU(),
     MultiLevelTilingWithFusionGPU(),
     MultiLevelTiling(),
