@@ -270,3 +270,15 @@ def test_long_reductions_get_cross_thread_sketches(name):
         )
     ]
     assert bound and len(bound) < len(sketches)
+
+
+def test_untuned_gpu_schedule_reduces_long_rows_across_threads():
+    """Softmax over 300 columns of 3 rows: its max and sum stages give each row a block whose 32 threads
+    reduce it together; the element-wise normalization keeps one thread per point."""
+    s = default_schedule(_long_softmax(), CUDA)
+    by_name = {st.name: st for st in s.stages}
+    for name in ("softmax_maxelem", "softmax_expsum"):
+        bound = {it.annotation: it for it in by_name[name].iters if it.annotation != Annotation.NONE}
+        assert bound[Annotation.THREAD_X].kind == IterKind.REDUCE and bound[Annotation.THREAD_X].extent == 32
+        assert bound[Annotation.BLOCK_X].extent == 3
+    assert all(it.kind == IterKind.SPATIAL for it in by_name["softmax_norm"].iters)

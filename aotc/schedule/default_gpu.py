@@ -3,11 +3,15 @@
 Every stage without a reduction is inlined (Ansor's AlwaysInline is greedy on GPU), but Winograd's
 constant-indexed transforms; every stage left at the root
 becomes one kernel in which each thread computes one output element: its spatial loops fused, split by
-the block size and bound to blockIdx.x / threadIdx.x, its reduction (if any) a serial loop per thread.
+the block size and bound to blockIdx.x / threadIdx.x, its reduction (if any) a serial loop per thread;
+but a stage with fewer outputs than its reduction is long (softmax rows, a global pool) reduces each
+output across the 32 threads of a block.
 Correct for every DAG and every GPU; fast only for element-wise stages: tuning finds the tiled ones.
 """
 
 from __future__ import annotations
+
+import math
 
 from aotc.schedule.state import Annotation, ComputeAtKind, IterKind, State
 from aotc.target import Target
@@ -15,6 +19,7 @@ from aotc.te.dag import ComputeDAG
 from aotc.te.tensor import CONST_INDEX_AXES
 
 THREADS_PER_BLOCK = 128  # four warps: enough to hide latency, within every OpenCL device's 256
+CROSS_THREAD_WIDTH = 32  # threads that reduce one long row together (a warp)
 
 
 def gpu_default_schedule(dag: ComputeDAG, target: Target) -> State:
@@ -27,9 +32,29 @@ def gpu_default_schedule(dag: ComputeDAG, target: Target) -> State:
             s = s.compute_inline(sid)
     for name in [st.name for st in s.stages]:
         st = s.stages[s.stage_id(name)]
-        if not st.is_placeholder and st.compute_at == ComputeAtKind.ROOT:
+        if st.is_placeholder or st.compute_at != ComputeAtKind.ROOT:
+            continue
+        space = math.prod(it.extent or 1 for it in st.iters if it.kind == IterKind.SPATIAL)
+        reduce = math.prod(it.extent or 1 for it in st.iters if it.kind == IterKind.REDUCE)
+        if reduce > CROSS_THREAD_WIDTH and space < reduce:  # few long rows: a block per row
+            s = reduce_across_threads(s, name, CROSS_THREAD_WIDTH)
+        else:
             s = bind_one_thread_per_point(s, name, min(THREADS_PER_BLOCK, target.hw.max_threads_per_block))
     return s
+
+
+def reduce_across_threads(s: State, name: str, threads: int) -> State:
+    """A root stage's reduce loops fused, split by `threads` bound to threadIdx.x (the block reduces
+    together), its spatial loops fused into blockIdx.x."""
+    sid = s.stage_id(name)
+    iters = s.stages[sid].iters
+    red = [i for i, it in enumerate(iters) if it.kind == IterKind.REDUCE]
+    if len(red) > 1:
+        s = s.fuse(sid, red)
+    s = s.split(sid, red[0], [threads]).bind(sid, red[0] + 1, Annotation.THREAD_X)
+    if red[0] > 1:
+        s = s.fuse(sid, list(range(red[0])))
+    return s.bind(sid, 0, Annotation.BLOCK_X) if red[0] else s
 
 
 def bind_one_thread_per_point(s: State, name: str, threads: int) -> State:
