@@ -205,9 +205,12 @@ def test_ptx_for_newer_gpus():
 
 
 def test_reduction_across_threads_is_refused():
+    """Threads updating one element through a loop that mixes spatial and reduce axes: no cross-thread
+    reduction lowers that (a reduce loop of its own bound to threadIdx does, tests/test_gpu_reduction.py)."""
     x = te.placeholder((4, 64), name="x")
     dag = te.ComputeDAG([nn.reduce(x, "sum", [1])])
-    state = State.initial(dag).bind("reduce", 0, Annotation.BLOCK_X).bind("reduce", 1, Annotation.THREAD_X)
+    state = State.initial(dag).fuse("reduce", [0, 1]).split("reduce", 0, [64])
+    state = state.bind("reduce", 0, Annotation.BLOCK_X).bind("reduce", 1, Annotation.THREAD_X)
     with pytest.raises(GPUCodegenError, match="threads along threadIdx.x update the same elements"):
         emit_gpu(lower(state, "r"))
 

@@ -367,7 +367,7 @@ class AddCacheReadShared(SketchRule):
         if not consumers:
             return Condition.SKIP
         for c in consumers:
-            if not (is_tiled(state, c) and has_reduce_iter(state, c)):
+            if not (is_tiled(state, c) and has_reduce_iter(state, c)) or has_cross_thread_reduction(state, c):
                 return Condition.SKIP
             if not any(r.tensor is st.op for r in reads_of(state.stages[c].op)):
                 return Condition.SKIP  # read through an inlined stage: not a direct producer
@@ -384,6 +384,14 @@ class AddCacheReadShared(SketchRule):
 def cross_thread_width(ctx: SearchContext) -> int:
     """Threads that share one reduction: a warp (32 where the target promises no lock-step width)."""
     return max(ctx.target.hw.warp_size, 32)
+
+
+def has_cross_thread_reduction(state: State, stage_id: int) -> bool:
+    """A reduce loop of the stage is bound to threads (its block reduces together)."""
+    return any(
+        it.kind == IterKind.REDUCE and it.annotation == Annotation.THREAD_X
+        for it in state.stages[stage_id].iters
+    )
 
 
 def needs_cross_thread_reduction(ctx: SearchContext, state: State, stage_id: int) -> bool:
