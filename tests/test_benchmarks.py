@@ -87,3 +87,14 @@ def test_busy_tuning_benchmark_quick_run(tmp_path, capsys):
     assert _import("busy_tuning").main(args) == 0
     out = capsys.readouterr().out
     assert "busy/idle measured latency" in out and "cores" in out
+
+
+def test_gpu_benchmark_says_what_it_needs_without_a_gpu(capsys):
+    """benchmarks/gpu.py runs only where torch finds an NVIDIA GPU; elsewhere it exits 2 saying so (the
+    probe asks torch only, never the CUDA driver directly)."""
+    gpu = _import("gpu")
+    torch, _ = gpu.probe_gpu()
+    if torch is not None:
+        pytest.skip("this machine has a GPU: run benchmarks/gpu.py itself")
+    assert gpu.main(["--minutes", "0", "--models", "gemm"]) == 2
+    assert "needs an NVIDIA GPU" in capsys.readouterr().err
