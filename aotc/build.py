@@ -39,7 +39,7 @@ from aotc.search.measure import device_unavailable
 from aotc.search.model_tuning import TuningRun, deadline_reserve, tune_tasks
 from aotc.search.records import Record, load_records
 from aotc.search.scheduler import TuneSummary
-from aotc.target import Target, check_features_checkable, parse_target
+from aotc.target import Target, check_features_checkable, host_target, parse_target
 from aotc.validate import require_reference
 
 
@@ -352,6 +352,13 @@ def lower_kernels(tasks: list[Task], chosen: Schedules) -> tuple[list, list[dict
     return funcs, sources, layouts
 
 
+def foreign_arch(target: Target) -> str | None:
+    """The architecture of a CPU target this host cannot run (None for this host's, and for GPUs)."""
+    if not target.is_cpu or target.isa == host_target().isa:
+        return None
+    return target.isa
+
+
 def state_is_gpu(state: State) -> bool:
     """The schedule binds loops to GPU blocks or threads."""
     return any(it.annotation in THREAD_TAGS for st in state.stages for it in st.iters)
@@ -373,7 +380,13 @@ def write_package_and_report(
         with timed(timings, "codegen+package"):
             write_package(spec, tmp, sign_key=sign_key)
         validation = None
-        if recipe.validate:
+        foreign = foreign_arch(spec.target)
+        if recipe.validate and foreign is not None:
+            logging.getLogger("aotc.build").warning(
+                f"validation skipped: the package runs on {foreign}, not on this {host_target().isa} host "
+                "(running it under qemu is not built yet); validate it on the device with `aotc validate`"
+            )
+        elif recipe.validate:
             validation = validate_variants(tmp, recipe.model, spec)
         with timed(timings, "measure"):
             measured = measure_package(tmp, parse_target(recipe.target))

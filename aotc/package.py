@@ -396,7 +396,7 @@ def _build_library(spec: PackageSpec, plan: bytes) -> bytes:
         objects.append(compile_to_object(entry_ir, spec.target))
     with tempfile.TemporaryDirectory(prefix="aotc-package-") as tmp:
         out = os.path.join(tmp, "model.so")
-        link_shared(objects, out)
+        link_shared(objects, out, spec.target.isa)
         with open(out, "rb") as f:
             return f.read()
 

@@ -243,7 +243,7 @@ def test_write_package_rejects_bad_metadata(tmp_path):
 
 
 def test_failed_link_leaves_nothing_behind(tmp_path, monkeypatch):
-    def broken_link(objects, out_path):
+    def broken_link(objects, out_path, arch=None):
         raise RuntimeError("linker exploded")
 
     monkeypatch.setattr(package, "link_shared", broken_link)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -169,21 +170,54 @@ def _find_lib(soname: str, dev_name: str | None = None) -> str | None:
     return None
 
 
+# Per foreign architecture: the lld emulation, where Debian's cross C library lives, its packages
+_CROSS = {
+    "aarch64": (
+        "aarch64linux",
+        "/usr/aarch64-linux-gnu/lib",
+        ("gcc-aarch64-linux-gnu", "libc6-dev-arm64-cross"),
+    ),
+}
+_CROSS_LINKERS = {"aarch64": "aarch64-linux-gnu-ld"}
+
+
 @functools.cache
-def _link_inputs() -> tuple[str, list[str], dict[bytes, str]]:
-    """The linker, libraries every module needs, and libraries needed when a symbol prefix occurs."""
-    ld = "/usr/bin/ld" if os.path.exists("/usr/bin/ld") else shutil.which("ld")
-    if ld is None:
-        raise CodegenError("no linker: /usr/bin/ld not found")
-    # libpthread is empty on glibc >= 2.34 (its functions moved into libc) and needed before it
-    libs = [lib for lib in map(_find_lib, ("libm.so.6", "libpthread.so.0", "libc.so.6")) if lib]
-    on_use = {b"_ZGV": LIBMVEC_PATH, b"hf2": _find_lib("libgcc_s.so.1")}
-    return ld, libs, {k: v for k, v in on_use.items() if v and os.path.exists(v)}
+def _link_inputs(arch: str | None = None) -> tuple[tuple[str, ...], list[str], dict[bytes, str]]:
+    """The linker command, libraries every module needs, and libraries needed when a symbol prefix
+    occurs: the host's, or for a foreign `arch` a cross linker and the cross C library."""
+    host = platform.machine()
+    if arch is None or arch == host:
+        ld = "/usr/bin/ld" if os.path.exists("/usr/bin/ld") else shutil.which("ld")
+        if ld is None:
+            raise CodegenError("no linker: /usr/bin/ld not found")
+        # libpthread is empty on glibc >= 2.34 (its functions moved into libc) and needed before it
+        libs = [lib for lib in map(_find_lib, ("libm.so.6", "libpthread.so.0", "libc.so.6")) if lib]
+        on_use = {b"_ZGV": LIBMVEC_PATH, b"hf2": _find_lib("libgcc_s.so.1")}
+        return (ld,), libs, {k: v for k, v in on_use.items() if v and os.path.exists(v)}
+    if arch not in _CROSS:
+        raise CodegenError(f"linking for {arch} on this {host} host is not supported (only aarch64)")
+    emulation, libdir, (gcc_package, libc_package) = _CROSS[arch]
+    lld, gnu_ld = shutil.which("ld.lld"), shutil.which(_CROSS_LINKERS[arch])
+    if lld is None and gnu_ld is None:
+        raise CodegenError(
+            f"no linker for {arch}: install ld.lld (apt-get install lld) or the GNU cross linker "
+            f"(apt-get install {gcc_package})"
+        )
+    libs = [os.path.join(libdir, so) for so in ("libm.so.6", "libc.so.6")]
+    missing = [lib for lib in libs if not os.path.exists(lib)]
+    if missing:
+        raise CodegenError(
+            f"no C library for {arch}: {', '.join(missing)} not found (apt-get install {libc_package})"
+        )
+    cmd = (lld, "-m", emulation) if lld is not None else (gnu_ld,)
+    on_use = {b"hf2": os.path.join(libdir, "libgcc_s.so.1")}
+    return cmd, libs, {k: v for k, v in on_use.items() if os.path.exists(v)}  # type: ignore[return-value]
 
 
-def link_shared(objects: list[bytes], out_path: str) -> None:
-    """Link objects into a shared library at `out_path` (atomically replaced) needing libc and libm."""
-    ld, libs, on_use = _link_inputs()
+def link_shared(objects: list[bytes], out_path: str, arch: str | None = None) -> None:
+    """Link objects into a shared library at `out_path` (atomically replaced) needing libc and libm, for
+    `arch` (a target's `isa`; None: this host's)."""
+    ld, libs, on_use = _link_inputs(arch)
     libs = libs + [lib for marker, lib in on_use.items() if any(marker in obj for obj in objects)]
     out_dir = os.path.dirname(os.path.abspath(out_path))
     with tempfile.TemporaryDirectory(dir=out_dir, prefix=".aotc-link-") as tmp:
@@ -194,7 +228,7 @@ def link_shared(objects: list[bytes], out_path: str) -> None:
                 f.write(obj)
             paths.append(path)
         tmp_out = os.path.join(tmp, "out.so")
-        cmd = [ld, "-shared", "-z", "noexecstack", "-o", tmp_out, *paths, *libs]
+        cmd = [*ld, "-shared", "-z", "noexecstack", "-o", tmp_out, *paths, *libs]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             raise CodegenError(f"linking {out_path} failed: {proc.stderr.strip()}")

@@ -22,7 +22,7 @@ __all__ = ["Kernel", "KernelError", "KernelLibrary", "ParamInfo", "build_module"
 def build_module(funcs: list[PrimFunc], target: Target, out_path: str) -> str:
     """Compile PrimFuncs into the shared library `out_path` and return that path."""
     obj = compile_to_object(build_llvm_ir(funcs, target), target)
-    link_shared([obj], out_path)
+    link_shared([obj], out_path, target.isa)
     return out_path
 
 

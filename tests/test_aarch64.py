@@ -1,0 +1,141 @@
+"""aarch64 kernels built on this host (issue 22, first slice): linked by a cross linker against the cross
+C library, and, where qemu-aarch64 and the cross compiler exist, run under qemu with the matching -cpu by
+a small C driver and compared with numpy. qemu's timings mean nothing; no test takes any.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from aotc import te
+from aotc.codegen import llvm as codegen_llvm
+from aotc.codegen.llvm import CodegenError, link_shared
+from aotc.codegen.module import build_module
+from aotc.schedule.default import default_schedule
+from aotc.schedule.lower import lower
+from aotc.target import parse_target
+from aotc.te.reference import evaluate
+from aotc.topi import nn
+from tests.random_schedules import random_state
+
+SYSROOT = "/usr/aarch64-linux-gnu"
+DRIVER = os.path.join(os.path.dirname(__file__), "data", "kernel_driver.c")
+CPUS = ("cortex-a72", "neoverse-n1")
+RTOL = 1e-4  # float32 kernels against a float64 reference; sums of up to 288 terms
+
+has_linker = shutil.which("ld.lld") is not None or shutil.which("aarch64-linux-gnu-ld") is not None
+needs_cross = pytest.mark.skipif(
+    not (has_linker and os.path.exists(f"{SYSROOT}/lib/libc.so.6")),
+    reason="no aarch64 linker or C library (apt-get install lld libc6-dev-arm64-cross)",
+)
+needs_qemu = pytest.mark.skipif(
+    shutil.which("qemu-aarch64") is None or shutil.which("aarch64-linux-gnu-gcc") is None,
+    reason="no qemu-aarch64 or aarch64 cross compiler (apt-get install qemu-user gcc-aarch64-linux-gnu)",
+)
+
+
+def _workloads():
+    a, b = te.placeholder((24, 20), name="A"), te.placeholder((20, 36), name="B")
+    x, w = te.placeholder((1, 4, 10, 10), name="x"), te.placeholder((8, 4, 3, 3), name="w")
+    s = te.placeholder((5, 37), name="s")
+    return {
+        "matmul": te.ComputeDAG([nn.matmul(a, b)]),
+        "conv_relu": te.ComputeDAG([nn.relu(nn.conv2d_nchw(x, w, 1, 1))]),
+        "softmax": te.ComputeDAG([nn.softmax(s)]),
+    }
+
+
+def _elf_machine(path: str) -> int:
+    with open(path, "rb") as f:
+        head = f.read(20)
+    assert head[:4] == b"\x7fELF"
+    return int.from_bytes(head[18:20], "little")
+
+
+@needs_cross
+def test_aarch64_kernels_link_for_arm(tmp_path):
+    target = parse_target("llvm -mtriple=aarch64-linux-gnu -mcpu=cortex-a72")
+    dag = _workloads()["matmul"]
+    path = build_module([lower(default_schedule(dag, target), "k")], target, str(tmp_path / "k.so"))
+    assert _elf_machine(path) == 183  # EM_AARCH64
+    needed = subprocess.run(["readelf", "-d", path], capture_output=True, text=True).stdout
+    assert "libc.so.6" in needed and "libm.so.6" in needed
+
+
+def test_missing_cross_linker_names_what_to_install(monkeypatch, tmp_path):
+    monkeypatch.setattr(codegen_llvm.shutil, "which", lambda name: None)
+    codegen_llvm._link_inputs.cache_clear()
+    try:
+        with pytest.raises(CodegenError, match="apt-get install lld"):
+            link_shared([b""], str(tmp_path / "k.so"), "aarch64")
+    finally:
+        codegen_llvm._link_inputs.cache_clear()
+
+
+@pytest.fixture(scope="module")
+def driver(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("driver") / "kernel_driver")
+    subprocess.run(["aarch64-linux-gnu-gcc", "-O1", "-o", out, DRIVER, "-ldl"], check=True)
+    return out
+
+
+def _run_under_qemu(driver: str, lib: str, cpu: str, arrays: list[np.ndarray], workdir) -> list[np.ndarray]:
+    files = []
+    for i, a in enumerate(arrays):
+        path = str(workdir / f"arg{i}.bin")
+        np.ascontiguousarray(a).tofile(path)
+        files.append(path)
+    proc = subprocess.run(
+        ["qemu-aarch64", "-L", SYSROOT, "-cpu", cpu, driver, lib, "k", *files],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return [np.fromfile(f, a.dtype).reshape(a.shape) for f, a in zip(files, arrays)]
+
+
+@needs_cross
+@needs_qemu
+@pytest.mark.parametrize("cpu", CPUS)
+@pytest.mark.parametrize("name", ["matmul", "conv_relu", "softmax"])
+def test_random_schedules_run_under_qemu_and_match_numpy(driver, tmp_path, name, cpu):
+    target = parse_target(f"llvm -mtriple=aarch64-linux-gnu -mcpu={cpu}")
+    dag = _workloads()[name]
+    rng = np.random.default_rng(22)
+    inputs = {p.name: rng.uniform(-1, 1, p.shape).astype(p.dtype) for p in dag.placeholders}
+    refs = evaluate(dag, inputs, float_dtype="float64")
+    states = [default_schedule(dag, target), random_state(dag, 1), random_state(dag, 2)]
+    for i, state in enumerate(states):
+        lib = build_module([lower(state, "k")], target, str(tmp_path / f"k{i}.so"))
+        outs = [np.zeros(o.shape, np.float32) for o in dag.outputs]
+        got = _run_under_qemu(driver, lib, cpu, [*inputs.values(), *outs], tmp_path)[len(inputs) :]
+        for out, ref in zip(got, refs):
+            scale = float(np.max(np.abs(ref))) or 1.0
+            np.testing.assert_allclose(out, ref, rtol=RTOL, atol=RTOL * scale, err_msg=str(state))
+
+
+@needs_cross
+def test_aarch64_package_builds_here_and_skips_validation_saying_why(tmp_path, caplog):
+    import logging
+    import zipfile
+
+    import aotc
+    from recipes.zoo.onnx_models import mlp, save
+
+    path = save(mlp(), tmp_path / "mlp.onnx")
+    with caplog.at_level(logging.WARNING, logger="aotc.build"):
+        package = aotc.compile(
+            path, "llvm -mtriple=aarch64-linux-gnu -mcpu=cortex-a72", output=tmp_path / "m.aotc"
+        )
+    assert package.result.validation is None
+    assert "validation skipped: the package runs on aarch64" in caplog.text
+    with zipfile.ZipFile(package.path) as zf:
+        (library,) = [n for n in zf.namelist() if n.endswith(".so")]
+        zf.extract(library, tmp_path)
+    assert _elf_machine(str(tmp_path / library)) == 183
