@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from importlib import resources
 
 import numpy as np
 import pytest
@@ -24,7 +25,7 @@ from aotc.topi import nn
 from tests.random_schedules import random_state
 
 SYSROOT = "/usr/aarch64-linux-gnu"
-DRIVER = os.path.join(os.path.dirname(__file__), "data", "kernel_driver.c")
+DRIVER = str(resources.files("aotc.search") / "kernel_driver.c")
 CPUS = ("cortex-a72", "neoverse-n1")
 RTOL = 1e-4  # float32 kernels against a float64 reference; sums of up to 288 terms
 
@@ -91,7 +92,7 @@ def _run_under_qemu(driver: str, lib: str, cpu: str, arrays: list[np.ndarray], w
         np.ascontiguousarray(a).tofile(path)
         files.append(path)
     proc = subprocess.run(
-        ["qemu-aarch64", "-L", SYSROOT, "-cpu", cpu, driver, lib, "k", *files],
+        ["qemu-aarch64", "-L", SYSROOT, "-cpu", cpu, driver, lib, "k", "0", "0", *files],
         capture_output=True,
         text=True,
         timeout=120,
@@ -139,3 +140,44 @@ def test_aarch64_package_builds_here_and_skips_validation_saying_why(tmp_path, c
         (library,) = [n for n in zf.namelist() if n.endswith(".so")]
         zf.extract(library, tmp_path)
     assert _elf_machine(str(tmp_path / library)) == 183
+
+
+@needs_cross
+@needs_qemu
+def test_measurer_runs_aarch64_candidates_under_qemu_and_catches_wrong_ones():
+    """The emulated runner: candidates built for cortex-a72 run under qemu, checked against the naive
+    schedule compiled for this CPU; the timings are qemu's and mean nothing."""
+    from aotc.search.common import ErrorCode
+    from aotc.search.measure import MeasureOptions, Measurer
+
+    target = parse_target("llvm -mtriple=aarch64-linux-gnu -mcpu=cortex-a72")
+    dag = _workloads()["matmul"]
+    a, b = te.placeholder((24, 20), name="A"), te.placeholder((20, 36), name="B")
+    wrong_dag = te.ComputeDAG([te.compute((24, 36), lambda i, j: a[i, j % 20] * 2.0 + b[i % 20, j], "wrong")])
+    wrong = lower(default_schedule(wrong_dag, target), "k")
+    with Measurer(dag, target, MeasureOptions(n_build_workers=1, number=2, repeat=2)) as measurer:
+        ok, other = measurer.measure([default_schedule(dag, target), random_state(dag, 4)])
+        (bad,) = measurer.measure_funcs([wrong])
+    assert ok.error == ErrorCode.NO_ERROR and len(ok.costs) == 2 and min(ok.costs) > 0
+    assert other.error == ErrorCode.NO_ERROR, other.error_msg
+    assert bad.error == ErrorCode.WRONG_ANSWER, bad.error_msg
+
+
+@needs_cross
+@needs_qemu
+def test_aarch64_build_tunes_under_qemu(tmp_path):
+    import json
+
+    import aotc
+    from aotc.search.model_tuning import TuningOptions
+    from recipes.zoo.onnx_models import mlp, save
+
+    path = save(mlp(), tmp_path / "mlp.onnx")
+    records = tmp_path / "records.jsonl"
+    tuning = TuningOptions(trials=8, records=records, tophub=[str(tmp_path / "store")])
+    target = "llvm -mtriple=aarch64-linux-gnu -mcpu=cortex-a72"
+    package = aotc.compile(path, target, tuning=tuning, output=tmp_path / "m.aotc")
+    assert package.result.tuning.trials >= 8
+    measured = [json.loads(line) for line in records.read_text().splitlines()]
+    assert measured and all(r["error"] == 0 for r in measured)
+    assert {r["target"] for r in measured} == {target}

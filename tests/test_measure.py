@@ -183,7 +183,7 @@ def test_closed_measurer_and_bad_arguments(dag):
     with pytest.raises(ValueError, match="repeat"):
         MeasureOptions(repeat=0)
     with pytest.raises(ValueError, match="cannot run on this"):
-        Measurer(dag, parse_target("llvm -mtriple=aarch64-linux-gnu"))
+        Measurer(dag, parse_target("llvm -mtriple=armv7a-linux-gnueabihf"))
     m = Measurer(dag, host_target(), MeasureOptions(n_build_workers=1))
     m.close()
     with pytest.raises(MeasureError, match="closed"):

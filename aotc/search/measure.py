@@ -30,7 +30,13 @@ from multiprocessing.connection import wait as wait_for_connections
 from aotc.ir.stmt import PrimFunc
 from aotc.schedule.state import State
 from aotc.search.common import ErrorCode, MeasureResult, Noise
-from aotc.search.timing import KERNEL_NAME, gpu_runner_main, runner_main
+from aotc.search.timing import (
+    KERNEL_NAME,
+    QEMU_SYSROOTS,
+    emulated_runner_main,
+    gpu_runner_main,
+    runner_main,
+)
 from aotc.search.workers import STARTUP_TIMEOUT, Worker, error_text, message_tail, serve, shutdown_workers
 from aotc.target import Target, arch_of, as_target, host_cores, host_target
 from aotc.te.dag import ComputeDAG
@@ -133,7 +139,7 @@ def _builder_main(conn, dag: ComputeDAG, target: Target, workdir: str, env: dict
 
         def build(task: tuple[str, object]) -> _Built:
             path = os.path.join(workdir, f"b{os.getpid()}_{next(counter)}{suffix}")
-            if target.is_gpu and task[0] == "reference":  # checked against the naive schedule on this CPU
+            if (target.is_gpu or emulated_arch(target)) and task[0] == "reference":  # naive, on this CPU
                 return _build_one(dag, host_target(), path.replace(suffix, ".so"), task)
             return _build_one(dag, target, path, task)
 
@@ -225,9 +231,15 @@ class Measurer:
             raise MeasureError(
                 f"the naive schedule of {self.dag} does not build ({ref.error.name}): {ref.msg}"
             )
+        n_inputs = len(self.dag.placeholders)
+        arch = emulated_arch(self.target)
         if self.target.is_gpu:
-            bench_args = (self.workdir, ref.path, len(self.dag.placeholders), self.options, self.target.kind)
+            bench_args = (self.workdir, ref.path, n_inputs, self.options, self.target.kind)
             self._runner = Worker(self._ctx, "aotc-gpu-runner", gpu_runner_main, (env, bench_args))
+        elif arch is not None:
+            cpu = self.target.mcpu if self.target.mcpu not in ("", "generic", "native") else "max"
+            bench_args = (self.workdir, ref.path, n_inputs, self.options, arch, cpu)
+            self._runner = Worker(self._ctx, "aotc-qemu-runner", emulated_runner_main, (env, bench_args))
         else:
             bench_args = (self.workdir, ref.path, len(self.dag.placeholders), self.options, self.threads)
             self._runner = Worker(self._ctx, "aotc-runner", runner_main, (env, bench_args))
@@ -438,5 +450,28 @@ def _check_runnable(target: Target) -> None:
     if not target.is_cpu:
         raise ValueError(f"Measurer runs kernels on this host's CPU; target {target} is not a CPU target")
     host = arch_of(llvm.get_process_triple())
-    if arch_of(target.triple) != host:
-        raise ValueError(f"target {target} ({target.triple}) cannot run on this {host} host")
+    if arch_of(target.triple) != host and emulated_arch(target) is None:
+        hint = ""
+        if arch_of(target.triple) in QEMU_SYSROOTS:
+            qemu, gcc, _ = QEMU_SYSROOTS[arch_of(target.triple)]
+            hint = f" (it is measured under qemu where {qemu} and {gcc} are installed: apt-get install qemu-user gcc-{gcc.removesuffix('-gcc')} libc6-dev-arm64-cross)"
+        raise ValueError(f"target {target} ({target.triple}) cannot run on this {host} host{hint}")
+
+
+def emulated_arch(target: Target) -> str | None:
+    """The architecture of a CPU target this host measures under qemu (its emulator and cross compiler
+    are installed), or None (this host's own, a GPU, or no emulator)."""
+    import shutil
+
+    import llvmlite.binding as llvm
+
+    if (
+        not target.is_cpu
+        or target.isa == arch_of(llvm.get_process_triple())
+        or target.isa not in QEMU_SYSROOTS
+    ):
+        return None
+    qemu, gcc, sysroot = QEMU_SYSROOTS[target.isa]
+    if shutil.which(qemu) is None or shutil.which(gcc) is None or not os.path.isdir(sysroot):
+        return None
+    return target.isa

@@ -29,7 +29,15 @@ from aotc.search.workers import error_text, message_tail, serve
 if TYPE_CHECKING:
     from aotc.search.measure import MeasureOptions
 
-__all__ = ["KERNEL_NAME", "gpu_runner_main", "runner_main", "time_flushed", "time_kernel"]
+__all__ = [
+    "KERNEL_NAME",
+    "QEMU_SYSROOTS",
+    "emulated_runner_main",
+    "gpu_runner_main",
+    "runner_main",
+    "time_flushed",
+    "time_kernel",
+]
 
 KERNEL_NAME = "aotc_candidate"  # the builders name every candidate's function this; the runner looks it up
 _MAX_NUMBER = 10**7
@@ -488,3 +496,73 @@ def gpu_runner_main(conn, env: dict[str, str], bench_args: tuple) -> None:
     """The GPU runner process: `bench_args` (workdir, reference library, input count, options, device
     kind "opencl" or "cuda") set up its bench; then it checks and times one built candidate at a time."""
     serve(conn, env, lambda: _GPUBench(*bench_args).run)
+
+
+# ----------------------------------------------------------------------------- emulated (qemu)
+
+QEMU_SYSROOTS = {"aarch64": ("qemu-aarch64", "aarch64-linux-gnu-gcc", "/usr/aarch64-linux-gnu")}
+
+
+class _EmulatedBench:
+    """The emulated runner's state: the task's inputs and reference outputs (the naive schedule on this
+    CPU) as files, and the kernel driver built for the target's architecture; each candidate runs in a
+    fresh qemu process with the target's CPU model. Its timings say nothing about the device."""
+
+    def __init__(self, workdir: str, ref_path: str, n_inputs: int, opts: MeasureOptions, arch: str, cpu: str):
+        import subprocess
+        from importlib import resources
+
+        named = _load_reference(workdir, ref_path, n_inputs, opts.seed)
+        arrays = list(named.values())
+        self.opts, self.workdir = opts, workdir
+        self.originals = arrays[:n_inputs]
+        self.output_names = list(named)[n_inputs:]
+        self.refs = arrays[n_inputs:]
+        self.qemu, gcc, self.sysroot = QEMU_SYSROOTS[arch]
+        self.cpu = cpu
+        self.driver = os.path.join(workdir, f"kernel_driver.{arch}")
+        if not os.path.exists(self.driver):
+            source = str(resources.files("aotc.search") / "kernel_driver.c")
+            subprocess.run([gcc, "-O2", "-o", self.driver, source, "-ldl"], check=True, capture_output=True)
+
+    def run(
+        self, request: tuple[str, float | None, list]
+    ) -> tuple[ErrorCode, str, list[float], Noise | None]:
+        import subprocess
+
+        path, _, layouts = request
+        inputs = list(self.originals)
+        if layouts:
+            from aotc.schedule.layout import WeightLayout
+
+            for obj in layouts:
+                layout = WeightLayout.from_json(obj)
+                inputs[layout.arg] = layout.apply(self.originals[layout.arg])
+        files = []
+        for i, a in enumerate([*inputs, *(_poison(r) for r in self.refs)]):
+            f = os.path.join(self.workdir, f"arg{i}.bin")
+            np.ascontiguousarray(a).tofile(f)
+            files.append(f)
+        cmd = [self.qemu, "-L", self.sysroot, "-cpu", self.cpu, self.driver, path, KERNEL_NAME]
+        cmd += [str(self.opts.repeat), str(self.opts.number or 1), *files]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            return (
+                ErrorCode.RUNTIME_DEVICE,
+                message_tail(proc.stderr or f"exit status {proc.returncode}"),
+                [],
+                None,
+            )
+        n_in = len(inputs)
+        for name, f, ref in zip(self.output_names, files[n_in:], self.refs):
+            out = np.fromfile(f, ref.dtype).reshape(ref.shape)
+            msg = _mismatch(name, out, ref, self.opts.rtol, self.opts.atol)
+            if msg:
+                return ErrorCode.WRONG_ANSWER, msg, [], None
+        return ErrorCode.NO_ERROR, "", [float(line) for line in proc.stdout.split()], None
+
+
+def emulated_runner_main(conn, env: dict[str, str], bench_args: tuple) -> None:
+    """The emulated runner process: `bench_args` (workdir, reference library, input count, options,
+    architecture, qemu CPU model) set up its bench; then it checks and times one library at a time."""
+    serve(conn, env, lambda: _EmulatedBench(*bench_args).run)
