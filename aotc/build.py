@@ -34,7 +34,7 @@ from aotc.report import build_report, measure_package, report_dir, write_report
 from aotc.schedule.default import default_schedule
 from aotc.schedule.layout import rewrite_layout
 from aotc.schedule.lower import lower
-from aotc.schedule.state import THREAD_TAGS, State
+from aotc.schedule.state import State
 from aotc.search.measure import device_unavailable
 from aotc.search.model_tuning import TuningRun, deadline_reserve, tune_tasks
 from aotc.search.records import Record, load_records
@@ -109,7 +109,7 @@ def build(
     with timed(timings, "tune"):
         chosen = choose_schedules(recipe, tasks, target, started, resume, explain_cache, callbacks, log)
     with timed(timings, "schedule+lower"):
-        funcs, sources, layouts = lower_kernels(tasks, chosen)
+        funcs, sources, layouts = lower_kernels(tasks, chosen, target)
     spec = package_spec(
         recipe.output.stem, variants, tasks, funcs, target, sources, layouts, recipe.to_dict()
     )
@@ -333,7 +333,9 @@ def transfer_outcomes(
     return out
 
 
-def lower_kernels(tasks: list[Task], chosen: Schedules) -> tuple[list, list[dict], list[dict]]:
+def lower_kernels(
+    tasks: list[Task], chosen: Schedules, target: Target
+) -> tuple[list, list[dict], list[dict]]:
     """Per task: its kernel (the chosen schedule, weights relaid out as it reads them, lowered), the
     account of where the schedule came from, and its weight layouts by argument."""
     states = [
@@ -341,7 +343,7 @@ def lower_kernels(tasks: list[Task], chosen: Schedules) -> tuple[list, list[dict
     ]
     sources = [kernel_source(t, found, out) for t, found, out in zip(tasks, chosen.lookups, chosen.outcomes)]
     # GPU kernels read weights as stored: their shared-memory stages lay tiles out for the threads
-    rewritten = [(state, []) if state_is_gpu(state) else rewrite_layout(state) for state in states]
+    rewritten = [(state, []) if target.is_gpu else rewrite_layout(state) for state in states]
     funcs = [
         lower(state, kernel_symbol(i, task)) for i, (task, (state, _)) in enumerate(zip(tasks, rewritten))
     ]
@@ -357,11 +359,6 @@ def foreign_arch(target: Target) -> str | None:
     if not target.is_cpu or target.isa == host_target().isa:
         return None
     return target.isa
-
-
-def state_is_gpu(state: State) -> bool:
-    """The schedule binds loops to GPU blocks or threads."""
-    return any(it.annotation in THREAD_TAGS for st in state.stages for it in st.iters)
 
 
 def write_package_and_report(

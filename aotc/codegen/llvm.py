@@ -170,15 +170,16 @@ def _find_lib(soname: str, dev_name: str | None = None) -> str | None:
     return None
 
 
-# Per foreign architecture: the lld emulation, where Debian's cross C library lives, its packages
+# Per foreign architecture: the lld emulation, the GNU cross linker, where Debian's cross C library
+# lives, and the Debian packages of that linker and library
 _CROSS = {
     "aarch64": (
         "aarch64linux",
+        "aarch64-linux-gnu-ld",
         "/usr/aarch64-linux-gnu/lib",
         ("gcc-aarch64-linux-gnu", "libc6-dev-arm64-cross"),
     ),
 }
-_CROSS_LINKERS = {"aarch64": "aarch64-linux-gnu-ld"}
 
 
 @functools.cache
@@ -196,8 +197,8 @@ def _link_inputs(arch: str | None = None) -> tuple[tuple[str, ...], list[str], d
         return (ld,), libs, {k: v for k, v in on_use.items() if v and os.path.exists(v)}
     if arch not in _CROSS:
         raise CodegenError(f"linking for {arch} on this {host} host is not supported (only aarch64)")
-    emulation, libdir, (gcc_package, libc_package) = _CROSS[arch]
-    lld, gnu_ld = shutil.which("ld.lld"), shutil.which(_CROSS_LINKERS[arch])
+    emulation, gnu_linker, libdir, (gcc_package, libc_package) = _CROSS[arch]
+    lld, gnu_ld = shutil.which("ld.lld"), shutil.which(gnu_linker)
     if lld is None and gnu_ld is None:
         raise CodegenError(
             f"no linker for {arch}: install ld.lld (apt-get install lld) or the GNU cross linker "

@@ -39,37 +39,55 @@ def gpu_default_schedule(dag: ComputeDAG, target: Target) -> State:
         if reduce > CROSS_THREAD_WIDTH and space < reduce:  # few long rows: a block per row
             s = reduce_across_threads(s, name, CROSS_THREAD_WIDTH)
         else:
-            s = bind_one_thread_per_point(s, name, min(THREADS_PER_BLOCK, target.hw.max_threads_per_block))
+            threads = min(THREADS_PER_BLOCK, target.hw.max_threads_per_block)
+            s = bind_one_thread_per_point(s, s.stage_id(name), threads)
     return s
 
 
 def reduce_across_threads(s: State, name: str, threads: int) -> State:
-    """A root stage's reduce loops fused, split by `threads` bound to threadIdx.x (the block reduces
-    together), its spatial loops fused into blockIdx.x."""
-    sid = s.stage_id(name)
+    """A root stage's reduce loops on `threads` threads that reduce together, its outputs on blocks."""
+    return bind_outer_to_blocks(bind_reduction_to_threads(s, s.stage_id(name), threads), s.stage_id(name))
+
+
+def bind_reduction_to_threads(s: State, sid: int, threads: int) -> State:
+    """Fuse a stage's reduce loops (they must be its innermost), split them by `threads` and bind the
+    inner part to threadIdx.x: Ansor's cross-thread reduction. Unchanged if the reduce loops are not
+    innermost."""
     iters = s.stages[sid].iters
     red = [i for i, it in enumerate(iters) if it.kind == IterKind.REDUCE]
+    if not red or red != list(range(red[0], len(iters))):
+        return s
     if len(red) > 1:
         s = s.fuse(sid, red)
-    s = s.split(sid, red[0], [threads]).bind(sid, red[0] + 1, Annotation.THREAD_X)
-    if red[0] > 1:
-        s = s.fuse(sid, list(range(red[0])))
-    return s.bind(sid, 0, Annotation.BLOCK_X) if red[0] else s
+    return s.split(sid, red[0], [threads]).bind(sid, red[0] + 1, Annotation.THREAD_X)
 
 
-def bind_one_thread_per_point(s: State, name: str, threads: int) -> State:
-    """Fuse a root stage's spatial iterators and bind them to blocks of `threads` threads."""
-    sid = s.stage_id(name)
+def _outer_spatial(s: State, sid: int) -> int:
+    """How many outer loops of a stage are spatial and not annotated (the loops to spread over a grid)."""
     iters = s.stages[sid].iters
-    n_spatial = 0
-    while n_spatial < len(iters) and iters[n_spatial].kind == IterKind.SPATIAL:
-        n_spatial += 1
-    if n_spatial == 0:  # a full reduction to a scalar: one thread
+    n = 0
+    while n < len(iters) and iters[n].kind == IterKind.SPATIAL and iters[n].annotation == Annotation.NONE:
+        n += 1
+    return n
+
+
+def bind_outer_to_blocks(s: State, sid: int) -> State:
+    """Fuse a stage's outer spatial loops into blockIdx.x (its threads already have other work)."""
+    n = _outer_spatial(s, sid)
+    if n > 1:
+        s = s.fuse(sid, list(range(n)))
+    return s.bind(sid, 0, Annotation.BLOCK_X) if n else s
+
+
+def bind_one_thread_per_point(s: State, sid: int, threads: int) -> State:
+    """Fuse a stage's outer spatial loops and spread them over blocks of `threads` threads, one point
+    per thread (a stage with no spatial loop, a reduction to a scalar, runs in one thread)."""
+    n = _outer_spatial(s, sid)
+    if n == 0:
         return s
-    if n_spatial > 1:
-        s = s.fuse(sid, list(range(n_spatial)))
-    extent = s.stages[sid].iters[0].extent or 1
-    if extent <= threads:
+    if n > 1:
+        s = s.fuse(sid, list(range(n)))
+    if (s.stages[sid].iters[0].extent or 1) <= threads:
         return s.bind(sid, 0, Annotation.THREAD_X)
     s = s.split(sid, 0, [threads])
     return s.bind(sid, 0, Annotation.BLOCK_X).bind(sid, 1, Annotation.THREAD_X)

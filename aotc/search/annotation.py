@@ -13,6 +13,7 @@ import random
 from dataclasses import replace
 from functools import lru_cache
 
+from aotc.schedule.default_gpu import bind_one_thread_per_point, bind_outer_to_blocks
 from aotc.schedule.lower import infer_bound
 from aotc.schedule.state import Annotation, ComputeAtKind, IterKind, ScheduleError, State
 from aotc.schedule.steps import SplitStep, Step, effective_consumers, replay
@@ -463,23 +464,10 @@ def _bind_tiled(state: State, sid: int, hw) -> State | None:
 
 
 def _bind_untiled(state: State, sid: int, hw, rng: random.Random) -> State:
-    iters = state.stages[sid].iters
-    n = 0
-    while n < len(iters) and iters[n].kind == IterKind.SPATIAL and iters[n].annotation == Annotation.NONE:
-        n += 1
-    if n == 0:
-        return state  # a reduction to one value: one block
-    if n > 1:
-        state = state.fuse(sid, list(range(n)))
-    if any(it.annotation == Annotation.THREAD_X for it in iters):
-        return state.bind(sid, 0, Annotation.BLOCK_X)  # a cross-thread reduction: its threads are taken
-    extent = state.stages[sid].iters[0].extent or 1
+    if any(it.annotation == Annotation.THREAD_X for it in state.stages[sid].iters):
+        return bind_outer_to_blocks(state, sid)  # a cross-thread reduction: its threads are taken
     sizes = [b for b in BLOCK_SIZES if b <= hw.max_threads_per_block]
-    threads = sizes[rng.randrange(len(sizes))]
-    if extent <= threads:
-        return state.bind(sid, 0, Annotation.THREAD_X)
-    state = state.split(sid, 0, [threads])
-    return state.bind(sid, 0, Annotation.BLOCK_X).bind(sid, 1, Annotation.THREAD_X)
+    return bind_one_thread_per_point(state, sid, sizes[rng.randrange(len(sizes))])
 
 
 def _cooperative_fetch(ctx: SearchContext, state: State, sid: int) -> State | None:

@@ -13,6 +13,7 @@ from enum import Enum
 
 import numpy as np
 
+from aotc.schedule.default_gpu import CROSS_THREAD_WIDTH, bind_reduction_to_threads
 from aotc.schedule.state import Annotation, ComputeAtKind, IterKind, SplitRel, State
 from aotc.schedule.steps import RfactorStep, SplitStep, effective_consumers, replay
 from aotc.schedule.tiling import (
@@ -383,7 +384,7 @@ class AddCacheReadShared(SketchRule):
 
 def cross_thread_width(ctx: SearchContext) -> int:
     """Threads that share one reduction: a warp (32 where the target promises no lock-step width)."""
-    return max(ctx.target.hw.warp_size, 32)
+    return max(ctx.target.hw.warp_size, CROSS_THREAD_WIDTH)
 
 
 def has_cross_thread_reduction(state: State, stage_id: int) -> bool:
@@ -420,14 +421,8 @@ class CrossThreadReduction(SketchRule):
         return Condition.APPLY
 
     def apply(self, ctx, state, stage_id):
-        st = state.stages[stage_id]
-        red = [i for i, it in enumerate(st.iters) if it.kind == IterKind.REDUCE]
-        if red != list(range(red[0], len(st.iters))):
-            return []
-        if len(red) > 1:
-            state = state.fuse(stage_id, red)
-        state = state.split(stage_id, red[0], [cross_thread_width(ctx)])
-        return [(state.bind(stage_id, red[0] + 1, Annotation.THREAD_X), stage_id - 1)]
+        bound = bind_reduction_to_threads(state, stage_id, cross_thread_width(ctx))
+        return [] if bound is state else [(bound, stage_id - 1)]
 
 
 class AddCacheWriteGPU(AddCacheWrite):
