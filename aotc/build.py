@@ -354,11 +354,18 @@ def lower_kernels(
     return funcs, sources, layouts
 
 
-def foreign_arch(target: Target) -> str | None:
-    """The architecture of a CPU target this host cannot run (None for this host's, and for GPUs)."""
-    if not target.is_cpu or target.isa == host_target().isa:
-        return None
-    return target.isa
+def cannot_run_here(target: Target) -> str | None:
+    """Why a package for `target` cannot run on this machine (another CPU architecture, no device of a
+    GPU target's kind), or None if it can."""
+    if target.is_gpu:
+        missing = device_unavailable(target)
+        return None if missing is None else f"this machine has no {target.kind} device ({missing})"
+    if target.isa != host_target().isa:
+        return (
+            f"the package runs on {target.isa}, not on this {host_target().isa} host "
+            "(running it under qemu is not built yet)"
+        )
+    return None
 
 
 def write_package_and_report(
@@ -377,11 +384,10 @@ def write_package_and_report(
         with timed(timings, "codegen+package"):
             write_package(spec, tmp, sign_key=sign_key)
         validation = None
-        foreign = foreign_arch(spec.target)
-        if recipe.validate and foreign is not None:
+        why_not = cannot_run_here(spec.target) if recipe.validate else None
+        if why_not is not None:
             logging.getLogger("aotc.build").warning(
-                f"validation skipped: the package runs on {foreign}, not on this {host_target().isa} host "
-                "(running it under qemu is not built yet); validate it on the device with `aotc validate`"
+                f"validation skipped: {why_not}; validate it where it runs with `aotc validate`"
             )
         elif recipe.validate:
             validation = validate_variants(tmp, recipe.model, spec)

@@ -88,8 +88,10 @@ def test_cuda_build_without_a_gpu_is_untuned_and_says_why(tmp_path, caplog):
     path = save(mlp(), tmp_path / "mlp.onnx")
     tuning = TuningOptions(trials=8, tophub=[str(tmp_path / "store")])
     with caplog.at_level(logging.WARNING, logger="aotc.build"):
-        package = aotc.compile(path, str(target), tuning=tuning, output=tmp_path / "mlp.aotc", validate=False)
+        package = aotc.compile(path, str(target), tuning=tuning, output=tmp_path / "mlp.aotc")
     assert "measures candidates on the device, and this machine has none" in caplog.text
+    assert "validation skipped: this machine has no cuda device" in caplog.text
+    assert package.result.validation is None
     assert package.result.tuning is None
     manifest = aotc_runtime.read_manifest(str(package.path))
     assert manifest["target"] == "cuda -arch=sm_90"
