@@ -14,6 +14,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from aotc.emulator import (
+    EmulatedModel,
+    EmulatorUnavailable,
+    ensure_sysroot,
+    package_emulation_unavailable,
+    qemu_cpu,
+)
 from aotc.errors import BuildError
 from aotc.execution_plan import (
     check_memory,
@@ -361,10 +368,14 @@ def cannot_run_here(target: Target) -> str | None:
         missing = device_unavailable(target)
         return None if missing is None else f"this machine has no {target.kind} device ({missing})"
     if target.isa != host_target().isa:
-        return (
-            f"the package runs on {target.isa}, not on this {host_target().isa} host "
-            "(running it under qemu is not built yet)"
-        )
+        why = package_emulation_unavailable(target)
+        if why is None:
+            try:
+                ensure_sysroot(target.isa)
+            except EmulatorUnavailable as e:
+                why = str(e)
+        if why is not None:
+            return f"the package runs on {target.isa}, not on this {host_target().isa} host, nor under qemu here: {why}"
     return None
 
 
@@ -411,9 +422,13 @@ def validate_variants(package: str, model: Path, spec) -> list[dict]:
     from aotc.validate import validate_package
 
     variants = spec.variants
+    if spec.target.is_cpu and spec.target.isa != host_target().isa:
+        logging.getLogger("aotc.build").info(f"validating under qemu -cpu {qemu_cpu(spec.target)}")
+        compiled = EmulatedModel(package, spec.target)  # the runtime in the target's own Python
+    else:
+        compiled = aotc_runtime.load(package)
     if len(variants) == 1:
-        return validate_package(package, model, input_shapes=spec_inputs(spec))
-    compiled = aotc_runtime.load(package)
+        return validate_package(package, model, input_shapes=spec_inputs(spec), compiled=compiled)
     rows = []
     for v in variants:
         shapes = spec_inputs(v)

@@ -149,10 +149,28 @@ def add_trust_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_emulate_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--emulate",
+        action="store_true",
+        help="run the package under qemu, in its CPU architecture's own Python (an aarch64 package on "
+        "an x86 host; the first use makes that Python with mmdebstrap, about 110 MB)",
+    )
+
+
 def load_package(args: argparse.Namespace):
-    """`aotc_runtime.load` of `args.package` under the command's signature policy."""
+    """`aotc_runtime.load` of `args.package` under the command's signature policy; with `--emulate`, the
+    package run under qemu by its own architecture's runtime."""
     import aotc_runtime
 
+    if getattr(args, "emulate", False):
+        from aotc.emulator import EmulatedModel
+        from aotc.target import parse_target
+
+        target = parse_target(aotc_runtime.read_manifest(str(args.package))["target"])
+        return EmulatedModel(
+            args.package, target, trusted_keys=args.trusted_key, require_signature=args.require_signature
+        )
     return aotc_runtime.load(
         str(args.package), trusted_keys=args.trusted_key, require_signature=args.require_signature
     )
@@ -262,6 +280,7 @@ def _parser() -> argparse.ArgumentParser:
         type=bounded_int(1, MAX_THREADS),
         help="threads (default: the cores this process may use)",
     )
+    add_emulate_argument(r)
     add_trust_arguments(r)
 
     t = command("tune-op", help="tune one named operator and print its best GFLOP/s")
@@ -325,6 +344,7 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument(
         "--atol", type=finite_float(0.0), default=None, help="absolute tolerance (default: 1e-5, see README)"
     )
+    add_emulate_argument(v)
     add_trust_arguments(v)
 
     from aotc.benchmark import add_benchmark_parser

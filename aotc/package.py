@@ -416,10 +416,11 @@ def _write_zip(
         members[WEIGHTS] = _write_member(zf, WEIGHTS, _weight_chunks(table), plan["weights_nbytes"], now)
         manifest = _manifest(spec, table, plan, members, now)
         manifest_bytes = json.dumps(manifest, indent=2).encode() + b"\n"
-        zf.writestr(_zip_info(MANIFEST, zipfile.ZIP_DEFLATED, now), manifest_bytes)
+        # Every member is stored, not deflated, so a reader needs no inflate (the C runtime).
+        zf.writestr(_zip_info(MANIFEST, zipfile.ZIP_STORED, now), manifest_bytes)
         if sign_key is not None:
             block = sign_digest(sign_key, hashlib.sha256(manifest_bytes).hexdigest(), "package")
-            zf.writestr(_zip_info(SIGNATURE_MEMBER, zipfile.ZIP_DEFLATED, now), json.dumps(block, indent=2))
+            zf.writestr(_zip_info(SIGNATURE_MEMBER, zipfile.ZIP_STORED, now), json.dumps(block, indent=2))
     return manifest
 
 

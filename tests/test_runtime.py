@@ -61,6 +61,31 @@ def test_run_matches_numpy(tiny_model):
     assert tiny_model.run([x])["y"] is not y
 
 
+def test_run_command_writes_outputs_or_says_why_not(tiny_path, tmp_path):
+    """`python -m aotc_runtime run`, what an emulated device's Python runs: outputs to an .npz, or exit 1
+    with the runtime's reason (here a missing input)."""
+    x = x_input()
+    np.savez(tmp_path / "in.npz", x=x)
+    env = {**os.environ, "PYTHONPATH": str(RUNTIME_DIR)}
+    cmd = [
+        sys.executable,
+        "-m",
+        "aotc_runtime",
+        "run",
+        tiny_path,
+        str(tmp_path / "in.npz"),
+        str(tmp_path / "out.npz"),
+    ]
+    subprocess.run(cmd, env=env, check=True, capture_output=True)
+    with np.load(tmp_path / "out.npz") as out:
+        np.testing.assert_allclose(out["y"], tiny_reference(x), rtol=1e-6)
+    np.savez(tmp_path / "in.npz", z=x)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    assert (
+        proc.returncode == 1 and proc.stderr.startswith("error: ") and "unknown input 'z'" in proc.stderr
+    ), proc.stderr
+
+
 def test_model_description(tiny_model):
     assert tiny_model.inputs == [aotc_runtime.TensorInfo("x", (4, 8), np.dtype("float32"))]
     assert [t.name for t in tiny_model.outputs] == ["y"]

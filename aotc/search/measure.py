@@ -27,12 +27,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from multiprocessing.connection import wait as wait_for_connections
 
+from aotc.emulator import EMULATORS, kernel_emulation_unavailable, qemu_cpu
 from aotc.ir.stmt import PrimFunc
 from aotc.schedule.state import State
 from aotc.search.common import ErrorCode, MeasureResult, Noise
 from aotc.search.timing import (
     KERNEL_NAME,
-    QEMU_SYSROOTS,
     emulated_runner_main,
     gpu_runner_main,
     runner_main,
@@ -238,8 +238,7 @@ class Measurer:
             bench_args = (self.workdir, ref.path, n_inputs, self.options, self.target.kind)
             self._runner = Worker(self._ctx, "aotc-gpu-runner", gpu_runner_main, (env, bench_args))
         elif arch is not None:
-            cpu = self.target.mcpu if self.target.mcpu not in ("", "generic", "native") else "max"
-            bench_args = (self.workdir, ref.path, n_inputs, self.options, arch, cpu)
+            bench_args = (self.workdir, ref.path, n_inputs, self.options, arch, qemu_cpu(self.target))
             self._runner = Worker(self._ctx, "aotc-qemu-runner", emulated_runner_main, (env, bench_args))
         else:
             bench_args = (self.workdir, ref.path, len(self.dag.placeholders), self.options, self.threads)
@@ -452,27 +451,18 @@ def _check_runnable(target: Target) -> None:
         raise ValueError(f"Measurer runs kernels on this host's CPU; target {target} is not a CPU target")
     host = arch_of(llvm.get_process_triple())
     if arch_of(target.triple) != host and emulated_arch(target) is None:
-        hint = ""
-        if arch_of(target.triple) in QEMU_SYSROOTS:
-            qemu, gcc, _ = QEMU_SYSROOTS[arch_of(target.triple)]
-            hint = f" (it is measured under qemu where {qemu} and {gcc} are installed: apt-get install qemu-user gcc-{gcc.removesuffix('-gcc')} libc6-dev-arm64-cross)"
+        why = kernel_emulation_unavailable(target)
+        hint = (
+            f" (it is measured under qemu where that is installed: {why})" if target.isa in EMULATORS else ""
+        )
         raise ValueError(f"target {target} ({target.triple}) cannot run on this {host} host{hint}")
 
 
 def emulated_arch(target: Target) -> str | None:
     """The architecture of a CPU target this host measures under qemu (its emulator and cross compiler
     are installed), or None (this host's own, a GPU, or no emulator)."""
-    import shutil
-
     import llvmlite.binding as llvm
 
-    if (
-        not target.is_cpu
-        or target.isa == arch_of(llvm.get_process_triple())
-        or target.isa not in QEMU_SYSROOTS
-    ):
+    if not target.is_cpu or target.isa == arch_of(llvm.get_process_triple()):
         return None
-    qemu, gcc, sysroot = QEMU_SYSROOTS[target.isa]
-    if shutil.which(qemu) is None or shutil.which(gcc) is None or not os.path.isdir(sysroot):
-        return None
-    return target.isa
+    return target.isa if kernel_emulation_unavailable(target) is None else None

@@ -31,7 +31,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "KERNEL_NAME",
-    "QEMU_SYSROOTS",
     "emulated_runner_main",
     "gpu_runner_main",
     "runner_main",
@@ -500,8 +499,6 @@ def gpu_runner_main(conn, env: dict[str, str], bench_args: tuple) -> None:
 
 # ----------------------------------------------------------------------------- emulated (qemu)
 
-QEMU_SYSROOTS = {"aarch64": ("qemu-aarch64", "aarch64-linux-gnu-gcc", "/usr/aarch64-linux-gnu")}
-
 
 class _EmulatedBench:
     """The emulated runner's state: the task's inputs and reference outputs (the naive schedule on this
@@ -518,7 +515,10 @@ class _EmulatedBench:
         self.originals = arrays[:n_inputs]
         self.output_names = list(named)[n_inputs:]
         self.refs = arrays[n_inputs:]
-        self.qemu, gcc, self.sysroot = QEMU_SYSROOTS[arch]
+        from aotc.emulator import EMULATORS
+
+        emulator = EMULATORS[arch]
+        self.qemu, gcc, self.sysroot = emulator.qemu, emulator.cross_gcc, emulator.libc_root
         self.cpu = cpu
         self.driver = os.path.join(workdir, f"kernel_driver.{arch}")
         if not os.path.exists(self.driver):

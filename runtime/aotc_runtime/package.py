@@ -627,8 +627,27 @@ def check_host(manifest: dict, path: str) -> None:
         )
 
 
+# AArch64 Linux: bit -> the flag /proc/cpuinfo shows, for AT_HWCAP and AT_HWCAP2 (asm/hwcap.h)
+_HWCAP = {
+    0: "fp",
+    1: "asimd",
+    8: "atomics",
+    10: "asimdhp",
+    15: "lrcpc",
+    20: "asimddp",
+    22: "sve",
+    23: "asimdfhm",
+}
+_HWCAP2 = {1: "sve2", 13: "i8mm", 14: "bf16", 34: "cssc", 43: "mops"}
+_AT_HWCAP, _AT_HWCAP2 = 16, 26
+
+
 def _host_cpu_flags() -> set[str] | None:
-    """The CPU flags /proc/cpuinfo lists (x86 `flags`, Arm `Features`), or None where it cannot be read."""
+    """The CPU flags /proc/cpuinfo lists (x86 `flags`, Arm `Features`), or None where it cannot be read.
+    On AArch64 Linux they come from the kernel's hardware capability bits instead (getauxval), which
+    hold under qemu-user too, where /proc/cpuinfo shows the host's CPU."""
+    if host_arch() == "aarch64" and sys.platform.startswith("linux"):
+        return _aarch64_hwcap_flags()
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -638,3 +657,17 @@ def _host_cpu_flags() -> set[str] | None:
     except OSError:
         return None
     return set()
+
+
+def _aarch64_hwcap_flags() -> set[str] | None:
+    import ctypes
+
+    try:
+        getauxval = ctypes.CDLL(None).getauxval
+    except (OSError, AttributeError):
+        return None
+    getauxval.restype, getauxval.argtypes = ctypes.c_ulong, [ctypes.c_ulong]
+    hwcap, hwcap2 = getauxval(_AT_HWCAP), getauxval(_AT_HWCAP2)
+    return {f for b, f in _HWCAP.items() if hwcap >> b & 1} | {
+        f for b, f in _HWCAP2.items() if hwcap2 >> b & 1
+    }
