@@ -70,6 +70,7 @@ def compile(  # noqa: A001 - the verb users expect, as in aotc.compile(...)
     validate: bool = True,
     winograd: bool = True,
     nhwc: bool = True,
+    weights: str = "compact",
     memory_limit: int | None = None,
     sign_key: str | os.PathLike | None = None,
     resume: bool = False,
@@ -106,6 +107,7 @@ def compile(  # noqa: A001 - the verb users expect, as in aotc.compile(...)
             validate=validate,
             winograd=winograd,
             nhwc=nhwc,
+            weights=weights,
             memory_limit=memory_limit,
         )
         check_outputs(recipe)

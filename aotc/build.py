@@ -118,7 +118,7 @@ def build(
     with timed(timings, "schedule+lower"):
         funcs, sources, layouts = lower_kernels(tasks, chosen, target)
     spec = package_spec(
-        recipe.output.stem, variants, tasks, funcs, target, sources, layouts, recipe.to_dict()
+        recipe.output.stem, variants, tasks, funcs, target, sources, layouts, recipe.to_dict(), recipe.weights
     )
 
     def report() -> dict:

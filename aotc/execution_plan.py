@@ -18,9 +18,10 @@ from aotc.graph.partition import FusedGroup, Task, group_dag
 from aotc.hub import Lookup
 from aotc.ir.stmt import PrimFunc
 from aotc.memory import Lifetime, plan_memory
-from aotc.package import BufferRef, IOSpec, KernelCall, PackageSpec, VariantSpec, layout_weights
+from aotc.package import BufferRef, DerivedWeight, IOSpec, KernelCall, PackageSpec, VariantSpec, weight_refs
 from aotc.schedule.layout import WeightLayout
 from aotc.target import Target
+from aotc.weight_prepare import prepare_kernel
 
 __all__ = [
     "MemoryLimitError",
@@ -159,18 +160,23 @@ def package_spec(
     sources: list[dict],
     layouts: list[dict[int, WeightLayout]],
     recipe: dict | None = None,
+    weights_mode: str = "compact",
 ) -> PackageSpec:
     """The package `name` of the kernels `funcs` (one per task, their schedules' `sources` and weight
     `layouts`), holding one execution plan per variant (graph and its fused groups; the tasks cover
     every variant's groups). Each constant is stored once per layout its kernels read it in, shared
-    by the variants. `recipe` (resolved, as a dict) goes into the provenance."""
+    by the variants; with `weights_mode` "compact", a constant derived from a smaller one (Winograd
+    weights) is computed at load from that one instead. `recipe` (resolved, as a dict) goes into the
+    provenance."""
 
     task_of = {id(g): i for i, t in enumerate(tasks) for g in t.groups}
-    weights = WeightTable()
+    weights = WeightTable(compact=weights_mode == "compact" and target.is_cpu)
     bindings = [_bind_groups(groups, task_of, layouts, weights) for _, groups in variants]
-    weight_list = weights.arrays()
-    weight_offsets = layout_weights(weight_list)
-    weight_bytes = {name: data.nbytes for name, data in weight_list}
+    weight_list, derived = weights.arrays(), weights.derived_weights()
+    refs = weight_refs(weight_list, derived)
+    weight_offsets = {name: r.offset for name, r in refs.items()}
+    weight_bytes = {name: r.nbytes for name, r in refs.items()}
+    prepare_funcs, prepare_calls = weights.prepare(target, refs)
     planned = [
         _variant_spec(graph, binding, task_of, funcs, weights, weight_offsets, weight_bytes)
         for (graph, _), binding in zip(variants, bindings)
@@ -184,6 +190,9 @@ def package_spec(
             **source,
         }
         for t, source in zip(tasks, sources)
+    ] + [
+        {"task": f"compute {f.name.removeprefix('prepare_')} at load", "schedule": "default"}
+        for f in prepare_funcs
     ]
     provenance = {
         "aotc_version": __version__,
@@ -197,9 +206,11 @@ def package_spec(
         target=target,
         inputs=first.inputs,
         outputs=first.outputs,
-        kernels=funcs,
+        kernels=[*funcs, *prepare_funcs],
         calls=first.calls,
         weights=weight_list,
+        derived_weights=derived,
+        prepare=prepare_calls,
         workspace_bytes=first.workspace_bytes,
         memory_plan=first.memory_plan,
         kernel_info=kernel_info,
@@ -210,11 +221,16 @@ def package_spec(
 
 class WeightTable:
     """The constants the package stores, each once per layout its kernels read it in; one constant of
-    several variants' graphs (equal name and data) is stored once."""
+    several variants' graphs (equal name and data) is stored once. With `compact`, a constant derived
+    from a smaller one is not stored: its source is (once), and the package computes it at load."""
 
-    def __init__(self) -> None:
+    def __init__(self, compact: bool = False) -> None:
+        self.compact = compact
         self.names: dict[tuple, str] = {}
         self.data: dict[str, tuple[Value, WeightLayout | None]] = {}
+        self.derived: dict[str, tuple[Value, WeightLayout | None, str]] = {}  # name -> (.., source's name)
+        self.sources: dict[str, np.ndarray] = {}
+        self.source_names: dict[tuple, str] = {}
 
     def key(self, v: Value, layout: WeightLayout | None) -> tuple:
         data = np.ascontiguousarray(v.data)
@@ -225,18 +241,56 @@ class WeightTable:
         key = self.key(v, layout)
         name = self.names.get(key)
         if name is None:
-            name = v.name if layout is None else f"{v.name}#packed{len(self.names)}"
-            if name in self.data:  # another constant of that name (a variant's, with other data)
-                name = f"{name}#{len(self.names)}"
+            name = self._unique(v.name if layout is None else f"{v.name}#packed{len(self.names)}")
             self.names[key] = name
-            self.data[name] = (v, layout)
+            if self.compact and v.derivation is not None:
+                self.derived[name] = (v, layout, self._add_source(v))
+            else:
+                self.data[name] = (v, layout)
         return name
 
+    def _unique(self, name: str) -> str:
+        """`name`, or where another constant has it (a variant's, with other data) a numbered one."""
+        taken = self.data.keys() | self.derived.keys() | self.sources.keys()
+        return name if name not in taken else f"{name}#{len(self.names) + len(self.sources)}"
+
+    def _add_source(self, v: Value) -> str:
+        source = np.ascontiguousarray(v.derivation.source)
+        key = (source.dtype.str, source.shape, hashlib.sha256(source.reshape(-1).view(np.uint8)).hexdigest())
+        if key not in self.source_names:
+            name = self._unique(f"{v.name}#source")
+            self.source_names[key] = name
+            self.sources[name] = source
+        return self.source_names[key]
+
     def arrays(self) -> list[tuple[str, np.ndarray]]:
-        return [
+        """What weights.bin holds: the constants as their kernels read them, and derived ones' sources."""
+        stored = [
             (name, np.ascontiguousarray(v.data if layout is None else layout.apply(v.data)))
             for name, (v, layout) in self.data.items()
         ]
+        return stored + list(self.sources.items())
+
+    def derived_weights(self) -> list[DerivedWeight]:
+        out = []
+        for name, (v, layout, source) in self.derived.items():
+            shape = layout.new_shape if layout is not None else tuple(v.type.shape)
+            how = {"kind": v.derivation.kind, "tile": v.derivation.tile, "from": source}
+            out.append(DerivedWeight(name, shape, v.type.dtype, how))
+        return out
+
+    def prepare(self, target: Target, refs: dict[str, BufferRef]) -> tuple[list[PrimFunc], list[KernelCall]]:
+        """The kernels that compute the derived weights at load (one per distinct computation) and
+        their calls, from `refs`, where the weights lie in the package's weights buffer."""
+        funcs: dict[tuple, PrimFunc] = {}
+        calls = []
+        for name, (v, layout, source) in self.derived.items():
+            d = v.derivation
+            key = (d.kind, d.tile, d.source.shape, d.source.dtype.str, layout)
+            if key not in funcs:
+                funcs[key] = prepare_kernel(d, layout, f"prepare_weight{len(funcs)}", target)
+            calls.append(KernelCall(funcs[key].name, (refs[source], refs[name])))
+        return list(funcs.values()), calls
 
 
 Binding = tuple[FusedGroup, list[Value], dict[int, WeightLayout], list[str | None]]

@@ -47,6 +47,7 @@ from aotc.target import Target, cpu_features
 __all__ = [
     "WEIGHT_ALIGNMENT",
     "BufferRef",
+    "DerivedWeight",
     "IOSpec",
     "KernelCall",
     "PackageSpec",
@@ -61,6 +62,22 @@ __all__ = [
 
 WEIGHT_ALIGNMENT = 64
 _ZIP64_THRESHOLD = 1 << 31
+PREPARE_SYMBOL = "aotc_prepare"  # computes the derived weights when the package loads
+
+
+@dataclass(frozen=True)
+class DerivedWeight:
+    """A weight the package computes when it loads instead of storing it (docs/package.md#derived-weights):
+    laid out after the stored weights; `derivation` says how, for the manifest."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    derivation: dict = field(default_factory=dict)
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
 
 
 @dataclass(frozen=True)
@@ -113,6 +130,9 @@ class PackageSpec:
     kernel_info: list[dict] = field(default_factory=list)
     provenance: dict = field(default_factory=dict)
     other_variants: list[VariantSpec] = field(default_factory=list)
+    # weights computed at load, after the stored ones, by the calls of `prepare` (on weights alone)
+    derived_weights: list[DerivedWeight] = field(default_factory=list)
+    prepare: list[KernelCall] = field(default_factory=list)
 
     @property
     def variants(self) -> list[VariantSpec]:
@@ -128,26 +148,39 @@ def entry_symbol(variant: int) -> str:
 
 @dataclass(frozen=True)
 class _WeightEntry:
+    """A stored weight (`array`) or a derived one (`derived`), at its offset in the weights buffer."""
+
     name: str
     offset: int
-    array: np.ndarray
+    array: np.ndarray | None = None
+    derived: DerivedWeight | None = None
+
+    @property
+    def dtype(self) -> str:
+        return self.array.dtype.name if self.array is not None else np.dtype(self.derived.dtype).name
+
+    @property
+    def nbytes(self) -> int:
+        return self.array.nbytes if self.array is not None else self.derived.nbytes
 
     def to_json(self) -> dict:
-        a = self.array
-        return {
-            "name": self.name,
-            "offset": self.offset,
-            "shape": list(a.shape),
-            "dtype": a.dtype.name,
-            "nbytes": a.nbytes,
-        }
+        shape = self.array.shape if self.array is not None else self.derived.shape
+        out = {"name": self.name, "offset": self.offset, "shape": list(shape), "dtype": self.dtype}
+        out["nbytes"] = self.nbytes
+        if self.derived is not None:
+            out["derived"] = self.derived.derivation
+        return out
 
 
 def _align(n: int) -> int:
     return -(-n // WEIGHT_ALIGNMENT) * WEIGHT_ALIGNMENT
 
 
-def _weight_table(weights: list[tuple[str, np.ndarray]]) -> tuple[list[_WeightEntry], int]:
+def _weight_table(
+    weights: list[tuple[str, np.ndarray]], derived: list[DerivedWeight] = ()
+) -> tuple[list[_WeightEntry], int]:
+    """The weights buffer: the stored weights (weights.bin), then the derived ones, each 64-byte aligned;
+    and its size."""
     entries, pos = [], 0
     seen: set[str] = set()
     for name, array in weights:
@@ -159,18 +192,36 @@ def _weight_table(weights: list[tuple[str, np.ndarray]]) -> tuple[list[_WeightEn
         offset = _align(pos)
         entries.append(_WeightEntry(name, offset, array))
         pos = offset + array.nbytes
+    for d in derived:
+        if d.name in seen:
+            raise ValueError(f"weight {d.name!r} appears twice")
+        seen.add(d.name)
+        offset = _align(pos)
+        entries.append(_WeightEntry(d.name, offset, derived=d))
+        pos = offset + d.nbytes
     return entries, pos
 
 
-def layout_weights(weights: list[tuple[str, np.ndarray]]) -> dict[str, int]:
-    """Byte offset of each weight in weights.bin: list order, each 64-byte aligned."""
-    return {e.name: e.offset for e in _weight_table(weights)[0]}
+def _stored_nbytes(table: list[_WeightEntry]) -> int:
+    """The size of weights.bin: up to the end of the last stored weight."""
+    return max((e.offset + e.nbytes for e in table if e.array is not None), default=0)
 
 
-def weight_refs(weights: list[tuple[str, np.ndarray]]) -> dict[str, BufferRef]:
+def layout_weights(
+    weights: list[tuple[str, np.ndarray]], derived: list[DerivedWeight] = ()
+) -> dict[str, int]:
+    """Byte offset of each weight in the weights buffer: the stored in list order, then the derived,
+    each 64-byte aligned."""
+    return {e.name: e.offset for e in _weight_table(weights, derived)[0]}
+
+
+def weight_refs(
+    weights: list[tuple[str, np.ndarray]], derived: list[DerivedWeight] = ()
+) -> dict[str, BufferRef]:
     """A `BufferRef("weight", offset=..., nbytes=...)` for each weight, as `write_package` lays them out."""
     return {
-        e.name: BufferRef("weight", offset=e.offset, nbytes=e.array.nbytes) for e in _weight_table(weights)[0]
+        e.name: BufferRef("weight", offset=e.offset, nbytes=e.nbytes)
+        for e in _weight_table(weights, derived)[0]
     }
 
 
@@ -191,7 +242,7 @@ def _validate(spec: PackageSpec) -> tuple[list[_WeightEntry], int]:
         for b in f.params:
             if np.dtype(b.dtype).name not in DTYPES:
                 raise ValueError(f"kernel {f.name} param {b.name}: dtype {b.dtype} cannot be in a package")
-    entries = {entry_symbol(i) for i in range(len(variants))}
+    entries = {entry_symbol(i) for i in range(len(variants))} | {PREPARE_SYMBOL}
     for f in spec.kernels:
         if f.name in entries:
             raise ValueError(f"kernel name {f.name!r} is reserved for an entry function")
@@ -211,9 +262,17 @@ def _validate(spec: PackageSpec) -> tuple[list[_WeightEntry], int]:
             json.dumps(getattr(spec, label))
         except (TypeError, ValueError) as err:
             raise ValueError(f"package {spec.name}: {label} is not JSON-serializable ({err})") from None
-    table, total = _weight_table(spec.weights)
+    table, total = _weight_table(spec.weights, spec.derived_weights)
     for i, v in enumerate(variants):
         _check_calls(spec.kernels, v, table, total, "" if i == 0 else f"variant {i} ")
+    if spec.prepare or spec.derived_weights:
+        if spec.target.is_gpu:
+            raise ValueError(f"package {spec.name}: a GPU package cannot compute weights when it loads")
+        if any(ref.kind != "weight" for c in spec.prepare for ref in c.args):
+            raise ValueError(
+                f"package {spec.name}: the calls that compute weights at load pass another buffer"
+            )
+        _check_calls(spec.kernels, VariantSpec([], [], spec.prepare), table, total, "prepare ")
     return table, total
 
 
@@ -283,10 +342,8 @@ def _check_ref(
         bound, label = io.nbytes, f"{ref.kind} {io.name!r}"
     elif ref.kind == "weight":
         entry = weight_at.get(ref.offset)
-        if entry is not None and entry.array.dtype.name != np.dtype(param.dtype).name:
-            raise ValueError(
-                f"{where}: kernel expects {param.dtype}, weight {entry.name!r} is {entry.array.dtype}"
-            )
+        if entry is not None and entry.dtype != np.dtype(param.dtype).name:
+            raise ValueError(f"{where}: kernel expects {param.dtype}, weight {entry.name!r} is {entry.dtype}")
         bound, label = weights_bytes, "the weights blob"
     else:
         bound, label = spec.workspace_bytes, "the workspace"
@@ -315,7 +372,7 @@ def write_package(spec: PackageSpec, path: str, sign_key: str | os.PathLike | No
         plan = plan_document(spec, total, modules)
         members = [(GPU_PLAN, encode_plan(plan)), *_gpu_kernels(spec, modules)]
     else:
-        plan = plan_document(spec, total)
+        plan = plan_document(spec, total, stored_nbytes=_stored_nbytes(table))
         members = [(LIBRARY, _build_library(spec, encode_plan(plan)))]
     with atomic_file(path) as f:
         return _write_zip(f, spec, table, plan, members, sign_key)
@@ -334,12 +391,28 @@ def _gpu_kernels(spec: PackageSpec, modules: list[GPUModule]) -> list[tuple[str,
     ]
 
 
-def plan_document(spec: PackageSpec, weights_nbytes: int, gpu: list[GPUModule] | None = None) -> dict:
+def plan_document(
+    spec: PackageSpec,
+    weights_nbytes: int,
+    gpu: list[GPUModule] | None = None,
+    stored_nbytes: int | None = None,
+) -> dict:
     """The execution-critical facts the kernel library carries (see `aotc_runtime.plan`). Each argument's
     nbytes is what its kernel param was compiled to access. One variant: plan version 1, its fields at
     the top; several: version 2 with `variants`. With `gpu` (each kernel's module), every kernel also
-    has `gpu`: its launches (`GPUModule.launches()`), and the document is a GPU package's plan.json."""
+    has `gpu`: its launches (`GPUModule.launches()`), and the document is a GPU package's plan.json.
+    Where weights are computed at load (`spec.prepare`), `stored_nbytes` is the size of weights.bin."""
     params = {f.name: [_param_bytes(b) for b in f.params] for f in spec.kernels}
+
+    def calls_json(calls: list[KernelCall]) -> list[dict]:
+        return [
+            {
+                "kernel": c.symbol,
+                "args": [{**a.to_json(), "nbytes": n} for a, n in zip(c.args, params[c.symbol])],
+            }
+            for c in calls
+        ]
+
     launches = [m.launches() for m in gpu] if gpu is not None else [None] * len(spec.kernels)
     variants = [
         {
@@ -347,13 +420,7 @@ def plan_document(spec: PackageSpec, weights_nbytes: int, gpu: list[GPUModule] |
             "inputs": [t.to_json() for t in v.inputs],
             "outputs": [t.to_json() for t in v.outputs],
             "workspace_bytes": v.workspace_bytes,
-            "execution_plan": [
-                {
-                    "kernel": c.symbol,
-                    "args": [{**a.to_json(), "nbytes": n} for a, n in zip(c.args, params[c.symbol])],
-                }
-                for c in v.calls
-            ],
+            "execution_plan": calls_json(v.calls),
         }
         for i, v in enumerate(spec.variants)
     ]
@@ -371,6 +438,10 @@ def plan_document(spec: PackageSpec, weights_nbytes: int, gpu: list[GPUModule] |
             for f, gpu_launches in zip(spec.kernels, launches)
         ],
     }
+    if spec.prepare:
+        shared["prepare"] = PREPARE_SYMBOL
+        shared["prepare_plan"] = calls_json(spec.prepare)
+        shared["weights_stored_nbytes"] = weights_nbytes if stored_nbytes is None else stored_nbytes
     if len(variants) == 1:
         return {"plan_version": PLAN_VERSION, **variants[0], **shared}
     return {"plan_version": VARIANTS_PLAN_VERSION, **shared, "variants": variants}
@@ -394,6 +465,11 @@ def _build_library(spec: PackageSpec, plan: bytes) -> bytes:
             entry_symbol(i),
         )
         objects.append(compile_to_object(entry_ir, spec.target))
+    if spec.prepare:
+        prepare_ir = build_entry_ir(
+            list(spec.prepare), spec.target, 0, 0, symbol=PREPARE_SYMBOL, weights_only=True
+        )
+        objects.append(compile_to_object(prepare_ir, spec.target))
     with tempfile.TemporaryDirectory(prefix="aotc-package-") as tmp:
         out = os.path.join(tmp, "model.so")
         link_shared(objects, out, spec.target.isa)
@@ -413,7 +489,8 @@ def _write_zip(
     now = datetime.now(UTC)
     with zipfile.ZipFile(f, "w", allowZip64=True) as zf:
         members = {name: _write_member(zf, name, [data], len(data), now) for name, data in code}
-        members[WEIGHTS] = _write_member(zf, WEIGHTS, _weight_chunks(table), plan["weights_nbytes"], now)
+        stored = plan.get("weights_stored_nbytes", plan["weights_nbytes"])
+        members[WEIGHTS] = _write_member(zf, WEIGHTS, _weight_chunks(table), stored, now)
         manifest = _manifest(spec, table, plan, members, now)
         manifest_bytes = json.dumps(manifest, indent=2).encode() + b"\n"
         # Every member is stored, not deflated, so a reader needs no inflate (the C runtime).
@@ -444,8 +521,11 @@ def _write_member(zf: zipfile.ZipFile, name: str, chunks, size: int, when: datet
 
 
 def _weight_chunks(table: list[_WeightEntry]) -> Iterator[bytes | np.ndarray]:
+    """weights.bin: the stored weights at their offsets (the derived ones are computed at load)."""
     pos = 0
     for e in table:
+        if e.array is None:
+            continue
         if e.offset > pos:
             yield bytes(e.offset - pos)
         a = np.ascontiguousarray(e.array)
@@ -485,6 +565,7 @@ def _manifest(spec: PackageSpec, table: list[_WeightEntry], plan: dict, members:
             "member": WEIGHTS,
             "alignment": WEIGHT_ALIGNMENT,
             "nbytes": plan["weights_nbytes"],
+            **({"stored_nbytes": plan["weights_stored_nbytes"]} if "weights_stored_nbytes" in plan else {}),
             "tensors": [e.to_json() for e in table],
         },
         "members": members,

@@ -30,7 +30,21 @@ DEFAULT_TARGET = "llvm -mcpu=native"
 DTYPES = ("float32", "float16", "float64", "int8", "uint8", "int16", "int32", "int64", "bool")
 MODEL_SUFFIXES = (".onnx", ".tflite")
 
-_TOP_KEYS = ("model", "inputs", "target", "output", "tuning", "validate", "winograd", "nhwc", "memory_limit")
+_TOP_KEYS = (
+    "model",
+    "inputs",
+    "target",
+    "output",
+    "tuning",
+    "validate",
+    "winograd",
+    "nhwc",
+    "weights",
+    "memory_limit",
+)
+# compact: each weight stored once in its smallest form, Winograd transforms computed when the package
+# loads (CPU targets); prepacked: stored as the kernels read them (larger package, faster load)
+WEIGHTS_MODES = ("compact", "prepacked")
 _INPUT_KEYS = ("shape", "dtype")
 _TUNING_KEYS = ("trials", "deadline", "records", "tophub", "transfer")
 _TAG = "tag:yaml.org,2002:"
@@ -102,10 +116,13 @@ class Recipe:
     validate: bool = True
     winograd: bool = True
     nhwc: bool = True
+    weights: str = "compact"  # one of WEIGHTS_MODES
     memory_limit: int | None = None  # bytes a run may need (workspace + weights + I/O); None: physical memory
     path: Path | None = None
 
     def __post_init__(self) -> None:
+        if self.weights not in WEIGHTS_MODES:
+            raise ValueError(f"weights must be one of {', '.join(WEIGHTS_MODES)}, got {self.weights!r}")
         model = Path(os.fspath(self.model)).expanduser().resolve()
         object.__setattr__(self, "model", model)
         if self.output is None:
@@ -150,6 +167,7 @@ class Recipe:
             "validate": self.validate,
             "winograd": self.winograd,
             "nhwc": self.nhwc,
+            "weights": self.weights,
             "memory_limit": self.memory_limit,
         }
 
@@ -224,6 +242,7 @@ class _Loader:
             validate=self.optional(entries, "validate", self.boolean, True),
             winograd=self.optional(entries, "winograd", self.boolean, True),
             nhwc=self.optional(entries, "nhwc", self.boolean, True),
+            weights=self.optional(entries, "weights", self.weights_mode, "compact"),
             memory_limit=self.optional(entries, "memory_limit", self.memory_limit, None),
         )
         self.check_outputs(recipe, entries, root)
@@ -421,6 +440,12 @@ class _Loader:
         if problem:
             raise self.fail(node, key, f"the deadline must be a positive duration, got '{value}' ({problem})")
         return seconds
+
+    def weights_mode(self, node: Node, key: str) -> str:
+        value = self.string(node, key)
+        if value not in WEIGHTS_MODES:
+            raise self.fail(node, key, f"expected one of {', '.join(WEIGHTS_MODES)}, got '{value}'")
+        return value
 
     def memory_limit(self, node: Node, key: str) -> int:
         hint = "use e.g. 64GB, 512GiB, or a number of bytes"

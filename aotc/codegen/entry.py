@@ -76,11 +76,15 @@ def build_entry_ir(
     num_outputs: int,
     plan: bytes = b"",
     symbol: str = ENTRY_SYMBOL,
+    weights_only: bool = False,
 ) -> str:
     """LLVM IR text of a module defining the entry `symbol` (`aotc_run`; a package of several input
     shapes has one entry each) and declaring every kernel it calls; a non-empty `plan` goes into the
-    `.aotc_plan` section."""
+    `.aotc_plan` section. `weights_only`: `int32_t symbol(uint8_t *weights)`, calls on weights alone
+    (`aotc_prepare`, which computes derived weights when a package loads)."""
     _check_calls(calls, num_inputs, num_outputs)
+    if weights_only and any(ref.kind != "weight" for c in calls for ref in c.args):
+        raise ValueError(f"{symbol} takes the weights alone, but a call passes another buffer")
     max_args = max((len(c.args) for c in calls), default=0)
     body = ["entry:"]
     if max_args:
@@ -92,7 +96,8 @@ def build_entry_ir(
     decls = [f'declare i32 @"{s}"(ptr) nounwind' for s in symbols]
     if not _NAME_RE.match(symbol):
         raise ValueError(f"entry symbol {symbol!r} is not a usable C identifier")
-    header = f"define i32 @{symbol}(ptr %inputs, ptr %outputs, ptr %weights, ptr %workspace) #0 {{"
+    params = "ptr %weights" if weights_only else "ptr %inputs, ptr %outputs, ptr %weights, ptr %workspace"
+    header = f"define i32 @{symbol}({params}) #0 {{"
     return "\n".join(
         [
             f'target triple = "{target.triple}"',

@@ -26,14 +26,28 @@ class TensorType:
         return self.num_elements * np.dtype(self.dtype).itemsize
 
 
+@dataclass(frozen=True, eq=False)
+class Derivation:
+    """How a constant was computed at build time from a smaller one, so that a package may store the
+    source and compute the constant again when it loads (docs/package.md#derived-weights). `kind`
+    "winograd": the transformed weights U = G g G^T of the OIHW 3x3 weights `source` for Winograd tile
+    `tile` (aotc.topi.winograd.transform_weight)."""
+
+    kind: str
+    source: np.ndarray
+    tile: int
+
+
 @dataclass(eq=False)
 class Value:
-    """A tensor in the graph: a graph input, a node output, or a constant (`data` set)."""
+    """A tensor in the graph: a graph input, a node output, or a constant (`data` set; `derivation`
+    says how it was computed from a smaller constant, where it was)."""
 
     name: str
     type: TensorType
     producer: Node | None = None
     data: np.ndarray | None = None
+    derivation: Derivation | None = None
 
     @property
     def is_constant(self) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from aotc.graph.ir import Graph, Node, TensorType, Value
+from aotc.graph.ir import Derivation, Graph, Node, TensorType, Value
 from aotc.graph.layout import TO_NCHW, to_nhwc
 from aotc.topi import winograd
 
@@ -45,8 +45,14 @@ def winograd_convolutions(graph: Graph, tile: int = 4) -> Graph:
             continue
         weight = node.inputs[1]
         op, to_oihw, _ = _WINOGRAD_OPS[node.op]
-        u = winograd.transform_weight(weight.data.transpose(to_oihw), tile)
-        transformed = Value(f"{weight.name}_winograd{tile}", TensorType(u.shape, weight.type.dtype), data=u)
+        source = np.ascontiguousarray(weight.data.transpose(to_oihw))
+        u = winograd.transform_weight(source, tile)
+        transformed = Value(
+            f"{weight.name}_winograd{tile}",
+            TensorType(u.shape, weight.type.dtype),
+            data=u,
+            derivation=Derivation("winograd", source, tile),
+        )
         node.op = op
         node.inputs = [node.inputs[0], transformed, *node.inputs[2:]]
         node.attrs = {"tile": tile, "pads": tuple(int(p) for p in node.attrs.get("pads", (0, 0, 0, 0)))}

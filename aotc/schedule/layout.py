@@ -16,7 +16,20 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from aotc.ir.expr import Const, Expr, TensorRead, Var, children, rebuild, walk
+from aotc import te
+from aotc.ir.expr import (
+    Const,
+    Expr,
+    TensorRead,
+    Var,
+    children,
+    const,
+    logical_and,
+    minimum,
+    rebuild,
+    select,
+    walk,
+)
 from aotc.schedule.state import ComputeAtKind, FuseRel, SplitRel, Stage, State, propagate_extents
 from aotc.schedule.steps import replay
 from aotc.te.dag import ComputeDAG
@@ -61,6 +74,35 @@ class WeightLayout:
         if not inside.all():
             out = np.where(np.broadcast_to(inside, self.new_shape), out, np.zeros((), array.dtype))
         return np.ascontiguousarray(out)
+
+    def compute(self, source: Operation, name: str) -> Operation:
+        """`apply` as a loop stage: `source` (of this layout's original shape) in this layout, zero past
+        its end, for code that re-lays a weight out when a package loads."""
+        if tuple(source.shape) != self.shape:
+            raise ValueError(f"weight layout for shape {list(self.shape)} applied to {list(source.shape)}")
+        # the largest index each original dimension reaches: past its size, the tiles overshoot
+        reach = [0] * len(self.shape)
+        for d, stride, extent in self.dims:
+            reach[d] += stride * (extent - 1)
+
+        def body(*new: Expr) -> Expr:
+            index: list[Expr] = [const(0, new[0].dtype)] * len(self.shape)
+            for v, (d, stride, _) in zip(new, self.dims):
+                index[d] = index[d] + (v if stride == 1 else v * stride)
+            over = [d for d, size in enumerate(self.shape) if reach[d] >= size]
+            # a select evaluates both sides: the read stays inside the array even where it is discarded
+            read = source[
+                tuple(
+                    minimum(i, size - 1) if d in over else i
+                    for d, (i, size) in enumerate(zip(index, self.shape))
+                )
+            ]
+            if not over:
+                return read
+            inside = logical_and(*(index[d] < self.shape[d] for d in over))
+            return select(inside, read, const(0, source.dtype))
+
+        return te.compute(self.new_shape, body, name, tag="weight_layout")
 
     def to_json(self) -> dict:
         return {"arg": self.arg, "shape": list(self.shape), "dims": [list(d) for d in self.dims]}

@@ -88,6 +88,37 @@ def transform_weight(weight: np.ndarray, m: int) -> np.ndarray:
     return np.ascontiguousarray(u.astype(weight.dtype))
 
 
+def weight_transform(weight: Operation, m: int, name: str = "winograd_weight") -> Operation:
+    """U [a, a, C, K] = G g G^T of OIHW 3x3 weights `weight` [K, C, 3, 3] as loop stages, one dimension at
+    a time as the data transform is: what `transform_weight` computes at build time, for a package that
+    computes it when it loads (in the weights' dtype, not float64)."""
+    _, g, _ = matrices(m)
+    k, c, kh, kw = weight.shape
+    if (kh, kw) != (KERNEL, KERNEL):
+        raise te.TEError(f"{name}: weights {list(weight.shape)} are not 3x3")
+    a = m + KERNEL - 1
+    dtype = weight.dtype
+    # rows[e, k, c, j] = sum_i G[e, i] g[k, c, i, j]
+    rows = te.compute(
+        (a, k, c, KERNEL),
+        lambda e, kk, cc, j: _piecewise(
+            e, a, lambda ei: _combination([(g[ei, i], weight[kk, cc, i, j]) for i in range(KERNEL)], dtype)
+        ),
+        f"{name}_rows",
+        tag="winograd_weight",
+        attrs={CONST_INDEX_AXES: ((0, 1),)},
+    )
+    return te.compute(
+        (a, a, c, k),
+        lambda e, f, cc, kk: _piecewise(
+            f, a, lambda fj: _combination([(g[fj, j], rows[e, kk, cc, j]) for j in range(KERNEL)], dtype)
+        ),
+        name,
+        tag="winograd_weight",
+        attrs={CONST_INDEX_AXES: ((1, 1),)},
+    )
+
+
 def output_tiles(h: int, w: int, pads: tuple[int, int, int, int], m: int) -> tuple[int, int, int, int]:
     """Output height and width of the 3x3 stride-1 conv, and its tiles along each."""
     pt, pl, pb, pr = pads

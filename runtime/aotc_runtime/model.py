@@ -296,6 +296,8 @@ class CompiledModel(LoadedModel):
         self.variants = [self._variant(v) for v in plan.variants]
         self._index_variants()
         self._weights_ptr = ctypes.c_void_p(weights.__array_interface__["data"][0])
+        if plan.prepare is not None:
+            self._prepare_weights(plan.prepare.entry)
         limit = available_cores() if max_concurrency is None else checked_max_concurrency(max_concurrency)
         # one pool for every variant, each workspace sized for the largest (variants share names, so counts)
         workspace = max(v.workspace_bytes for v in plan.variants)
@@ -305,6 +307,14 @@ class CompiledModel(LoadedModel):
         self._set_call_threads = self._lib.aotc_set_call_threads
         self._set_call_threads.restype = None
         self._set_call_threads.argtypes = [ctypes.c_int32]
+
+    def _prepare_weights(self, symbol: str) -> None:
+        """Compute the weights the package stores in a smaller form (Winograd transforms), once."""
+        prepare = self._lib[symbol]  # the package check found it among the library's defined functions
+        prepare.restype, prepare.argtypes = ctypes.c_int32, [ctypes.c_void_p]
+        status = prepare(self._weights_ptr)
+        if status != 0:
+            raise RuntimeError(f"{self.path}: computing its weights at load failed (status {status})")
 
     def _variant(self, v: PlanVariant) -> ModelVariant:
         inputs = [TensorInfo.from_plan(t) for t in v.inputs]

@@ -173,7 +173,10 @@ def read_package(path: str) -> PackageContents:
             )
         plan, library = _check_library(zf, manifest, path)
         check_host(manifest, path)
-        weights = _read_member(zf, WEIGHTS, path, manifest["members"][WEIGHTS]["sha256"])
+        # the whole weights buffer: what weights.bin holds, then room for the weights computed at load
+        weights = _read_member(
+            zf, WEIGHTS, path, manifest["members"][WEIGHTS]["sha256"], room=plan.weights_nbytes
+        )
         _check_other_members(zf, manifest, path)
         signature = _read_signature(zf, path)
     return PackageContents(manifest, library, weights, digest, plan, signature)
@@ -221,10 +224,10 @@ def _check_library(zf: zipfile.ZipFile, manifest: dict, path: str) -> tuple[Mode
     _check_member_list(zf, manifest, path)
     library = _read_member(zf, LIBRARY, path, manifest["members"][LIBRARY]["sha256"])
     plan = _library_plan(library.tobytes(), manifest, path)
-    if zf.getinfo(WEIGHTS).file_size != plan.weights_nbytes:
+    if zf.getinfo(WEIGHTS).file_size != plan.weights_stored_nbytes:
         raise PackageError(
             f"{path}: member {WEIGHTS} holds {zf.getinfo(WEIGHTS).file_size} bytes "
-            f"but the kernel library was compiled for {plan.weights_nbytes}"
+            f"but the kernel library was compiled for {plan.weights_stored_nbytes}"
         )
     return plan, library
 
@@ -303,9 +306,15 @@ def _open_zip(path: str) -> Iterator[zipfile.ZipFile]:
 
 
 def _read_member(
-    zf: zipfile.ZipFile, name: str, path: str, sha256: str | None = None, keep: bool = True
+    zf: zipfile.ZipFile,
+    name: str,
+    path: str,
+    sha256: str | None = None,
+    keep: bool = True,
+    room: int = 0,
 ) -> np.ndarray:
-    """The member's bytes (64-byte aligned), checking the zip CRC and, if given, its sha256."""
+    """The member's bytes (64-byte aligned), checking the zip CRC and, if given, its sha256; with `room`,
+    in a buffer of that many bytes at least, zero past the member (where derived weights go)."""
     info = zf.getinfo(name)
     stored = info.compress_type == zipfile.ZIP_STORED
     if (stored and info.file_size != info.compress_size) or (
@@ -314,7 +323,9 @@ def _read_member(
         raise PackageError(f"{path}: member {name} is damaged (implausible size {info.file_size})")
     if info.header_offset + info.compress_size > _archive_size(zf):
         raise PackageError(f"{path}: member {name} is truncated")
-    buf = aligned_empty(info.file_size if keep else min(info.file_size, _CHUNK))
+    buf = aligned_empty(max(info.file_size, room) if keep else min(info.file_size, _CHUNK))
+    if keep and room > info.file_size:
+        buf[info.file_size :] = 0
     view = memoryview(buf)
     digest = hashlib.sha256()
     try:

@@ -37,6 +37,7 @@ __all__ = [
     "PlanArg",
     "PlanCall",
     "PlanError",
+    "PlanPrepare",
     "PlanTensor",
     "PlanVariant",
     "check_manifest_matches",
@@ -81,6 +82,8 @@ _FIELDS = (
     "execution_plan",
 )
 _VARIANT_FIELDS = ("entry", "inputs", "outputs", "workspace_bytes", "execution_plan")
+# Optional, all three or none: weights the package computes when it loads (docs/package.md#derived-weights)
+_PREPARE_FIELDS = ("prepare", "prepare_plan", "weights_stored_nbytes")
 _VARIANTS_FIELDS = (
     "plan_version",
     "target",
@@ -150,6 +153,16 @@ class PlanVariant:
 
 
 @dataclass(frozen=True)
+class PlanPrepare:
+    """Weights computed when the package loads: weights.bin holds the first `stored_nbytes` bytes of the
+    weights buffer, and `entry(weights)` computes the rest by `calls`, each reading and writing weights."""
+
+    entry: str
+    stored_nbytes: int
+    calls: tuple[PlanCall, ...]
+
+
+@dataclass(frozen=True)
 class ModelPlan:
     """A checked plan: every argument of every variant lies inside the buffer it refers to. `entry`,
     `inputs`, `outputs`, `workspace_bytes` and `calls` are those of the first variant."""
@@ -162,6 +175,12 @@ class ModelPlan:
     variants: tuple[PlanVariant, ...]
     document: dict
     gpu: dict[str, GPUKernelPlan] = field(default_factory=dict)  # symbol -> launches (GPU plans only)
+    prepare: PlanPrepare | None = None
+
+    @property
+    def weights_stored_nbytes(self) -> int:
+        """The size of weights.bin: all the weights, or where some are computed at load, the rest."""
+        return self.weights_nbytes if self.prepare is None else self.prepare.stored_nbytes
 
     @property
     def entry(self) -> str:
@@ -187,7 +206,11 @@ class ModelPlan:
     def symbols(self) -> tuple[str, ...]:
         """Every entry and every kernel the plan calls: the library must define each one."""
         entries = [v.entry for v in self.variants]
-        return (*entries, *dict.fromkeys(c.kernel for v in self.variants for c in v.calls))
+        calls = [c for v in self.variants for c in v.calls]
+        if self.prepare is not None:
+            entries.append(self.prepare.entry)
+            calls += self.prepare.calls
+        return (*entries, *dict.fromkeys(c.kernel for c in calls))
 
 
 def encode_plan(document: dict) -> bytes:
@@ -215,7 +238,9 @@ def parse_plan(raw: bytes, gpu: bool = False) -> ModelPlan:
             f"the plan has version {version!r}, this runtime reads {PLAN_VERSION} and {VARIANTS_PLAN_VERSION}"
         )
     fields = _FIELDS if version == PLAN_VERSION else _VARIANTS_FIELDS
-    if set(document) != set(fields):
+    if set(document) not in (set(fields), set(fields) | set(_PREPARE_FIELDS)) or (
+        gpu and "prepare" in document
+    ):
         raise PlanError(f"the plan has fields {sorted(document)}, expected {sorted(fields)}")
     target, triple = _string(document["target"], "target"), _string(document["triple"], "triple")
     requires = tuple(
@@ -232,13 +257,30 @@ def parse_plan(raw: bytes, gpu: bool = False) -> ModelPlan:
             (_object(v, _VARIANT_FIELDS, f"variants[{i}]"), f"variants[{i}].") for i, v in enumerate(found)
         ]
     entries = [_symbol(d["entry"], f"{at}entry") for d, at in described]
+    if "prepare" in document:
+        entries.append(_symbol(document["prepare"], "prepare"))
     if len(set(entries)) != len(entries):
         raise PlanError("the plan names an entry symbol twice")
     kernels = _kernels(document["kernels"], set(entries), gpu)
     launches = _gpu_kernels(document["kernels"], kernels) if gpu else {}
     variants = tuple(_variant(d, at, kernels, weights, gpu) for d, at in described)
     _check_variants_agree(variants)
-    return ModelPlan(target, triple, requires, weights, kernels, variants, document, launches)
+    prepare = _prepare(document, kernels, weights) if "prepare" in document else None
+    return ModelPlan(target, triple, requires, weights, kernels, variants, document, launches, prepare)
+
+
+def _prepare(document: dict, kernels: dict, weights: int) -> PlanPrepare:
+    """The load-time calls: every argument inside the weights buffer (no input, output or workspace
+    exists then), and weights.bin no larger than the weights buffer."""
+    stored = _size(document["weights_stored_nbytes"], "weights_stored_nbytes")
+    if stored > weights:
+        raise PlanError(f"the plan's weights_stored_nbytes {stored} exceeds weights_nbytes {weights}")
+    sizes: dict[str, list[int]] = {"input": [], "output": [], "weight": [weights], "workspace": []}
+    calls = tuple(
+        _call(c, f"prepare_plan[{i}]", kernels, sizes)
+        for i, c in enumerate(_list(document["prepare_plan"], "prepare_plan"))
+    )
+    return PlanPrepare(document["prepare"], stored, calls)
 
 
 def _variant(document: dict, at: str, kernels: dict, weights: int, gpu: bool = False) -> PlanVariant:
