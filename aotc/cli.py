@@ -318,6 +318,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     i.add_argument("package", type=Path, help="the .aotc package")
     i.add_argument(
+        "--load",
+        action="store_true",
+        help="also load it (in fresh processes, running its code) and report load time and peak memory",
+    )
+    i.add_argument(
         "--trusted-key",
         action="append",
         type=Path,
@@ -601,10 +606,22 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     from aotc.package import describe_package
 
     summary = package_summary(args.package, args.trusted_key)
+    footprint = None
+    if args.load:
+        from aotc.footprint import measure_footprint
+
+        footprint = measure_footprint(args.package, "aotc")
+        summary["footprint"] = footprint.to_dict()
     if args.json:
         print_json(summary)
     else:
         print(printable(describe_package(str(args.package), trusted_keys=args.trusted_key)))
+        if footprint is not None:
+            print(
+                f"load          {footprint.load_s * 1e3:.0f} ms; resident memory +{footprint.rss_load / 2**20:.0f} "
+                f"MiB after loading, +{footprint.rss_run / 2**20:.0f} MiB after a first run "
+                "(medians of 3 fresh processes)"
+            )
     # described in full, but a package that loading refuses is not "ok" for a script checking the exit code
     invalid = summary["signature"] is not None and summary["signature"]["state"] == "invalid"
     return BUILD_ERROR if invalid else OK

@@ -700,7 +700,10 @@ def _launches(gpu: object) -> list[str]:
 
 def _weights(weights: dict, limit: int = 20) -> list[str]:
     tensors = weights.get("tensors", [])
-    lines = [f"weights       {len(tensors)} tensors, {_size(weights.get('nbytes', 0))}"]
+    total = weights.get("nbytes", 0)
+    stored = weights.get("stored_nbytes")
+    split = "" if stored is None else f" ({_size(stored)} stored, {_size(total - stored)} computed at load)"
+    lines = [f"weights       {len(tensors)} tensors, {_size(total)}{split}"]
     for t in tensors[:limit]:
         lines.append(f"  {t['name']}  {t['dtype']} {t['shape']}  at {t['offset']}  {_size(t['nbytes'])}")
     if len(tensors) > limit:

@@ -98,3 +98,11 @@ def test_gpu_benchmark_says_what_it_needs_without_a_gpu(capsys):
         pytest.skip("this machine has a GPU: run benchmarks/gpu.py itself")
     assert gpu.main(["--minutes", "0", "--models", "gemm"]) == 2
     assert "needs an NVIDIA GPU" in capsys.readouterr().err
+
+
+def test_footprint_benchmark_quick_run(capsys):
+    assert _import("footprint").main(["--quick", "--models", "mlp"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith("mlp ")]
+    assert [r[1] for r in rows] == ["onnxruntime", "aotc", "aotc"]
+    assert [r[2] for r in rows[1:]] == ["compact", "prepacked"]
+    assert all(float(r[-1].rstrip("x")) > 0 for r in rows)

@@ -1,5 +1,5 @@
-"""Whole aarch64 packages validated under qemu (issue 22): the MLP, a MobileNet-style CNN and a transformer
-block (ONNX), and the TFLite float and int8 MobileNet blocks, each built for cortex-a72 and for
+"""Whole aarch64 packages validated under qemu (issue 22): the MLP, a MobileNet-style CNN, a narrow ResNet-18
+(compact: Winograd weights computed at load) and a transformer block (ONNX), and the TFLite float and int8 MobileNet blocks, each built for cortex-a72 and for
 neoverse-n1 on this x86 host, then run by `aotc_runtime` in an aarch64 Python under `qemu-aarch64 -cpu
 <that CPU>` and compared with onnxruntime / LiteRT on this host, with validation's usual tolerances
 (float: 1e-5 + 1e-4 |ref| + 1e-4 rms; int8: within 1 LSB). The emulated Python is made once per user with
@@ -25,6 +25,10 @@ MODELS = {
     "mlp": lambda d: onnx_models.save(onnx_models.mlp(), d / "mlp.onnx"),
     "mobilenet": lambda d: onnx_models.save(
         onnx_models.mobilenet_v2(size=32, classes=10, width_mult=0.35), d / "mobilenet.onnx"
+    ),
+    # Winograd convolutions in every stage: a compact package computes their weights when it loads
+    "resnet_narrow": lambda d: onnx_models.save(
+        onnx_models.resnet18(size=32, width=16, classes=10), d / "resnet.onnx"
     ),
     "transformer_block": lambda d: onnx_models.save(
         onnx_models.transformer_encoder(layers=1), d / "block.onnx"

@@ -122,3 +122,18 @@ def test_plan_refuses_load_time_calls_outside_the_weights(both):
     assert "covers bytes" in refused(past_the_end)
     assert "exceeds weights_nbytes" in refused(stored_too_big)
     assert "fields" in refused(lambda doc: doc.pop("prepare_plan"))
+
+
+def test_inspect_shows_what_is_computed_at_load_and_what_loading_costs(both, capsys):
+    from aotc.cli import main
+
+    _, compact, _ = both
+    assert main(["inspect", str(compact.path), "--load"]) == 0
+    out = capsys.readouterr().out
+    weights = next(line for line in out.splitlines() if line.startswith("weights"))
+    assert "stored" in weights and "computed at load" in weights
+    load = next(line for line in out.splitlines() if line.startswith("load"))
+    assert " ms; resident memory +" in load
+    assert main(["inspect", str(compact.path), "--load", "--json"]) == 0
+    footprint = json.loads(capsys.readouterr().out)["footprint"]
+    assert footprint["load_ms"] > 0 and footprint["rss_run_mb"] >= footprint["rss_load_mb"] >= 0
