@@ -188,3 +188,12 @@ def test_aarch64_build_tunes_under_qemu(tmp_path):
     measured = [json.loads(line) for line in records.read_text().splitlines()]
     assert measured and all(r["error"] == 0 for r in measured)
     assert {r["target"] for r in measured} == {target}
+    # qemu's timings mean nothing: labelled, kept in the build's log, out of every store
+    assert {r["host"]["emulated"] for r in measured} == {"qemu-aarch64 -cpu cortex-a72"}
+    from aotc.hub.store import HubError, merge_into_store, store_files, user_store_dir
+    from aotc.search.records import load_records, read_record_file
+
+    stored = [r for path in store_files(user_store_dir()) for r in read_record_file(path).records]
+    assert not [r for r in stored if r.target == target]
+    with pytest.raises(HubError, match="measured under qemu-aarch64 -cpu cortex-a72"):
+        merge_into_store(tmp_path / "shared", load_records(records))

@@ -1,6 +1,7 @@
 """Measurer: valid candidates are timed, and wrong, crashing, hanging or invalid ones become error results."""
 
 import dataclasses
+import os
 
 import pytest
 
@@ -188,3 +189,26 @@ def test_closed_measurer_and_bad_arguments(dag):
     m.close()
     with pytest.raises(MeasureError, match="closed"):
         m.measure([State.initial(dag)])
+
+
+def marking_runner_main(conn, env, setup):
+    """A runner of one's own (as a remote device's would be): this CPU's, leaving a mark of its setup."""
+    from aotc.search.timing import runner_main
+
+    with open(os.environ["AOTC_TEST_RUNNER_MARK"], "a") as f:
+        f.write(f"{setup.target} {setup.n_inputs} {os.path.basename(setup.reference)}\n")
+    runner_main(conn, env, setup)
+
+
+def test_a_runner_of_ones_own_plugs_in(dag, tmp_path, monkeypatch):
+    """`MeasureOptions.runner` replaces the runner: candidates are checked and timed by it."""
+    monkeypatch.setenv("AOTC_TEST_RUNNER_MARK", str(tmp_path / "mark"))
+    options = MeasureOptions(runner=marking_runner_main, **FAST)
+    with Measurer(dag, host_target(), options) as m:
+        ok, wrong = m.measure_funcs([naive_func(dag), write_input_func(dag)])
+        (tiled,) = m.measure([tiled_state(dag)])
+    assert ok.error == ErrorCode.NO_ERROR and len(ok.costs) == 2
+    assert tiled.error == ErrorCode.NO_ERROR
+    assert wrong.error != ErrorCode.NO_ERROR
+    marks = (tmp_path / "mark").read_text().splitlines()  # again after the input write killed it
+    assert marks and all(m.startswith(f"{host_target()} 2 ") for m in marks)

@@ -22,6 +22,7 @@ import contextlib
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import platform
 import re
@@ -33,6 +34,7 @@ from aotc.files import write_all_atomic, write_atomic
 from aotc.search.records import (
     Record,
     append_records,
+    is_emulated,
     rank_cost,
     read_record_file,
     record_problem,
@@ -212,9 +214,17 @@ def group_by_target(records: Iterable[Record]) -> dict[str, list[Record]]:
 
 
 def append_to_store(directory: str | os.PathLike, records: Iterable[Record], _locked: bool = False) -> int:
-    """Append records to the store's per-target files; returns how many were written."""
+    """Append records to the store's per-target files; returns how many were written. Records measured
+    under qemu stay out (in the build's record log only): a store shares timings, and theirs mean nothing."""
     directory = Path(directory)
-    groups = group_by_target(records)
+    records = list(records)
+    emulated = sum(map(is_emulated, records))
+    if emulated:
+        logging.getLogger("aotc.hub").info(
+            f"{emulated} records measured under qemu kept out of the store {directory}: their timings say "
+            "nothing about the device"
+        )
+    groups = group_by_target(r for r in records if not is_emulated(r))
     if not groups:
         return 0
     lock = contextlib.nullcontext() if _locked else store_lock(directory, exclusive=False)
@@ -315,6 +325,10 @@ def merge_into_store(directory: str | os.PathLike, records: Iterable[Record]) ->
     records = list(records)
     for i, rec in enumerate(records):
         problem = record_problem(rec)
+        if not problem and is_emulated(rec):
+            problem = (
+                f"it was measured under {rec.host['emulated']}, whose timings say nothing about the device"
+            )
         if problem:
             raise HubError(f"record {i + 1} (workload {rec.workload_key[:32]}) is invalid: {problem}")
     incoming = best_per_key(records)

@@ -27,12 +27,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from multiprocessing.connection import wait as wait_for_connections
 
-from aotc.emulator import EMULATORS, kernel_emulation_unavailable, qemu_cpu
+from aotc.emulator import EMULATORS, kernel_emulation_unavailable
 from aotc.ir.stmt import PrimFunc
 from aotc.schedule.state import State
 from aotc.search.common import ErrorCode, MeasureResult, Noise
 from aotc.search.timing import (
     KERNEL_NAME,
+    RunnerMain,
+    RunnerSetup,
     emulated_runner_main,
     gpu_runner_main,
     runner_main,
@@ -68,6 +70,10 @@ class MeasureOptions:
     `bind_threads` pins the runner's kernel threads one per core (the library's `aotc_bind_threads`):
     unbound, two of them sometimes shared the core another process left free, where a join waited a
     whole time slice (a 0.5 ms pool took 15 ms with one core busy under libgomp).
+
+    `runner` is the process that checks and times built candidates (`aotc.search.timing.RunnerMain`):
+    by default this CPU, its GPU, or qemu for another CPU architecture; another one (a board on the
+    network, a cluster's device) takes the same requests and answers the same way (docs/search.md#runners).
     """
 
     number: int = 0
@@ -87,6 +93,7 @@ class MeasureOptions:
     max_spread: float = 0.1
     max_retries: int = 2
     bind_threads: bool = True
+    runner: RunnerMain | None = None  # None: `default_runner(target)`; a remote device plugs in here
 
     def __post_init__(self) -> None:
         checks = [
@@ -102,6 +109,7 @@ class MeasureOptions:
             (0 < self.max_interference <= 1, "max_interference must be in (0, 1]"),
             (self.max_spread > 0, "max_spread must be positive"),
             (self.max_retries >= 0, "max_retries must be >= 0"),
+            (self.runner is None or callable(self.runner), "runner must be a RunnerMain function or None"),
         ]
         for ok, msg in checks:
             if not ok:
@@ -206,9 +214,11 @@ class Measurer:
 
     def __init__(self, dag: ComputeDAG, target: Target | str, options: MeasureOptions | None = None):
         target = as_target(target)
-        _check_runnable(target)
+        options = options or MeasureOptions()
+        if options.runner is None:  # a runner of one's own runs wherever it runs
+            _check_runnable(target)
         self.dag, self.target = dag, target
-        self.options = options or MeasureOptions()
+        self.options = options
         self.threads = self.options.num_threads or target.hw.num_cores
         self.last_batch: BatchStats | None = None
         self.workdir = tempfile.mkdtemp(prefix="aotc-measure-")
@@ -232,17 +242,13 @@ class Measurer:
             raise MeasureError(
                 f"the naive schedule of {self.dag} does not build ({ref.error.name}): {ref.msg}"
             )
-        n_inputs = len(self.dag.placeholders)
-        arch = emulated_arch(self.target)
-        if self.target.is_gpu:
-            bench_args = (self.workdir, ref.path, n_inputs, self.options, self.target.kind)
-            self._runner = Worker(self._ctx, "aotc-gpu-runner", gpu_runner_main, (env, bench_args))
-        elif arch is not None:
-            bench_args = (self.workdir, ref.path, n_inputs, self.options, arch, qemu_cpu(self.target))
-            self._runner = Worker(self._ctx, "aotc-qemu-runner", emulated_runner_main, (env, bench_args))
-        else:
-            bench_args = (self.workdir, ref.path, len(self.dag.placeholders), self.options, self.threads)
-            self._runner = Worker(self._ctx, "aotc-runner", runner_main, (env, bench_args))
+        setup = RunnerSetup(
+            self.workdir, ref.path, len(self.dag.placeholders), self.options, self.target, self.threads
+        )
+        main = self.options.runner or default_runner(self.target)
+        self._runner = Worker(
+            self._ctx, f"aotc-{main.__name__.removesuffix('_main').replace('_', '-')}", main, (env, setup)
+        )
         self._workers.append(self._runner)
         self._await_runner()
 
@@ -456,6 +462,16 @@ def _check_runnable(target: Target) -> None:
             f" (it is measured under qemu where that is installed: {why})" if target.isa in EMULATORS else ""
         )
         raise ValueError(f"target {target} ({target.triple}) cannot run on this {host} host{hint}")
+
+
+def default_runner(target: Target) -> RunnerMain:
+    """The runner for a target measured on this machine: its GPU, qemu for another CPU architecture,
+    else this CPU."""
+    if target.is_gpu:
+        return gpu_runner_main
+    if emulated_arch(target) is not None:
+        return emulated_runner_main
+    return runner_main
 
 
 def emulated_arch(target: Target) -> str | None:

@@ -65,6 +65,8 @@ __all__ = [
     "peak_flops",
     "rank_cost",
     "read_record_file",
+    "is_emulated",
+    "measuring_host",
     "record_problem",
 ]
 
@@ -131,7 +133,7 @@ class Record:
             error=int(result.error),
             error_msg=result.error_msg[:_ERROR_MSG_LIMIT],
             timestamp=float(result.timestamp),
-            host=host_info(),
+            host=measuring_host(target),
             noise=result.noise,
             flops=int(dag.flop_count),
         )
@@ -314,6 +316,26 @@ def _typed(obj: dict, key: str, kind):
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         raise ValueError(f"field {key!r} has the wrong type ({type(value).__name__})")
     return value
+
+
+def measuring_host(target: Target) -> dict:
+    """`host_info()`, and for a target of another architecture, measured here under qemu, `emulated`:
+    the emulator and CPU model. Such a record's timing says nothing about the device (`is_emulated`)."""
+    import llvmlite.binding as llvm
+
+    from aotc.emulator import EMULATORS, qemu_cpu
+    from aotc.target import arch_of
+
+    info = host_info()
+    if target.is_cpu and target.isa != arch_of(llvm.get_process_triple()) and target.isa in EMULATORS:
+        info = {**info, "emulated": f"{EMULATORS[target.isa].qemu} -cpu {qemu_cpu(target)}"}
+    return info
+
+
+def is_emulated(rec: Record) -> bool:
+    """Measured under an emulator: a valid schedule, whose timing says nothing about the device, so a
+    store that shares timings keeps it out."""
+    return bool(rec.host.get("emulated")) if isinstance(rec.host, dict) else False
 
 
 @functools.cache

@@ -4,7 +4,10 @@ The runner process (`runner_main`) holds seeded random inputs and the naive sche
 page-protected buffers; each candidate's first run is checked against them and doubles as the warm-up,
 then `time_kernel` (or `time_flushed`, with cache flushing) takes its repeats. The GPU runner
 (`gpu_runner_main`) holds the same inputs and reference outputs (from the naive schedule compiled for
-this CPU) in device memory, and times candidates on the device's clock through aotc_runtime.gpu.
+this CPU) in device memory, and times candidates on the device's clock through aotc_runtime.gpu. The
+emulated runner (`emulated_runner_main`) runs each candidate under qemu. Each is a `RunnerMain`: what
+the search starts in a worker process to check and time candidates, and what a remote runner provides
+(docs/search.md#runners).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import os
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -28,9 +32,11 @@ from aotc.search.workers import error_text, message_tail, serve
 
 if TYPE_CHECKING:
     from aotc.search.measure import MeasureOptions
+    from aotc.target import Target
 
 __all__ = [
     "KERNEL_NAME",
+    "RunnerSetup",
     "emulated_runner_main",
     "gpu_runner_main",
     "runner_main",
@@ -386,10 +392,32 @@ def _unload(lib) -> None:
             _ctypes.dlclose(handle)
 
 
-def runner_main(conn, env: dict[str, str], bench_args: tuple) -> None:
-    """The runner process: `bench_args` (workdir, reference library, input count, options, threads)
-    set up its bench, then it checks and times one (library, cutoff, layouts) request at a time."""
-    serve(conn, env, lambda: _Bench(*bench_args).run)
+RunnerMain = Callable[..., None]
+"""`main(conn, env, setup: RunnerSetup)`, started in a worker process: it calls `serve(conn, env, setup_fn)`
+with a handler that takes (path of a built candidate, cutoff seconds or None, weight layouts as JSON)
+and returns (ErrorCode, message, costs in seconds, Noise or None). A module-level function, so that a
+spawned process can import it."""
+
+
+@dataclass(frozen=True)
+class RunnerSetup:
+    """What a runner starts from (docs/search.md#runners): the task's working directory, the naive
+    schedule built as a reference library (for this host where the candidates run emulated or on a GPU),
+    how many of its params are inputs, the measure options, the target and the threads to time with."""
+
+    workdir: str
+    reference: str
+    n_inputs: int
+    options: MeasureOptions
+    target: Target
+    threads: int
+
+
+def runner_main(conn, env: dict[str, str], setup: RunnerSetup) -> None:
+    """The runner of this host's CPU: it checks and times one (library, cutoff, layouts) request at a
+    time, in this process."""
+    args = (setup.workdir, setup.reference, setup.n_inputs, setup.options, setup.threads)
+    serve(conn, env, lambda: _Bench(*args).run)
 
 
 # ----------------------------------------------------------------------------- GPU
@@ -491,10 +519,13 @@ class _GPUBench:
         return ErrorCode.NO_ERROR, "", [device.elapsed(fn, number) for _ in range(opts.repeat)], None
 
 
-def gpu_runner_main(conn, env: dict[str, str], bench_args: tuple) -> None:
-    """The GPU runner process: `bench_args` (workdir, reference library, input count, options, device
-    kind "opencl" or "cuda") set up its bench; then it checks and times one built candidate at a time."""
-    serve(conn, env, lambda: _GPUBench(*bench_args).run)
+def gpu_runner_main(conn, env: dict[str, str], setup: RunnerSetup) -> None:
+    """The GPU runner: it opens the target's device (OpenCL or CUDA), then checks and times one built
+    candidate at a time."""
+    kind = setup.target.kind
+    serve(
+        conn, env, lambda: _GPUBench(setup.workdir, setup.reference, setup.n_inputs, setup.options, kind).run
+    )
 
 
 # ----------------------------------------------------------------------------- emulated (qemu)
@@ -562,7 +593,17 @@ class _EmulatedBench:
         return ErrorCode.NO_ERROR, "", [float(line) for line in proc.stdout.split()], None
 
 
-def emulated_runner_main(conn, env: dict[str, str], bench_args: tuple) -> None:
-    """The emulated runner process: `bench_args` (workdir, reference library, input count, options,
-    architecture, qemu CPU model) set up its bench; then it checks and times one library at a time."""
-    serve(conn, env, lambda: _EmulatedBench(*bench_args).run)
+def emulated_runner_main(conn, env: dict[str, str], setup: RunnerSetup) -> None:
+    """The emulated runner: each candidate runs in a fresh qemu of the target's architecture and CPU
+    model, checked against the reference built for this host; its timings mean nothing."""
+    from aotc.emulator import qemu_cpu
+
+    args = (
+        setup.workdir,
+        setup.reference,
+        setup.n_inputs,
+        setup.options,
+        setup.target.isa,
+        qemu_cpu(setup.target),
+    )
+    serve(conn, env, lambda: _EmulatedBench(*args).run)
