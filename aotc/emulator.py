@@ -43,14 +43,19 @@ EMULATORS = {
         "/usr/aarch64-linux-gnu",
         "arm64",
         "qemu-user gcc-aarch64-linux-gnu libc6-dev-arm64-cross",
-    )
+    ),
 }
 # The emulated Python: Debian's, with numpy (all aotc_runtime needs), from the release these machines run.
 SYSROOT_SUITE = "bookworm"
 SYSROOT_PACKAGES = ("python3-minimal", "libpython3.11-stdlib", "python3-numpy")
 SYSROOT_PYTHON = "usr/bin/python3.11"
-# Debian's numpy finds BLAS and LAPACK through alternatives, which an extracted folder never set up.
-_SYSROOT_LIBRARY_PATH = "/usr/lib/{triple}/blas:/usr/lib/{triple}/lapack"
+# The release's main archive alone: its security and updates mirrors add nothing the check needs, and a
+# mirror mid-sync fails the whole make ("File has unexpected size"). `AOTC_DEBIAN_MIRROR` names another.
+DEFAULT_MIRROR = "http://deb.debian.org/debian"
+# Debian's numpy finds BLAS and LAPACK through alternatives, which an extracted folder never set up: the
+# links their maintainer scripts would make (LD_LIBRARY_PATH does not serve: qemu-arm 7.2 does not
+# redirect the loader's statx of a directory into the folder, so it skips the directory as missing).
+_ALTERNATIVES = ("blas/libblas.so.3", "lapack/liblapack.so.3")
 _DEBIAN_TRIPLES = {"arm64": "aarch64-linux-gnu"}
 # A package run emulated: Python starts in ~4 s under qemu, numpy and the model take the rest.
 PACKAGE_RUN_TIMEOUT_S = 600
@@ -144,12 +149,14 @@ def ensure_sysroot(arch: str) -> Path:
         f"--include={','.join(SYSROOT_PACKAGES)}",
         SYSROOT_SUITE,
         str(tmp),
+        os.environ.get("AOTC_DEBIAN_MIRROR") or DEFAULT_MIRROR,
     ]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
         if proc.returncode != 0:
             tail = "\n".join(proc.stderr.strip().splitlines()[-5:])
             raise EmulatorUnavailable(f"mmdebstrap could not make the emulated {arch} Python:\n{tail}")
+        _link_alternatives(tmp, _DEBIAN_TRIPLES[emulator.debian_arch])
         (tmp / ".aotc-complete").write_text(" ".join(cmd) + "\n")
         try:
             os.rename(tmp, path)
@@ -164,6 +171,14 @@ def ensure_sysroot(arch: str) -> Path:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return path
+
+
+def _link_alternatives(root: Path, triple: str) -> None:
+    libdir = root / "usr" / "lib" / triple
+    for target in _ALTERNATIVES:
+        link = libdir / os.path.basename(target)
+        if (libdir / target).exists() and not link.exists():
+            link.symlink_to(target)
 
 
 # ----------------------------------------------------------------------------- packages under qemu
@@ -267,9 +282,6 @@ class EmulatedModel:
             "LANG": "C.UTF-8",
             "PYTHONPATH": os.path.join(tmp, "python"),
             "PYTHONDONTWRITEBYTECODE": "1",
-            "LD_LIBRARY_PATH": _SYSROOT_LIBRARY_PATH.format(
-                triple=_DEBIAN_TRIPLES[self.emulator.debian_arch]
-            ),
         }
         for name in ("AOTC_RUNTIME_CACHE", "XDG_CACHE_HOME", "OPENBLAS_NUM_THREADS"):
             if name in os.environ:

@@ -86,7 +86,7 @@ class Target:
     @property
     def triple(self) -> str:
         if self.mtriple:
-            return self.mtriple
+            return normalized_triple(self.mtriple)
         if self.kind == "cuda":
             return "nvptx64-nvidia-cuda"
         if self.kind == "opencl":
@@ -170,6 +170,19 @@ HOST_CPU_ENV = "AOTC_HOST_CPU"
 """Expert knob: `AOTC_HOST_CPU=znver3` makes the host (`llvm -mcpu=native`) that CPU with LLVM's default
 features for it, less those this host lacks, so an AVX-512 machine compiles, tunes and runs the code an
 AVX2 machine would get."""
+
+
+_OS_NAMES = ("linux", "android", "none", "windows", "darwin", "freebsd")
+
+
+def normalized_triple(triple: str) -> str:
+    """`arch-vendor-os-env` as LLVM reads it: `armv7a-linux-gnueabihf` is `armv7a-unknown-linux-gnueabihf`.
+    LLVM takes the parts by position, so the short form's `linux` is read as the vendor and `gnueabihf`
+    as the OS, and an ARM object then gets the soft-float ABI, which Debian's armhf loader refuses."""
+    parts = triple.split("-")
+    if len(parts) in (2, 3) and parts[1] in _OS_NAMES:
+        parts.insert(1, "unknown")
+    return "-".join(parts)
 
 
 def arch_of(triple: str) -> str:

@@ -26,7 +26,7 @@ def test_explicit_cpu_and_features():
 
 def test_cross_triple_has_neon_width():
     t = parse_target("llvm -mtriple=aarch64-linux-gnu")
-    assert t.triple == "aarch64-linux-gnu"
+    assert t.triple == "aarch64-unknown-linux-gnu"  # as LLVM reads it
     assert t.hw.vector_bytes == 16
     assert parse_target(str(t)) == t
 
@@ -316,3 +316,34 @@ def test_gpu_targets_have_per_arch_limits():
         32768,
         "opencl",
     )
+
+
+@pytest.mark.parametrize(
+    "given, llvm_reads",
+    [
+        ("armv7a-linux-gnueabihf", "armv7a-unknown-linux-gnueabihf"),
+        ("aarch64-linux-gnu", "aarch64-unknown-linux-gnu"),
+        ("aarch64-unknown-linux-gnu", "aarch64-unknown-linux-gnu"),
+        ("x86_64-pc-linux-gnu", "x86_64-pc-linux-gnu"),
+    ],
+)
+def test_short_triples_are_normalized_for_llvm(given, llvm_reads):
+    assert parse_target(f"llvm -mtriple={given}").triple == llvm_reads
+
+
+def test_armv7_objects_use_the_hard_float_abi_gnueabihf_names():
+    """LLVM reads `armv7a-linux-gnueabihf` by position (vendor `linux`, OS `gnueabihf`) and emitted
+    soft-float objects, which Debian's armhf loader refuses as not found."""
+    from aotc import te
+    from aotc.codegen.llvm import build_llvm_ir, compile_to_object
+    from aotc.schedule.default import default_schedule
+    from aotc.schedule.lower import lower
+
+    a = te.placeholder((8,), name="A")
+    dag = te.ComputeDAG([te.compute((8,), lambda i: a[i] * 2.0, "double")])
+    target = parse_target("llvm -mtriple=armv7a-linux-gnueabihf -mcpu=cortex-a7")
+    obj = compile_to_object(build_llvm_ir([lower(default_schedule(dag, target), "double")], target), target)
+    from aotc_runtime.elf import read_elf
+
+    attributes = read_elf(obj).section(".ARM.attributes")
+    assert attributes is not None and b"\x1c\x01" in attributes  # Tag_ABI_VFP_args: VFP registers

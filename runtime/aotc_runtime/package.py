@@ -638,18 +638,23 @@ def check_host(manifest: dict, path: str) -> None:
         )
 
 
-# AArch64 Linux: bit -> the flag /proc/cpuinfo shows, for AT_HWCAP and AT_HWCAP2 (asm/hwcap.h)
+# Arm Linux: per architecture, bit -> the flag /proc/cpuinfo shows, for AT_HWCAP and AT_HWCAP2 (asm/hwcap.h)
 _HWCAP = {
-    0: "fp",
-    1: "asimd",
-    8: "atomics",
-    10: "asimdhp",
-    15: "lrcpc",
-    20: "asimddp",
-    22: "sve",
-    23: "asimdfhm",
+    "aarch64": (
+        {
+            0: "fp",
+            1: "asimd",
+            8: "atomics",
+            10: "asimdhp",
+            15: "lrcpc",
+            20: "asimddp",
+            22: "sve",
+            23: "asimdfhm",
+        },
+        {1: "sve2", 13: "i8mm", 14: "bf16", 34: "cssc", 43: "mops"},
+    ),
+    "arm": ({12: "neon", 13: "vfpv3", 16: "vfpv4", 17: "idiva", 19: "vfpd32"}, {}),
 }
-_HWCAP2 = {1: "sve2", 13: "i8mm", 14: "bf16", 34: "cssc", 43: "mops"}
 _AT_HWCAP, _AT_HWCAP2 = 16, 26
 
 
@@ -657,8 +662,8 @@ def _host_cpu_flags() -> set[str] | None:
     """The CPU flags /proc/cpuinfo lists (x86 `flags`, Arm `Features`), or None where it cannot be read.
     On AArch64 Linux they come from the kernel's hardware capability bits instead (getauxval), which
     hold under qemu-user too, where /proc/cpuinfo shows the host's CPU."""
-    if host_arch() == "aarch64" and sys.platform.startswith("linux"):
-        return _aarch64_hwcap_flags()
+    if host_arch() in _HWCAP and sys.platform.startswith("linux"):
+        return _hwcap_flags(*_HWCAP[host_arch()])
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -670,7 +675,7 @@ def _host_cpu_flags() -> set[str] | None:
     return set()
 
 
-def _aarch64_hwcap_flags() -> set[str] | None:
+def _hwcap_flags(bits: dict[int, str], bits2: dict[int, str]) -> set[str] | None:
     import ctypes
 
     try:
@@ -679,6 +684,4 @@ def _aarch64_hwcap_flags() -> set[str] | None:
         return None
     getauxval.restype, getauxval.argtypes = ctypes.c_ulong, [ctypes.c_ulong]
     hwcap, hwcap2 = getauxval(_AT_HWCAP), getauxval(_AT_HWCAP2)
-    return {f for b, f in _HWCAP.items() if hwcap >> b & 1} | {
-        f for b, f in _HWCAP2.items() if hwcap2 >> b & 1
-    }
+    return {f for b, f in bits.items() if hwcap >> b & 1} | {f for b, f in bits2.items() if hwcap2 >> b & 1}
