@@ -1,20 +1,24 @@
-"""Whole aarch64 packages validated under qemu (issue 22): the MLP, a MobileNet-style CNN, a narrow ResNet-18
-(compact: Winograd weights computed at load) and a transformer block (ONNX), and the TFLite float and int8 MobileNet blocks, each built for cortex-a72 and for
-neoverse-n1 on this x86 host, then run by `aotc_runtime` in an aarch64 Python under `qemu-aarch64 -cpu
-<that CPU>` and compared with onnxruntime / LiteRT on this host, with validation's usual tolerances
-(float: 1e-5 + 1e-4 |ref| + 1e-4 rms; int8: within 1 LSB). The emulated Python is made once per user with
-mmdebstrap (aotc/emulator.py). qemu's timings mean nothing; no test takes any."""
+"""Whole aarch64 packages under qemu (issue 22): the MLP, a MobileNet-style CNN, a narrow ResNet-18 (compact:
+Winograd weights computed at load) and a transformer block (ONNX), and the TFLite float and int8 MobileNet
+blocks, each built for cortex-a72 and for neoverse-n1 on this x86 host, then run under `qemu-aarch64 -cpu
+<that CPU>` twice: by `aotc_runtime` in an aarch64 Python (the build's validation) and by the C runtime's
+example program cross-built for AArch64 (runtime/c). Both are compared with onnxruntime / LiteRT on this
+host with validation's usual tolerances (float: 1e-5 + 1e-4 |ref| + 1e-4 rms; int8: within 1 LSB). The
+emulated Python is made once per user with mmdebstrap (aotc/emulator.py). qemu's timings mean nothing; no
+test takes any."""
 
 from __future__ import annotations
 
+import re
 import shutil
+import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from aotc.cli import main as aotc_main
-from aotc.emulator import package_emulation_unavailable
+from aotc.emulator import EMULATORS, package_emulation_unavailable
 from aotc.target import parse_target
 from recipes.zoo import onnx_models
 
@@ -80,6 +84,49 @@ def test_aarch64_package_matches_reference_under_qemu(built, name, cpu):
     _, _, validation = built(name, cpu)
     assert validation, "the build skipped validation"
     assert all(row["ok"] for row in validation), validation
+
+
+@pytest.fixture(scope="module")
+def c_runtime(tmp_path_factory) -> Path:
+    """The C runtime and its example program cross-built for AArch64."""
+    build = tmp_path_factory.mktemp("c-aarch64")
+    proc = subprocess.run(
+        ["make", "-C", str(RECIPES.parent / "runtime" / "c"), "-j2", "ARCH=aarch64", f"BUILD={build}"],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return build / "run_model"
+
+
+@pytest.mark.parametrize("cpu", CPUS)
+@pytest.mark.parametrize("name", MODELS)
+def test_aarch64_package_matches_reference_through_the_c_runtime(built, c_runtime, tmp_path, name, cpu):
+    import aotc_runtime
+
+    from aotc.validate import ATOL, RTOL, compare, random_inputs, reference_outputs
+
+    model, package, _ = built(name, cpu)
+    plan = aotc_runtime.verify_package(str(package)).plan
+    inputs = random_inputs({t.name: (t.shape, t.dtype) for t in plan.inputs}, seed=1)
+    files = []
+    for i, t in enumerate(plan.inputs):
+        files.append(str(tmp_path / f"input{i}.bin"))
+        inputs[t.name].tofile(files[-1])
+    emulator = EMULATORS["aarch64"]
+    command = [emulator.qemu, "-L", emulator.libc_root, "-cpu", cpu, str(c_runtime), str(package)]
+    proc = subprocess.run(
+        [*command, *files, "-o", str(tmp_path / "out")], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    outputs = {
+        t.name: np.fromfile(
+            tmp_path / "out" / f"{re.sub(r'[^A-Za-z0-9._-]', '_', t.name)}.bin", t.dtype
+        ).reshape(t.shape)
+        for t in plan.outputs
+    }
+    report = compare(outputs, reference_outputs(model, inputs), RTOL, ATOL)
+    assert report and all(row["ok"] for row in report), report
 
 
 def test_emulated_run_and_validate_commands(built, tmp_path, capsys):

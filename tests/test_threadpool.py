@@ -145,7 +145,8 @@ def _allowed_cpus(tid: int) -> str:
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 cores to bind 2 threads apart")
 def test_bound_threads_run_one_per_core(tmp_path):
     lib = _count_kernel(tmp_path)
-    cpus = sorted(os.sched_getaffinity(0))[:2]
+    allowed = os.sched_getaffinity(0)
+    cpus = sorted(allowed)[:2]
     mine = threading.get_native_id()
     try:
         lib.bind_threads(cpus)
@@ -157,8 +158,8 @@ def test_bound_threads_run_one_per_core(tmp_path):
         while _allowed_cpus(worker) != str(cpus[1]) and time.monotonic() < deadline:
             time.sleep(0.01)
         assert _allowed_cpus(worker) == str(cpus[1])
-    finally:
-        os.sched_setaffinity(0, set(range(os.cpu_count() or 1)) & set(os.sched_getaffinity(os.getpid())))
+    finally:  # this thread was bound to one core: give it back the cores it had (later tests count them)
+        os.sched_setaffinity(0, allowed)
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 cores to bind 2 threads apart")

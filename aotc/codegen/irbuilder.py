@@ -219,6 +219,8 @@ class ModuleBuilder:
         self.globals: list[str] = []
         self.functions: list[str] = []
         self.metadata: list[str] = []
+        self.finalizers: list[str] = []  # `void f()` functions run in order when the library is unloaded
+        self.heap_slots: list[str] = []  # globals caching a heap block between calls (freed at unload)
         self._md = 0
         self._names: set[str] = set()
 
@@ -242,6 +244,13 @@ class ModuleBuilder:
     def render(self, triple: str) -> str:
         parts = [f'target triple = "{triple}"', ""]
         parts.extend(self.globals)
+        if self.finalizers:
+            parts.append(
+                "@llvm.global_dtors = appending global [1 x { i32, ptr, ptr }] "
+                "[{ i32, ptr, ptr } { i32 65535, ptr @aotc.fini, ptr null }]"
+            )
+            calls = "".join(f"  call void {f}()\n" for f in self.finalizers)
+            self.functions.append(f"define internal void @aotc.fini() nounwind {{\n{calls}  ret void\n}}")
         parts.extend(self.decls.values())
         for fn in self.functions:
             parts.append("")

@@ -47,10 +47,27 @@ def build_llvm_ir(funcs: list[PrimFunc], target: Target) -> str:
     for func in funcs:
         _emit_kernel(mod, func, veclib)
     emit_thread_pool(mod, target.isa)
+    _emit_heap_release(mod)
     for func in funcs:
         if func.name in mod.decls:
             raise CodegenError(f"kernel name {func.name!r} clashes with the external function it calls")
     return mod.render(target.triple)
+
+
+def _emit_heap_release(mod: ModuleBuilder) -> None:
+    """Free the kernels' cached heap blocks when the library is unloaded (after the pool stopped): each
+    open and close of a model leaked them."""
+    if not mod.heap_slots:
+        return
+    free = mod.declare("free", "declare void @free(ptr) nounwind")
+    body = []
+    for i, slot in enumerate(mod.heap_slots):
+        body.append(f"  %p{i} = atomicrmw xchg ptr {slot}, ptr null acq_rel, align 8")
+        body.append(f"  call void {free}(ptr %p{i})")
+    mod.functions.append(
+        "define internal void @aotc.heap.release() nounwind {\n" + "\n".join(body) + "\n  ret void\n}"
+    )
+    mod.finalizers.append("@aotc.heap.release")
 
 
 def _check_name(name: str, mod: ModuleBuilder) -> None:

@@ -475,6 +475,7 @@ class StmtGen(ExprGen):
         free = mod.declare("free", "declare void @free(ptr) nounwind")
         slot = "@" + mod.unique_name(f"{self.func_name}.{buf.name}.cached")
         mod.globals.append(f"{slot} = internal global ptr null, align 8")
+        mod.heap_slots.append(slot)
         pre = fb.cur_label
         cached = fb.op(f"atomicrmw xchg ptr {slot}, ptr null acq_rel, align 8")
         new_l, ok_l, fail_l = fb.label("alloc_new"), fb.label("alloc_ok"), fb.label("alloc_fail")

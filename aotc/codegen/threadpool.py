@@ -67,8 +67,7 @@ _GLOBALS = """\
 @aotc.pool.born = internal global i32 0, align 4
 @aotc.pool.mask = internal global [16 x i64] zeroinitializer, align 8
 @aotc.pool.masked = internal global i32 0, align 4
-@llvm.global_ctors = appending global [1 x {{ i32, ptr, ptr }}] [{{ i32, ptr, ptr }} {{ i32 65535, ptr @aotc.pool.init, ptr null }}]
-@llvm.global_dtors = appending global [1 x {{ i32, ptr, ptr }}] [{{ i32, ptr, ptr }} {{ i32 65535, ptr @aotc.pool.shutdown, ptr null }}]"""
+@llvm.global_ctors = appending global [1 x {{ i32, ptr, ptr }}] [{{ i32, ptr, ptr }} {{ i32 65535, ptr @aotc.pool.init, ptr null }}]"""
 
 _DECLS = {
     "syscall": "declare {long} @syscall({long}, ...) nounwind",
@@ -532,3 +531,4 @@ def emit_thread_pool(mod: ModuleBuilder, arch: str) -> None:
     mod.intrinsic(pause[0], "void", ["i32"] if pause[1] else [], " nounwind")
     mod.intrinsic("llvm.memset.p0.i64", "void", ["ptr", "i8", "i64", "i1"])
     mod.functions.append(_FUNCTIONS.format(**fields))
+    mod.finalizers.append("@aotc.pool.shutdown")  # first: no kernel runs while the heap caches are freed
