@@ -44,6 +44,13 @@ EMULATORS = {
         "arm64",
         "qemu-user gcc-aarch64-linux-gnu libc6-dev-arm64-cross",
     ),
+    "arm": Emulator(
+        "qemu-arm",
+        "arm-linux-gnueabihf-gcc",
+        "/usr/arm-linux-gnueabihf",
+        "armhf",
+        "qemu-user gcc-arm-linux-gnueabihf libc6-dev-armhf-cross",
+    ),
 }
 # The emulated Python: Debian's, with numpy (all aotc_runtime needs), from the release these machines run.
 SYSROOT_SUITE = "bookworm"
@@ -56,7 +63,7 @@ DEFAULT_MIRROR = "http://deb.debian.org/debian"
 # links their maintainer scripts would make (LD_LIBRARY_PATH does not serve: qemu-arm 7.2 does not
 # redirect the loader's statx of a directory into the folder, so it skips the directory as missing).
 _ALTERNATIVES = ("blas/libblas.so.3", "lapack/liblapack.so.3")
-_DEBIAN_TRIPLES = {"arm64": "aarch64-linux-gnu"}
+_DEBIAN_TRIPLES = {"arm64": "aarch64-linux-gnu", "armhf": "arm-linux-gnueabihf"}
 # A package run emulated: Python starts in ~4 s under qemu, numpy and the model take the rest.
 PACKAGE_RUN_TIMEOUT_S = 600
 

@@ -1,11 +1,12 @@
-"""Whole aarch64 packages under qemu (issue 22): the MLP, a MobileNet-style CNN, a narrow ResNet-18 (compact:
+"""Whole Arm packages under qemu (issue 22): the MLP, a MobileNet-style CNN, a narrow ResNet-18 (compact:
 Winograd weights computed at load) and a transformer block (ONNX), and the TFLite float and int8 MobileNet
 blocks, each built for cortex-a72 and for neoverse-n1 on this x86 host, then run under `qemu-aarch64 -cpu
 <that CPU>` twice: by `aotc_runtime` in an aarch64 Python (the build's validation) and by the C runtime's
 example program cross-built for AArch64 (runtime/c). Both are compared with onnxruntime / LiteRT on this
-host with validation's usual tolerances (float: 1e-5 + 1e-4 |ref| + 1e-4 rms; int8: within 1 LSB). The
-emulated Python is made once per user with mmdebstrap (aotc/emulator.py). qemu's timings mean nothing; no
-test takes any."""
+host with validation's usual tolerances (float: 1e-5 + 1e-4 |ref| + 1e-4 rms; int8: within 1 LSB). Each is
+also built for 32-bit Arm (armv7a cortex-a7, hard float) and validated under qemu-arm in an armhf Python.
+The emulated Pythons are made once per user with mmdebstrap (aotc/emulator.py). qemu's timings mean
+nothing; no test takes any."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ from aotc.emulator import EMULATORS, package_emulation_unavailable
 from aotc.target import parse_target
 from recipes.zoo import onnx_models
 
-CPUS = ("cortex-a72", "neoverse-n1")
+CPUS = ("cortex-a72", "neoverse-n1")  # AArch64, run by both runtimes
+ARMV7 = "cortex-a7"  # 32-bit Arm (armhf), by the Python runtime: the C runtime runs 64-bit packages
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 # name -> how to get the model file into a folder
 MODELS = {
@@ -57,7 +59,21 @@ def emulated_python():
 
 
 def target(cpu: str) -> str:
-    return f"llvm -mtriple=aarch64-linux-gnu -mcpu={cpu}"
+    triple = "armv7a-linux-gnueabihf" if cpu == ARMV7 else "aarch64-linux-gnu"
+    return f"llvm -mtriple={triple} -mcpu={cpu}"
+
+
+def armv7_unavailable() -> str | None:
+    """Why 32-bit Arm packages cannot be validated here (no cross tools or armhf Python), or None."""
+    from aotc.emulator import EmulatorUnavailable, ensure_sysroot
+
+    why = package_emulation_unavailable(parse_target(target(ARMV7)))
+    if why is None:
+        try:
+            ensure_sysroot("arm")
+        except EmulatorUnavailable as e:
+            why = str(e)
+    return why
 
 
 @pytest.fixture(scope="module")
@@ -78,9 +94,11 @@ def built(tmp_path_factory):
     return get
 
 
-@pytest.mark.parametrize("cpu", CPUS)
+@pytest.mark.parametrize("cpu", [*CPUS, ARMV7])
 @pytest.mark.parametrize("name", MODELS)
-def test_aarch64_package_matches_reference_under_qemu(built, name, cpu):
+def test_arm_package_matches_reference_under_qemu(built, name, cpu):
+    if cpu == ARMV7 and (why := armv7_unavailable()) is not None:
+        pytest.skip(f"no emulated 32-bit Arm here: {why}")
     _, _, validation = built(name, cpu)
     assert validation, "the build skipped validation"
     assert all(row["ok"] for row in validation), validation

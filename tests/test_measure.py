@@ -180,10 +180,18 @@ def test_flush_cache_fixed_number_and_no_check(dag):
     assert all(r.ok and len(r.costs) == 3 for r in results)
 
 
-def test_closed_measurer_and_bad_arguments(dag):
+def test_closed_measurer_and_bad_arguments(dag, monkeypatch):
+    import shutil
+
+    from aotc import emulator
+
     with pytest.raises(ValueError, match="repeat"):
         MeasureOptions(repeat=0)
-    with pytest.raises(ValueError, match="cannot run on this"):
+    which = shutil.which
+    monkeypatch.setattr(emulator.shutil, "which", lambda name: None if name == "qemu-arm" else which(name))
+    with pytest.raises(
+        ValueError, match="cannot run on this .* qemu-arm is missing .*apt-get install qemu-user"
+    ):
         Measurer(dag, parse_target("llvm -mtriple=armv7a-linux-gnueabihf"))
     m = Measurer(dag, host_target(), MeasureOptions(n_build_workers=1))
     m.close()

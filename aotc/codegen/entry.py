@@ -148,7 +148,7 @@ def _emit_call(i: int, call: KernelCall) -> list[str]:
         lines.extend(_pointer(name, ref))
         slot = f"%slot{i}.{j}"
         lines.append(f"  {slot} = getelementptr inbounds ptr, ptr %argv, i64 {j}")
-        lines.append(f"  store ptr {name}, ptr {slot}, align 8")
+        lines.append(f"  store ptr {name}, ptr {slot}")
     argv = "%argv" if call.args else "null"
     lines += [
         f'  %s{i} = call i32 @"{call.symbol}"(ptr {argv})',
@@ -168,7 +168,7 @@ def _pointer(name: str, ref: BufferRef) -> list[str]:
         base = f"{name}.base"
         lines = [
             f"  {base}.slot = getelementptr inbounds ptr, ptr {table}, i64 {ref.index}",
-            f"  {base} = load ptr, ptr {base}.slot, align 8",
+            f"  {base} = load ptr, ptr {base}.slot",
         ]
     else:
         base = "%weights" if ref.kind == "weight" else "%workspace"

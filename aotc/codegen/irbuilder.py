@@ -214,7 +214,8 @@ class FunctionBuilder:
 class ModuleBuilder:
     """Collects declarations, globals, functions and metadata of one module."""
 
-    def __init__(self) -> None:
+    def __init__(self, size_type: str = "i64") -> None:
+        self.size_type = size_type  # C's size_t on the target
         self.decls: dict[str, str] = {}
         self.globals: list[str] = []
         self.functions: list[str] = []

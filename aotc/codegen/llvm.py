@@ -40,7 +40,7 @@ def build_llvm_ir(funcs: list[PrimFunc], target: Target) -> str:
     """Textual LLVM IR of a module holding one exported kernel per PrimFunc."""
     if not target.is_cpu:
         raise CodegenError(f"the LLVM CPU code generator cannot compile for target {target}")
-    mod = ModuleBuilder()
+    mod = ModuleBuilder(size_type="i32" if target.isa == "arm" else "i64")
     veclib = veclib_for(target)
     for func in funcs:
         _check_name(func.name, mod)
@@ -62,7 +62,7 @@ def _emit_heap_release(mod: ModuleBuilder) -> None:
     free = mod.declare("free", "declare void @free(ptr) nounwind")
     body = []
     for i, slot in enumerate(mod.heap_slots):
-        body.append(f"  %p{i} = atomicrmw xchg ptr {slot}, ptr null acq_rel, align 8")
+        body.append(f"  %p{i} = atomicrmw xchg ptr {slot}, ptr null acq_rel")
         body.append(f"  call void {free}(ptr %p{i})")
     mod.functions.append(
         "define internal void @aotc.heap.release() nounwind {\n" + "\n".join(body) + "\n  ret void\n}"
@@ -99,7 +99,7 @@ def _emit_kernel(mod: ModuleBuilder, func: PrimFunc, veclib: VecLib | None) -> N
     gen = StmtGen(mod, fb, veclib, _alias_scopes(mod, func), func.name, lambda: fb.ret("i32 1"))
     for i, buf in enumerate(func.params):
         slot = fb.op(f"getelementptr ptr, ptr %args, i64 {i}") if i else "%args"
-        gen.bind_buffer(buf, fb.op(f"load ptr, ptr {slot}, align 8"))
+        gen.bind_buffer(buf, fb.op(f"load ptr, ptr {slot}"))  # ABI alignment: 4 on 32-bit Arm
     gen.stmt(func.body)
     fb.ret("i32 0")
     mod.functions.append(fb.render())
@@ -196,6 +196,12 @@ _CROSS = {
         "/usr/aarch64-linux-gnu/lib",
         ("gcc-aarch64-linux-gnu", "libc6-dev-arm64-cross"),
     ),
+    "arm": (
+        "armelf_linux_eabi",
+        "arm-linux-gnueabihf-ld",
+        "/usr/arm-linux-gnueabihf/lib",
+        ("gcc-arm-linux-gnueabihf", "libc6-dev-armhf-cross"),
+    ),
 }
 
 
@@ -213,7 +219,7 @@ def _link_inputs(arch: str | None = None) -> tuple[tuple[str, ...], list[str], d
         on_use = {b"_ZGV": LIBMVEC_PATH, b"hf2": _find_lib("libgcc_s.so.1")}
         return (ld,), libs, {k: v for k, v in on_use.items() if v and os.path.exists(v)}
     if arch not in _CROSS:
-        raise CodegenError(f"linking for {arch} on this {host} host is not supported (only aarch64)")
+        raise CodegenError(f"linking for {arch} on this {host} host is not supported (only aarch64 and arm)")
     emulation, gnu_linker, libdir, (gcc_package, libc_package) = _CROSS[arch]
     lld, gnu_ld = shutil.which("ld.lld"), shutil.which(gnu_linker)
     if lld is None and gnu_ld is None:

@@ -469,19 +469,22 @@ class StmtGen(ExprGen):
         hand a large block back to the kernel on free and fault it in afresh on every call)."""
         fb, mod = self.fb, self.mod
         size = -(-buf.num_elements * elem_bytes(buf.dtype) // 64) * 64
-        if size >= 1 << 63:
+        size_t = mod.size_type  # i32 on 32-bit Arm, where i64 arguments would go in register pairs
+        if size >= 1 << (31 if size_t == "i32" else 63):
             raise CodegenError(f"buffer {buf.name!r} of {size} bytes is too large to allocate")
-        alloc = mod.declare("aligned_alloc", "declare noalias ptr @aligned_alloc(i64, i64) nounwind")
+        alloc = mod.declare(
+            "aligned_alloc", f"declare noalias ptr @aligned_alloc({size_t}, {size_t}) nounwind"
+        )
         free = mod.declare("free", "declare void @free(ptr) nounwind")
         slot = "@" + mod.unique_name(f"{self.func_name}.{buf.name}.cached")
         mod.globals.append(f"{slot} = internal global ptr null, align 8")
         mod.heap_slots.append(slot)
         pre = fb.cur_label
-        cached = fb.op(f"atomicrmw xchg ptr {slot}, ptr null acq_rel, align 8")
+        cached = fb.op(f"atomicrmw xchg ptr {slot}, ptr null acq_rel")
         new_l, ok_l, fail_l = fb.label("alloc_new"), fb.label("alloc_ok"), fb.label("alloc_fail")
         fb.cond_br(fb.op(f"icmp ne ptr {cached}, null"), ok_l, new_l)
         fb.start_block(new_l)
-        fresh = fb.op(f"call ptr {alloc}(i64 64, i64 {size})")
+        fresh = fb.op(f"call ptr {alloc}({size_t} 64, {size_t} {size})")
         got_l = fb.label("alloc_got")
         fb.cond_br(fb.op(f"icmp ne ptr {fresh}, null"), got_l, fail_l)
         fb.start_block(fail_l)
@@ -494,7 +497,7 @@ class StmtGen(ExprGen):
         self.heap.append(p)
         self.stmt(body)
         self.heap.pop()
-        other = fb.op(f"atomicrmw xchg ptr {slot}, ptr {p} acq_rel, align 8")
+        other = fb.op(f"atomicrmw xchg ptr {slot}, ptr {p} acq_rel")
         fb.emit(f"call void {free}(ptr {other})")
 
 
