@@ -106,12 +106,27 @@ def _run_under_qemu(driver: str, lib: str, cpu: str, arrays: list[np.ndarray], w
 @pytest.mark.parametrize("cpu", CPUS)
 @pytest.mark.parametrize("name", ["matmul", "conv_relu", "softmax"])
 def test_random_schedules_run_under_qemu_and_match_numpy(driver, tmp_path, name, cpu):
+    _check_schedules_under_qemu(driver, tmp_path, name, cpu, seeds=(1, 2), default=True)
+
+
+@pytest.mark.slow
+@needs_cross
+@needs_qemu
+@pytest.mark.parametrize("cpu", CPUS)
+@pytest.mark.parametrize("name", ["matmul", "conv_relu", "softmax"])
+def test_random_schedule_sweep_under_qemu(driver, tmp_path, name, cpu):
+    """The sweep (`-m slow`): 40 random schedules a workload and CPU."""
+    _check_schedules_under_qemu(driver, tmp_path, name, cpu, seeds=range(100, 140))
+
+
+def _check_schedules_under_qemu(driver, tmp_path, name: str, cpu: str, seeds, default: bool = False) -> None:
     target = parse_target(f"llvm -mtriple=aarch64-linux-gnu -mcpu={cpu}")
     dag = _workloads()[name]
     rng = np.random.default_rng(22)
     inputs = {p.name: rng.uniform(-1, 1, p.shape).astype(p.dtype) for p in dag.placeholders}
     refs = evaluate(dag, inputs, float_dtype="float64")
-    states = [default_schedule(dag, target), random_state(dag, 1), random_state(dag, 2)]
+    states = [default_schedule(dag, target)] if default else []
+    states += [random_state(dag, seed) for seed in seeds]
     for i, state in enumerate(states):
         lib = build_module([lower(state, "k")], target, str(tmp_path / f"k{i}.so"))
         outs = [np.zeros(o.shape, np.float32) for o in dag.outputs]
