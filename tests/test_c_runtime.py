@@ -437,6 +437,11 @@ REFUSALS: dict[str, tuple[Callable[[dict, bytes], bytes], int, str]] = {
         FORMAT,
         "member weights.bin holds",
     ),
+    "format version a float": (  # a float's text once outlived the manifest's bytes (ASan: use after free)
+        lambda m, p: repackaged(m, lambda d: d.update(format_version=2.0)),
+        FORMAT,
+        "manifest.json has an invalid format_version 2.0",
+    ),
     "dependency missing": (
         lambda m, p: repackaged(
             m, replaced={"lib/model.so": m["lib/model.so"].replace(b"libm.so.6\0", b"libq.so.6\0")}
@@ -614,6 +619,155 @@ def test_mutated_packages_under_address_sanitizer(sanitized, mlp, mlp_members, t
             assert np.array_equal(
                 np.fromfile(tmp_path / "out" / "output.bin", np.float32), baseline.ravel()
             ), (i, what)
+
+
+# ----------------------------------------------------------------------------- large inputs
+
+ELF_SECTION = struct.Struct("<IIQQQQIIQQ")
+SHT_PROGBITS, SHT_STRTAB, SHT_DYNSYM = 1, 3, 11
+SHF_ALLOC_EXECINSTR = 0x2 | 0x4
+
+
+def elf_of(machine: int, sections: list[tuple[str, int, int, bytes, int, int]]) -> bytes:
+    """A 64-bit little-endian ELF file of nothing but section headers (name, type, flags, bytes, link,
+    entry size; section i of the list is section i + 1) and their name table: what the runtime reads
+    before loading a library, enough to reach each check (dlopen would refuse it)."""
+    names, body, headers = bytearray(b"\0"), bytearray(64), bytearray(ELF_SECTION.size)
+    for name, kind, flags, data, link, entsize in [*sections, (".shstrtab", SHT_STRTAB, 0, b"", 0, 0)]:
+        name_at = len(names)
+        names += name.encode() + b"\0"
+        if name == ".shstrtab":
+            data = bytes(names)
+        headers += ELF_SECTION.pack(name_at, kind, flags, 0, len(body), len(data), link, 0, 1, entsize)
+        body += data
+    body += bytes(-len(body) % 8)
+    count = len(sections) + 2
+    ident = b"\x7fELF" + bytes([2, 1, 1]) + bytes(9)
+    body[:64] = ident + struct.pack(
+        "<HHIQQQIHHHHHH", 3, machine, 1, 0, 0, len(body), 0, 64, 0, 0, 64, count, count - 1
+    )
+    return bytes(body + headers)
+
+
+def sections_of_one_name(machine: int, count: int, name_length: int) -> bytes:
+    """An ELF file of `count` empty sections all named by offset 0 of one name table, whose only string is
+    `name_length` bytes long: each check of a name once read the table to its end."""
+    names = b"." + b"a" * (name_length - 1) + b"\0"
+    body = bytearray(64) + names + bytes(-(64 + len(names)) % 8)
+    headers = ELF_SECTION.pack(0, 0, 0, 0, 0, count, 0, 0, 0, 0)  # e_shnum 0: the count is here
+    headers += ELF_SECTION.pack(0, SHT_STRTAB, 0, 0, 64, len(names), 0, 0, 1, 0)
+    headers += ELF_SECTION.pack(0, SHT_PROGBITS, 0, 0, 64, 0, 0, 0, 1, 0) * (count - 2)
+    ident = b"\x7fELF" + bytes([2, 1, 1]) + bytes(9)
+    body[:64] = ident + struct.pack("<HHIQQQIHHHHHH", 3, machine, 1, 0, 0, len(body), 0, 64, 0, 0, 64, 0, 1)
+    return bytes(body + headers)
+
+
+def dynamic_functions(names: list[str]) -> list[tuple[str, int, int, bytes, int, int]]:
+    """.text, .dynsym exporting each of `names` as a global function in it, and .dynstr."""
+    strings, symbols = bytearray(b"\0"), bytearray(24)
+    for name in names:
+        symbols += struct.pack("<IBBHQQ", len(strings), 0x12, 0, 1, 0, 1)  # STB_GLOBAL, STT_FUNC, in .text
+        strings += name.encode() + b"\0"
+    return [
+        (".text", SHT_PROGBITS, SHF_ALLOC_EXECINSTR, b"\xc3", 0, 0),
+        (".dynsym", SHT_DYNSYM, 0x2, bytes(symbols), 3, 24),
+        (".dynstr", SHT_STRTAB, 0x2, bytes(strings), 0, 0),
+    ]
+
+
+def with_plan(members: dict[str, bytes], plan: dict, exported: list[str] | None = None) -> bytes:
+    """The package with a library of `plan` (canonical, in .aotc_plan) exporting `exported`, and the
+    manifest describing that plan as aotc writes it; weights.bin as large as the plan says."""
+    (machine,) = struct.unpack_from("<H", members["lib/model.so"], 18)
+    text = json.dumps(plan, sort_keys=True, separators=(",", ":")).encode() + b"\0"
+    sections = dynamic_functions(exported or [])
+    library = elf_of(machine, [*sections, (".aotc_plan", SHT_PROGBITS, 0x2, text, 0, 0)])
+
+    def describe(manifest: dict) -> None:
+        for key in ("entry", "target", "triple", "requires", "inputs", "outputs", "execution_plan"):
+            manifest[key] = plan[key]
+        manifest["memory_plan"]["workspace_bytes"] = plan["workspace_bytes"]
+        manifest["weights"] = {"nbytes": plan["weights_nbytes"], "tensors": []}
+        manifest["kernels"] = [{"symbol": k["symbol"], "params": []} for k in plan["kernels"]]
+
+    weights = bytes(plan["weights_nbytes"])
+    return repackaged(members, describe, replaced={"lib/model.so": library, "weights.bin": weights})
+
+
+def plain_plan(members: dict[str, bytes], **fields) -> dict:
+    """A version 1 plan of no inputs, outputs, weights or calls, for the host, with `fields` replaced."""
+    manifest = json.loads(members["manifest.json"])
+    plan = {
+        "plan_version": 1,
+        "entry": "aotc_run",
+        "target": manifest["target"],
+        "triple": manifest["triple"],
+        "requires": [],
+        "inputs": [],
+        "outputs": [],
+        "workspace_bytes": 0,
+        "weights_nbytes": 0,
+        "kernels": [],
+        "execution_plan": [],
+    }
+    return {**plan, **fields}
+
+
+RUNTIME_FUNCTIONS = ["aotc_get_max_threads", "aotc_set_num_threads", "aotc_set_call_threads"]
+MANY = 300_000  # comparing every pair of these took minutes to hours; sorting, well under a second
+
+LARGE_INPUTS: dict[str, tuple[Callable[[dict], bytes], int, str]] = {
+    "a manifest object of many keys": (  # and runs: provenance is informational
+        lambda m: repackaged(m, lambda d: d.update(provenance={f"k{i}": i for i in range(MANY)})),
+        0,
+        "",
+    ),
+    "a plan of many kernels": (
+        lambda m: with_plan(
+            m,
+            plain_plan(m, kernels=[{"symbol": f"k{i}", "params": []} for i in range(MANY)]),
+            ["aotc_run", *RUNTIME_FUNCTIONS, *(f"k{i}" for i in range(MANY - 1))],
+        ),
+        FORMAT,
+        f"its kernel library does not define k{MANY - 1}, which the plan calls",
+    ),
+    "sections sharing a name of megabytes": (
+        lambda m: repackaged(
+            m,
+            replaced={
+                "lib/model.so": sections_of_one_name(
+                    struct.unpack_from("<H", m["lib/model.so"], 18)[0], 50_000, 4 << 20
+                )
+            },
+        ),
+        FORMAT,
+        "the name of section 1 is not an ASCII string of at most 4096 bytes",
+    ),
+    "a plan of many inputs": (
+        lambda m: with_plan(
+            m,
+            plain_plan(m, inputs=[{"dtype": "int8", "name": f"x{i}", "shape": [1]} for i in range(MANY)]),
+            ["aotc_run", *RUNTIME_FUNCTIONS],
+        ),
+        LIBRARY,
+        "cannot load its kernel library lib/model.so",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LARGE_INPUTS))
+def test_large_inputs_are_checked_in_time(host, mlp_members, tmp_path, name):
+    """Duplicate keys, kernels, names and the library's exported functions are found by sorting, and a
+    section or symbol name is read to at most 4096 bytes: a package of 300,000 of them (a few MB) is
+    checked in well under the time limit, to its first failing check (the synthetic library of many inputs
+    passes every check before dlopen, which refuses it)."""
+    make, status, fragment = LARGE_INPUTS[name]
+    case = tmp_path / "case.aotc"
+    case.write_bytes(make(mlp_members))
+    mlp_input().tofile(tmp_path / "x.bin")
+    command = [str(host / "run_model"), str(case), str(tmp_path / "x.bin"), "-o", str(tmp_path / "out")]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=30)
+    assert_refused(proc, status, fragment)
 
 
 # ----------------------------------------------------------------------------- the C API

@@ -52,8 +52,8 @@ typedef enum json_type {
 
 /* One value. Arrays and objects keep their children as a list (`first`, then each child's `next`);
  * an object's children carry their `key`. Strings are decoded to UTF-8 (NUL-terminated, `len` bytes;
- * \u0000 may put a NUL inside). A float keeps its source text in `str`: nothing here computes with it,
- * so no locale-dependent conversion is needed. */
+ * \u0000 may put a NUL inside). A float keeps a copy of its source text in `str` (the parsed text may be
+ * freed before the document): nothing here computes with it, so no locale-dependent conversion is needed. */
 typedef struct json_node {
     json_type type;
     const char *key;
@@ -153,9 +153,10 @@ int elf_section(const elf_image *elf, const char *name, const uint8_t **bytes, s
 /* Checks every dynamic symbol table: entry size, string table, and the name of every function it
  * exports (inside the table, ASCII); -1 with `why` when malformed. */
 int elf_check_symbols(const elf_image *elf, aotc_reason *why);
-/* Whether the file defines and exports the function `name` (global or weak, default visibility, in an
- * executable section) in its dynamic symbol table: 1 yes, 0 no, -1 malformed. */
-int elf_defines_function(const elf_image *elf, const char *name, aotc_reason *why);
+/* Sets found[i] to whether the file defines and exports the function names[i] (global or weak, default
+ * visibility, in an executable section) in its dynamic symbol table, in one scan; -1 when malformed. */
+int elf_find_functions(const elf_image *elf, const char *const *names, size_t n, unsigned char *found,
+                       aotc_reason *why);
 const char *elf_machine_arch(uint16_t machine); /* "x86_64", "aarch64", ... or NULL */
 
 /* ------------------------------------------------------------------------------------------ plan */

@@ -252,11 +252,15 @@ static aotc_status check_member_list(const zip_archive *z, const json_node *mani
 /* Every entry, every kernel, prepare and the thread pool's functions: what the plan calls and what
  * the runtime will look up, all defined by the library itself. */
 static aotc_status check_symbols(const elf_image *elf, const model_plan *plan, const char *path) {
-    int count = plan->num_variants + plan->num_kernels + 3 + (plan->prepare != NULL);
-    const char **symbols = malloc((size_t)count * sizeof *symbols);
-    if (!symbols)
+    size_t count = (size_t)plan->num_variants + (size_t)plan->num_kernels + 3 + (plan->prepare != NULL);
+    const char **symbols = malloc(count * sizeof *symbols);
+    unsigned char *found = malloc(count);
+    if (!symbols || !found) {
+        free(symbols);
+        free(found);
         return aotc_fail(AOTC_ERR_NO_MEMORY, "%s: out of memory", path);
-    int n = 0;
+    }
+    size_t n = 0;
     for (int i = 0; i < plan->num_variants; i++)
         symbols[n++] = plan->variants[i].entry;
     for (int i = 0; i < plan->num_kernels; i++)
@@ -267,16 +271,15 @@ static aotc_status check_symbols(const elf_image *elf, const model_plan *plan, c
         symbols[n++] = plan->prepare;
     char missing[512] = "";
     aotc_reason why;
-    int malformed = 0;
-    for (int i = 0; i < n && !malformed; i++) {
-        int found = elf_defines_function(elf, symbols[i], &why);
-        malformed = found < 0;
-        if (!found) {
+    int malformed = elf_find_functions(elf, symbols, n, found, &why) < 0;
+    for (size_t i = 0; i < n && !malformed; i++) {
+        if (!found[i]) {
             size_t used = strlen(missing);
             snprintf(missing + used, sizeof missing - used, "%s%s", used ? ", " : "", symbols[i]);
         }
     }
     free(symbols);
+    free(found);
     if (malformed)
         return aotc_fail(AOTC_ERR_FORMAT, "%s: its kernel library %s is not a well-formed ELF file (%s)", path,
                          LIBRARY_MEMBER, why.text);

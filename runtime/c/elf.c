@@ -1,6 +1,7 @@
 /* A bounds-checked reader of the kernel library's ELF file: its machine, its sections and the functions
  * its dynamic symbol table exports. It reads the bytes before anything loads them, as the Python
  * runtime's elf.py does; the packages this runtime runs are 64-bit little-endian (x86_64, aarch64). */
+#include <stdlib.h>
 #include <string.h>
 
 #include "aotc_internal.h"
@@ -18,6 +19,7 @@
 #define EHDR_BYTES 64
 #define SHDR_BYTES 64
 #define SYM_BYTES 24
+#define MAX_NAME 4096 /* bytes of a section or symbol name; aotc's are C identifiers */
 
 static uint16_t le16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
 static uint32_t le32(const uint8_t *p) { return (uint32_t)le16(p) | (uint32_t)le16(p + 2) << 16; }
@@ -38,12 +40,14 @@ static int inside(const elf_image *elf, uint64_t offset, uint64_t size) {
     return offset <= elf->size && size <= elf->size - offset;
 }
 
-/* The NUL-terminated ASCII string at `offset` of a string table, or NULL when it runs outside the table
- * or holds a byte outside ASCII. */
+/* The NUL-terminated ASCII string at `offset` of a string table, or NULL when it runs outside the table,
+ * holds a byte outside ASCII or is longer than MAX_NAME bytes. The bound keeps the scans linear: every
+ * section or symbol may name the same offset of a table of megabytes without a NUL (hours of reading). */
 static const char *cstring(const uint8_t *table, uint64_t table_size, uint64_t offset) {
     if (offset >= table_size)
         return NULL;
-    const uint8_t *end = memchr(table + offset, 0, (size_t)(table_size - offset));
+    uint64_t span = table_size - offset < MAX_NAME + 1 ? table_size - offset : MAX_NAME + 1;
+    const uint8_t *end = memchr(table + offset, 0, (size_t)span);
     if (!end)
         return NULL;
     for (const uint8_t *p = table + offset; p < end; p++)
@@ -95,8 +99,10 @@ int elf_parse(const uint8_t *data, size_t size, elf_image *elf, aotc_reason *why
         if (s.type != SHT_NOBITS && !inside(elf, s.offset, s.size))
             return aotc_reason_set(why, "section %llu lies beyond the end of the file", (unsigned long long)i);
         if (!cstring(data + names.offset, names.size, s.name))
-            return aotc_reason_set(why, "the name of section %llu is not an ASCII string in its string table",
-                                   (unsigned long long)i);
+            return aotc_reason_set(why,
+                                   "the name of section %llu is not an ASCII string of at most %d bytes in its "
+                                   "string table",
+                                   (unsigned long long)i, MAX_NAME);
     }
     return 0;
 }
@@ -116,8 +122,36 @@ int elf_section(const elf_image *elf, const char *name, const uint8_t **bytes, s
     return found;
 }
 
-/* Scans one dynamic symbol table, checking it; with `name`, stops at that exported function (1). */
-static int dynsym_scan(const elf_image *elf, section symtab, const char *name, aotc_reason *why) {
+/* The names looked for, sorted, each with its place in the caller's list: a scan of the symbol tables
+ * finds each exported function's name in log n steps (a plan may name millions of kernels and a library
+ * export as many functions; comparing every pair would take hours). */
+typedef struct wanted {
+    const char *name;
+    size_t index;
+} wanted;
+
+static int wanted_order(const void *x, const void *y) {
+    return strcmp(((const wanted *)x)->name, ((const wanted *)y)->name);
+}
+
+/* Marks every entry of `names` (sorted) called `label`: a name may be listed more than once. */
+static void mark(const wanted *names, size_t n, const char *label, unsigned char *found) {
+    wanted key = {label, 0};
+    const wanted *hit = bsearch(&key, names, n, sizeof *names, wanted_order);
+    if (!hit)
+        return;
+    size_t at = (size_t)(hit - names), first = at, last = at;
+    while (first > 0 && strcmp(names[first - 1].name, label) == 0)
+        first--;
+    while (last + 1 < n && strcmp(names[last + 1].name, label) == 0)
+        last++;
+    for (size_t i = first; i <= last; i++)
+        found[names[i].index] = 1;
+}
+
+/* Scans one dynamic symbol table, checking it, and marks the `names` it exports as functions. */
+static int dynsym_scan(const elf_image *elf, section symtab, const wanted *names, size_t n, unsigned char *found,
+                       aotc_reason *why) {
     if (symtab.entsize != SYM_BYTES || symtab.size % SYM_BYTES)
         return aotc_reason_set(why, "its dynamic symbol table has entries of %llu bytes, expected %d",
                                (unsigned long long)symtab.entsize, SYM_BYTES);
@@ -138,32 +172,41 @@ static int dynsym_scan(const elf_image *elf, section symtab, const char *name, a
             continue;
         const char *label = cstring(strings, strings_size, le32(sym));
         if (!label)
-            return aotc_reason_set(why, "a dynamic symbol name is not an ASCII string in its string table");
-        if (name && strcmp(label, name) == 0)
-            return 1;
+            return aotc_reason_set(why,
+                                   "a dynamic symbol name is not an ASCII string of at most %d bytes in its string "
+                                   "table",
+                                   MAX_NAME);
+        if (n)
+            mark(names, n, label, found);
     }
     return 0;
 }
 
-int elf_check_symbols(const elf_image *elf, aotc_reason *why) {
+static int scan_symbols(const elf_image *elf, const wanted *names, size_t n, unsigned char *found, aotc_reason *why) {
     for (uint64_t i = 1; i < elf->shnum; i++) {
         section s = section_at(elf, i);
-        if (s.type == SHT_DYNSYM && dynsym_scan(elf, s, NULL, why) < 0)
+        if (s.type == SHT_DYNSYM && dynsym_scan(elf, s, names, n, found, why) < 0)
             return -1;
     }
     return 0;
 }
 
-int elf_defines_function(const elf_image *elf, const char *name, aotc_reason *why) {
-    for (uint64_t i = 1; i < elf->shnum; i++) {
-        section s = section_at(elf, i);
-        if (s.type != SHT_DYNSYM)
-            continue;
-        int found = dynsym_scan(elf, s, name, why);
-        if (found)
-            return found;
+int elf_check_symbols(const elf_image *elf, aotc_reason *why) { return scan_symbols(elf, NULL, 0, NULL, why); }
+
+int elf_find_functions(const elf_image *elf, const char *const *names, size_t n, unsigned char *found,
+                       aotc_reason *why) {
+    wanted *sorted = malloc((n ? n : 1) * sizeof *sorted);
+    if (!sorted)
+        return aotc_reason_set(why, "out of memory");
+    for (size_t i = 0; i < n; i++) {
+        sorted[i].name = names[i];
+        sorted[i].index = i;
+        found[i] = 0;
     }
-    return 0;
+    qsort(sorted, n, sizeof *sorted, wanted_order);
+    int rc = scan_symbols(elf, sorted, n, found, why);
+    free(sorted);
+    return rc;
 }
 
 const char *elf_machine_arch(uint16_t machine) {

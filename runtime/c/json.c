@@ -245,8 +245,6 @@ static int parse_number(parser *ps, json_node *n) {
         while (p < ps->end && is_digit(*p))
             p++;
     }
-    n->str = begin;
-    n->len = (size_t)(p - begin);
     if (integral) {
         /* accumulate negatively so INT64_MIN fits; a larger integer never appears in a package */
         int64_t v = 0;
@@ -264,7 +262,16 @@ static int parse_number(parser *ps, json_node *n) {
         n->type = JSON_INT;
         n->i = v;
     } else {
+        /* a copy in the arena: callers free the text they parsed while the document lives on */
+        size_t len = (size_t)(p - begin);
+        char *text = json_alloc(ps->doc, len + 1);
+        if (!text)
+            return aotc_reason_set(ps->why, "out of memory");
+        memcpy(text, begin, len);
+        text[len] = '\0';
         n->type = JSON_FLOAT;
+        n->str = text;
+        n->len = len;
     }
     ps->p = p;
     return 0;
@@ -281,11 +288,33 @@ static int literal(parser *ps, const char *word, json_type type, json_node **out
     return *out ? 0 : aotc_reason_set(ps->why, "out of memory");
 }
 
-static int has_key(const json_node *object, const char *key, size_t len) {
+static int key_order(const void *x, const void *y) {
+    const json_node *a = *(const json_node *const *)x, *b = *(const json_node *const *)y;
+    size_t n = a->key_len < b->key_len ? a->key_len : b->key_len;
+    int c = memcmp(a->key, b->key, n);
+    if (c)
+        return c;
+    return a->key_len < b->key_len ? -1 : a->key_len > b->key_len;
+}
+
+/* Each key once: sorted, then neighbours compared, so that an object of millions of keys (a manifest may
+ * be 64 MB) is checked in n log n steps, not n^2. */
+static int unique_keys(parser *ps, const json_node *object) {
+    if (object->count < 2)
+        return 0;
+    const json_node **sorted = malloc(object->count * sizeof *sorted);
+    if (!sorted)
+        return aotc_reason_set(ps->why, "out of memory");
+    size_t k = 0;
     for (const json_node *c = object->first; c; c = c->next)
-        if (c->key_len == len && memcmp(c->key, key, len) == 0)
-            return 1;
-    return 0;
+        sorted[k++] = c;
+    qsort(sorted, k, sizeof *sorted, key_order);
+    const json_node *twice = NULL;
+    for (size_t i = 1; i < k && !twice; i++)
+        if (key_order(&sorted[i - 1], &sorted[i]) == 0)
+            twice = sorted[i];
+    free(sorted);
+    return twice ? aotc_reason_set(ps->why, "the key \"%.80s\" appears twice in an object", twice->key) : 0;
 }
 
 /* An array or object: children appended in order, their count kept. */
@@ -308,8 +337,6 @@ static int parse_container(parser *ps, json_node *n, int depth) {
                 return fail_at(ps, "expected a key");
             if (parse_string(ps, &key, &key_len))
                 return -1;
-            if (has_key(n, key, key_len))
-                return aotc_reason_set(ps->why, "the key \"%.80s\" appears twice in an object", key);
             skip_space(ps);
             if (ps->p >= ps->end || *ps->p != ':')
                 return fail_at(ps, "expected ':'");
@@ -330,7 +357,7 @@ static int parse_container(parser *ps, json_node *n, int depth) {
         }
         if (ps->p < ps->end && *ps->p == close) {
             ps->p++;
-            return 0;
+            return object ? unique_keys(ps, n) : 0;
         }
         return fail_at(ps, object ? "expected ',' or '}'" : "expected ',' or ']'");
     }
@@ -532,14 +559,6 @@ static void put_string(json_buffer *b, const char *s, size_t n) {
     put(b, "\"", 1);
 }
 
-static int key_order(const void *x, const void *y) {
-    const json_node *a = *(const json_node *const *)x, *b = *(const json_node *const *)y;
-    size_t n = a->key_len < b->key_len ? a->key_len : b->key_len;
-    int c = memcmp(a->key, b->key, n);
-    if (c)
-        return c;
-    return a->key_len < b->key_len ? -1 : a->key_len > b->key_len;
-}
 
 static int encode(const json_node *n, json_buffer *out, int floats_as_text, aotc_reason *why) {
     char num[32];

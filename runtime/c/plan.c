@@ -8,6 +8,7 @@
  * int32_t prepare(uint8_t *weights), which computes the rest) and `prepare_plan` (its calls, each on
  * the weights alone). */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "aotc_internal.h"
@@ -123,6 +124,38 @@ typedef struct kernel_params {
     uint64_t *nbytes;
 } kernel_params;
 
+/* The kernels sorted by symbol: a plan may list millions (its size is the library's), so duplicates and
+ * the kernel of each call are found in log n steps, never by comparing every pair. */
+typedef struct kernel_table {
+    const kernel_params **by_symbol;
+    size_t count;
+} kernel_table;
+
+static int symbol_order(const void *x, const void *y) {
+    return strcmp((*(const kernel_params *const *)x)->symbol, (*(const kernel_params *const *)y)->symbol);
+}
+
+static const kernel_params *find_kernel(const kernel_table *kernels, const char *symbol) {
+    kernel_params key = {symbol, 0, NULL};
+    const kernel_params *wanted = &key;
+    const kernel_params **found =
+        bsearch(&wanted, kernels->by_symbol, kernels->count, sizeof *kernels->by_symbol, symbol_order);
+    return found ? *found : NULL;
+}
+
+static int name_order(const void *x, const void *y) {
+    return strcmp(*(const char *const *)x, *(const char *const *)y);
+}
+
+/* A name `names` holds twice (sorting it), or NULL. */
+static const char *repeated_name(const char **names, size_t n) {
+    qsort(names, n, sizeof *names, name_order);
+    for (size_t i = 1; i < n; i++)
+        if (strcmp(names[i - 1], names[i]) == 0)
+            return names[i];
+    return NULL;
+}
+
 static int plan_tensors(model_plan *plan, const json_node *v, const char *where, aotc_tensor_info **out,
                         int *count, aotc_reason *why) {
     if (plan_list(v, where, why))
@@ -169,12 +202,13 @@ static int plan_tensors(model_plan *plan, const json_node *v, const char *where,
 }
 
 static int plan_kernels(model_plan *plan, const json_node *v, const char *const *entries, int num_entries,
-                        kernel_params **out, aotc_reason *why) {
+                        kernel_table *out, aotc_reason *why) {
     if (plan_list(v, "kernels", why))
         return -1;
     kernel_params *kernels = json_alloc(&plan->doc, (v->count ? v->count : 1) * sizeof *kernels);
+    const kernel_params **by_symbol = json_alloc(&plan->doc, (v->count ? v->count : 1) * sizeof *by_symbol);
     plan->kernels = json_alloc(&plan->doc, (v->count ? v->count : 1) * sizeof *plan->kernels);
-    if (!kernels || !plan->kernels)
+    if (!kernels || !by_symbol || !plan->kernels)
         return aotc_reason_set(why, "out of memory");
     int i = 0;
     for (const json_node *k = v->first; k; k = k->next, i++) {
@@ -186,12 +220,6 @@ static int plan_kernels(model_plan *plan, const json_node *v, const char *const 
         const char *symbol;
         if (plan_symbol(json_get(k, "symbol"), sub, &symbol, why))
             return -1;
-        for (int j = 0; j < i; j++)
-            if (strcmp(kernels[j].symbol, symbol) == 0)
-                return aotc_reason_set(why, "the plan names the kernel %s twice", symbol);
-        for (int j = 0; j < num_entries; j++)
-            if (strcmp(entries[j], symbol) == 0)
-                return aotc_reason_set(why, "the plan names the kernel %s twice", symbol);
         const json_node *params = json_get(k, "params");
         snprintf(sub, sizeof sub, "%s.params", at);
         if (plan_list(params, sub, why))
@@ -214,14 +242,23 @@ static int plan_kernels(model_plan *plan, const json_node *v, const char *const 
                 return -1;
         }
         plan->kernels[i].symbol = symbol;
+        by_symbol[i] = &kernels[i];
     }
     plan->num_kernels = i;
-    *out = kernels;
+    qsort(by_symbol, (size_t)i, sizeof *by_symbol, symbol_order);
+    out->by_symbol = by_symbol;
+    out->count = (size_t)i;
+    for (int j = 1; j < i; j++)
+        if (symbol_order(&by_symbol[j - 1], &by_symbol[j]) == 0)
+            return aotc_reason_set(why, "the plan names the kernel %s twice", by_symbol[j]->symbol);
+    for (int j = 0; j < num_entries; j++)
+        if (find_kernel(out, entries[j]))
+            return aotc_reason_set(why, "the plan names the kernel %s twice", entries[j]);
     return 0;
 }
 
 /* One call: a known kernel, one argument per param of its size, each inside the buffer it names. */
-static int plan_call(const json_node *c, const char *where, const kernel_params *kernels, int num_kernels,
+static int plan_call(const json_node *c, const char *where, const kernel_table *kernels,
                      const uint64_t *const bounds[4], const uint64_t counts[4], aotc_reason *why) {
     char sub[200];
     const char *kernel;
@@ -230,10 +267,7 @@ static int plan_call(const json_node *c, const char *where, const kernel_params 
     snprintf(sub, sizeof sub, "%s.kernel", where);
     if (plan_symbol(json_get(c, "kernel"), sub, &kernel, why))
         return -1;
-    const kernel_params *k = NULL;
-    for (int i = 0; i < num_kernels && !k; i++)
-        if (strcmp(kernels[i].symbol, kernel) == 0)
-            k = &kernels[i];
+    const kernel_params *k = find_kernel(kernels, kernel);
     if (!k)
         return aotc_reason_set(why, "the plan's %s calls %s, which is not one of its kernels", where, kernel);
     const json_node *args = json_get(c, "args");
@@ -286,7 +320,7 @@ static int plan_call(const json_node *c, const char *where, const kernel_params 
 }
 
 static int plan_variant_of(model_plan *plan, const json_node *doc, const char *at, plan_variant *v,
-                           const kernel_params *kernels, aotc_reason *why) {
+                           const kernel_table *kernels, aotc_reason *why) {
     char where[160];
     snprintf(where, sizeof where, "%sinputs", at);
     if (plan_tensors(plan, json_get(doc, "inputs"), where, &v->inputs, &v->num_inputs, why))
@@ -294,14 +328,16 @@ static int plan_variant_of(model_plan *plan, const json_node *doc, const char *a
     snprintf(where, sizeof where, "%soutputs", at);
     if (plan_tensors(plan, json_get(doc, "outputs"), where, &v->outputs, &v->num_outputs, why))
         return -1;
-    int total = v->num_inputs + v->num_outputs;
-    for (int i = 0; i < total; i++)
-        for (int j = 0; j < i; j++) {
-            const char *a = i < v->num_inputs ? v->inputs[i].name : v->outputs[i - v->num_inputs].name;
-            const char *b = j < v->num_inputs ? v->inputs[j].name : v->outputs[j - v->num_inputs].name;
-            if (strcmp(a, b) == 0)
-                return aotc_reason_set(why, "the plan %snames an input or output twice", at);
-        }
+    size_t total = (size_t)v->num_inputs + (size_t)v->num_outputs;
+    const char **names = json_alloc(&plan->doc, (total ? total : 1) * sizeof *names);
+    if (!names)
+        return aotc_reason_set(why, "out of memory");
+    for (int i = 0; i < v->num_inputs; i++)
+        names[i] = v->inputs[i].name;
+    for (int i = 0; i < v->num_outputs; i++)
+        names[v->num_inputs + i] = v->outputs[i].name;
+    if (repeated_name(names, total))
+        return aotc_reason_set(why, "the plan %snames an input or output twice", at);
     snprintf(where, sizeof where, "%sworkspace_bytes", at);
     if (plan_size(json_get(doc, "workspace_bytes"), where, &v->workspace_bytes, why))
         return -1;
@@ -322,7 +358,7 @@ static int plan_variant_of(model_plan *plan, const json_node *doc, const char *a
     int i = 0;
     for (const json_node *c = calls->first; c; c = c->next, i++) {
         snprintf(where, sizeof where, "%sexecution_plan[%d]", at, i);
-        if (plan_call(c, where, kernels, plan->num_kernels, bounds, counts, why))
+        if (plan_call(c, where, kernels, bounds, counts, why))
             return -1;
     }
     return 0;
@@ -388,7 +424,7 @@ static int plan_fields(const json_node *doc, int version, aotc_reason *why) {
 
 /* The load-time calls: every argument inside the weights (no input, output or workspace exists then),
  * and weights.bin no larger than the weights buffer. */
-static int plan_prepare(model_plan *plan, const json_node *doc, const kernel_params *kernels, aotc_reason *why) {
+static int plan_prepare(model_plan *plan, const json_node *doc, const kernel_table *kernels, aotc_reason *why) {
     plan->weights_stored_nbytes = plan->weights_nbytes;
     if (!plan->prepare)
         return 0;
@@ -408,7 +444,7 @@ static int plan_prepare(model_plan *plan, const json_node *doc, const kernel_par
     for (const json_node *c = calls->first; c; c = c->next, i++) {
         char where[40];
         snprintf(where, sizeof where, "prepare_plan[%d]", i);
-        if (plan_call(c, where, kernels, plan->num_kernels, bounds, counts, why))
+        if (plan_call(c, where, kernels, bounds, counts, why))
             return -1;
     }
     return 0;
@@ -522,17 +558,17 @@ int plan_parse(const char *raw, size_t len, model_plan *plan, aotc_reason *why) 
         else
             plan->prepare = entries[i];
     }
-    kernel_params *kernels = NULL;
+    kernel_table kernels = {NULL, 0};
     if (plan_kernels(plan, json_get(doc, "kernels"), entries, num_entries, &kernels, why))
         return -1;
     for (int i = 0; i < plan->num_variants; i++) {
         char at[40] = "";
         if (plan->version == 2)
             snprintf(at, sizeof at, "variants[%d].", i);
-        if (plan_variant_of(plan, described[i], at, &plan->variants[i], kernels, why))
+        if (plan_variant_of(plan, described[i], at, &plan->variants[i], &kernels, why))
             return -1;
     }
-    return variants_agree(plan, why) || plan_prepare(plan, doc, kernels, why) ? -1 : 0;
+    return variants_agree(plan, why) || plan_prepare(plan, doc, &kernels, why) ? -1 : 0;
 }
 
 void plan_free(model_plan *plan) { json_free(&plan->doc); }
