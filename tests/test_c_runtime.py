@@ -1007,3 +1007,17 @@ def test_aarch64_features_read_from_hwcap(aarch64, packages, tmp_path):
     assert_refused(proc, UNSUPPORTED, "needs CPU features this host lacks:")
     assert "lse" in proc.stderr and "dotprod" in proc.stderr
     assert_ran(run_model(aarch64, package, [mlp_input()], tmp_path, emulate=qemu("neoverse-n1")))
+
+
+def test_python_runtime_reads_elf_names_in_bounded_time():
+    """The Python runtime's ELF reader bounds a name as the C runtime does: 50,000 sections all named by
+    one 4 MB string without a NUL are refused at once, not read to the table's end 50,000 times."""
+    import time
+
+    from aotc_runtime.elf import ElfError
+
+    data = sections_of_one_name(62, 50_000, 4 << 20)
+    start = time.perf_counter()
+    with pytest.raises(ElfError, match="not NUL-terminated within 4096 bytes"):
+        read_elf(data)
+    assert time.perf_counter() - start < 10

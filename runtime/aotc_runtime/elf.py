@@ -110,12 +110,16 @@ class ElfImage:
         return self.data[5] == 1
 
 
+MAX_NAME = 4096  # aotc's names are short C identifiers; a longer one is damage (as the C runtime reads it)
+
+
 def _cstring(table: bytes, offset: int, what: str) -> str:
     if offset >= len(table):
         raise ElfError(f"a {what} points outside its string table")
-    end = table.find(b"\0", offset)
+    # bounded: thousands of names at one offset of a huge table without a NUL would take minutes
+    end = table.find(b"\0", offset, offset + MAX_NAME + 1)
     if end < 0:
-        raise ElfError(f"a {what} is not NUL-terminated")
+        raise ElfError(f"a {what} is not NUL-terminated within {MAX_NAME} bytes")
     try:
         return table[offset:end].decode("ascii")
     except UnicodeDecodeError:

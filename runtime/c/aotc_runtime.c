@@ -672,15 +672,21 @@ aotc_status aotc_model_set_num_threads(aotc_model *m, int num_threads) {
     if (check_model(m, "aotc_model_set_num_threads"))
         return AOTC_ERR_INVALID_ARGUMENT;
     aotc_status st = check_num_threads(num_threads);
-    if (!st)
+    if (!st) { /* under the lock that runs read it with: a call in flight keeps the team it started with */
+        pthread_mutex_lock(&m->lock);
         m->num_threads = num_threads;
+        pthread_mutex_unlock(&m->lock);
+    }
     return st;
 }
 
 int aotc_model_num_threads(const aotc_model *m) {
     if (check_model(m, "aotc_model_num_threads"))
         return -1;
-    return m->num_threads ? m->num_threads : m->get_max_threads();
+    pthread_mutex_lock((pthread_mutex_t *)&m->lock);
+    int n = m->num_threads;
+    pthread_mutex_unlock((pthread_mutex_t *)&m->lock);
+    return n ? n : m->get_max_threads();
 }
 
 /* -------------------------------------------------------------------------------------------- run */
