@@ -31,7 +31,7 @@ from aotc.target import host_target, parse_target
 
 from .random_schedules import random_state
 from .test_aarch64 import needs_cross, needs_qemu
-from .test_measure import matmul_relu, naive_func, write_input_func
+from .test_measure import hang_func, matmul_relu, naive_func, write_input_func
 
 pytestmark = pytest.mark.cluster
 ray = pytest.importorskip("ray", reason="the cluster extra is not installed (pip install 'aotc[cluster]')")
@@ -151,6 +151,12 @@ def _eventually(predicate, seconds: float = 30.0) -> bool:
     return True
 
 
+def test_importing_aotc_does_not_import_ray():
+    code = "import sys, aotc, aotc.cluster, aotc.search.measure; print('ray' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
 def test_a_measurer_measures_on_the_clusters_device(cluster):
     """Right kernels are timed on the device, wrong ones are caught there, a crash restarts the device's
     runner and measuring goes on; the device's actor lives as long as the measurer."""
@@ -190,6 +196,24 @@ def test_an_unreachable_cluster_fails_the_measurer_at_start():
     with pytest.raises(MeasureError, match=f"cannot reach the Ray cluster at {address}: Connection refused"):
         Measurer(matmul_relu(), host_target(), options)
     assert time.monotonic() - start < 60
+
+
+def test_a_hanging_kernel_times_out_and_leaves_nothing_running_on_the_device(cluster):
+    """The measurer's timeout ends the runner process, whose actor (and the device's runner process under
+    it, spinning in the kernel) go with it; the next candidate gets a new actor."""
+    dag, target = matmul_relu(), host_target()
+    key = device_key(target)
+    options = measure_options_for(cluster.address, MeasureOptions(**{**FAST, "timeout": 3.0}))
+    with Measurer(dag, target, options) as m:
+        (name,) = _device_actors(key)
+        status = ray.get_actor(name, namespace=NAMESPACE).status.options(concurrency_group="status").remote()
+        spinning = ray.get(status, timeout=10)["runner_pid"]
+        hang, ok = m.measure_funcs([hang_func(dag), naive_func(dag)])
+        after = _device_actors(key)
+    assert hang.error == ErrorCode.RUN_TIMEOUT and "within 3 s" in hang.error_msg, hang.error_msg
+    assert ok.error == ErrorCode.NO_ERROR, ok.error_msg
+    assert len(after) == 1 and after != [name]
+    assert _eventually(lambda: not os.path.exists(f"/proc/{spinning}")), "the hanging kernel still runs"
 
 
 def test_killing_the_device_actor_mid_run_costs_one_candidate(cluster):

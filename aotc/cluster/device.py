@@ -190,7 +190,9 @@ class DeviceRunner:
             os.unlink(path)
 
     def status(self) -> dict:
-        return {"busy": self.busy, "measured": self.measured, "pid": os.getpid()}
+        """Whether a candidate is being measured, how many were, and the actor's and its runner's process ids."""
+        runner = self.local.worker.proc.pid if self.local is not None else None
+        return {"busy": self.busy, "measured": self.measured, "pid": os.getpid(), "runner_pid": runner}
 
     def close(self) -> None:
         self._close_local()
