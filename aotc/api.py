@@ -162,6 +162,6 @@ def tune(
         options.trials if options.trials is not None else 200,
         records=options.records,
         params=options.search,
-        measure_options=options.measure,
+        measure_options=options.measured_on(),
         log=log,
     )

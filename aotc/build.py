@@ -240,7 +240,7 @@ def choose_schedules(
     seeding = not tuning.wants_tuning and any(tr is not None and tr.seeds for tr in transfers)
     run = None
     wants_tuning = tuning.wants_tuning
-    if wants_tuning and target.is_gpu:
+    if wants_tuning and target.is_gpu and tuning.cluster is None:  # a cluster's device measures there
         missing = device_unavailable(target)
         if missing is not None:
             logging.getLogger("aotc.build").warning(

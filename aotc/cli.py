@@ -238,6 +238,13 @@ def _parser() -> argparse.ArgumentParser:
         "--trials it also lifts a recipe's trials: 0)",
     )
     b.add_argument(
+        "--cluster",
+        metavar="HOST:PORT",
+        default=os.environ.get("AOTC_CLUSTER") or None,
+        help="measure candidates on the devices of this Ray cluster (overrides tuning.cluster; default: "
+        "$AOTC_CLUSTER; docs/cluster.md)",
+    )
+    b.add_argument(
         "--no-validate",
         dest="validate",
         action="store_false",
@@ -353,10 +360,12 @@ def _parser() -> argparse.ArgumentParser:
     add_trust_arguments(v)
 
     from aotc.benchmark import add_benchmark_parser
+    from aotc.cluster import add_worker_parser
     from aotc.hub.cli import add_hub_parser
 
     add_benchmark_parser(sub)
     add_hub_parser(sub)
+    add_worker_parser(sub)
     return ap
 
 
@@ -391,6 +400,7 @@ def run_command(argv: list[str] | None) -> int:
             "tune-op": cmd_tune_op,
             "keygen": cmd_keygen,
             "hub": cmd_hub,
+            "worker": cmd_worker,
             "benchmark": cmd_benchmark,
         }
         return commands[args.command](args)
@@ -513,6 +523,8 @@ def build_recipe(args: argparse.Namespace):
             "--deadline given: tuning until the deadline (the recipe's trials: 0 is lifted)"
         )
         recipe = replace(recipe, tuning=recipe.tuning.replace(trials=None))
+    if args.cluster is not None:
+        recipe = replace(recipe, tuning=recipe.tuning.replace(cluster=args.cluster))
     return with_overrides(recipe, trials=trials, deadline=args.deadline)
 
 
@@ -713,6 +725,12 @@ def cmd_benchmark(args: argparse.Namespace) -> int:
     from aotc.benchmark import cmd_benchmark as run_benchmark
 
     return run_benchmark(args)
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from aotc.cluster import cmd_worker as run_worker
+
+    return run_worker(args)
 
 
 def cmd_hub(args: argparse.Namespace) -> int:

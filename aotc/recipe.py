@@ -46,7 +46,7 @@ _TOP_KEYS = (
 # loads (CPU targets); prepacked: stored as the kernels read them (larger package, faster load)
 WEIGHTS_MODES = ("compact", "prepacked")
 _INPUT_KEYS = ("shape", "dtype")
-_TUNING_KEYS = ("trials", "deadline", "records", "tophub", "transfer")
+_TUNING_KEYS = ("trials", "deadline", "records", "tophub", "transfer", "cluster")
 _TAG = "tag:yaml.org,2002:"
 _TYPE_NAMES = {"str": "a string", "int": "an integer", "float": "a number", "bool": "a boolean"}
 _TYPE_NAMES |= {"null": "null", "seq": "a list", "map": "a mapping", "timestamp": "a date"}
@@ -163,6 +163,7 @@ class Recipe:
                 "records": None if self.tuning.records is None else str(self.tuning.records),
                 "tophub": self.tuning.tophub,
                 "transfer": self.tuning.transfer,
+                "cluster": self.tuning.cluster,
             },
             "validate": self.validate,
             "winograd": self.winograd,
@@ -420,7 +421,15 @@ class _Loader:
             records=self.optional(entries, "records", self.path_value, None, key),
             tophub=self.optional(entries, "tophub", self.tophub, None, key),
             transfer=self.optional(entries, "transfer", self.boolean, TuningOptions.transfer, key),
+            cluster=self.optional(entries, "cluster", self.cluster_address, None, key),
         )
+
+    def cluster_address(self, node: Node, key: str) -> str:
+        value = self.string(node, key).strip()
+        host, _, port = value.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise self.fail(node, key, f"expected HOST:PORT of a Ray head (docs/cluster.md), got '{value}'")
+        return value
 
     def trials(self, node: Node, key: str) -> int:
         value = self.scalar(node, key, "an integer >= 0", "int")

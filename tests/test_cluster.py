@@ -267,3 +267,29 @@ def test_an_aarch64_device_under_qemu_on_a_second_node(cluster):
     assert ok.error == ErrorCode.NO_ERROR and len(ok.costs) == 2, ok.error_msg
     assert rand.error == ErrorCode.NO_ERROR, rand.error_msg
     assert wrong.error == ErrorCode.WRONG_ANSWER, wrong.error_msg
+
+
+def test_a_build_tunes_through_the_cluster_as_it_would_here(cluster, tmp_path):
+    """`TuningOptions(cluster=...)` (recipe `tuning: {cluster: HOST:PORT}`, `aotc build --cluster`): a small
+    model's tuning measures every candidate on the cluster's device, checked there, and writes records of
+    the same workloads a local build writes."""
+    import json
+
+    import aotc
+    from aotc.search.model_tuning import TuningOptions
+    from recipes.zoo.onnx_models import mlp, save
+
+    model = save(mlp(), tmp_path / "mlp.onnx")
+    keys = {}
+    for where, address in (("cluster", cluster.address), ("local", None)):
+        records = tmp_path / f"{where}.jsonl"
+        tuning = TuningOptions(trials=8, records=records, tophub=[], cluster=address)
+        package = aotc.compile(model, host_target(), tuning=tuning, output=tmp_path / f"{where}.aotc")
+        assert package.result.tuning.trials >= 8 and all(r["ok"] for r in package.result.validation)
+        measured = [json.loads(line) for line in records.read_text().splitlines()]
+        assert measured and all(r["error"] == 0 and r["costs"] for r in measured)
+        keys[where] = {r["workload_key"] for r in measured}
+    assert keys["cluster"] == keys["local"]
+    assert _eventually(lambda: not _device_actors(device_key(host_target()))), (
+        "a device actor outlived the build"
+    )

@@ -45,6 +45,7 @@ def test_full_recipe(write, tmp_path):
         "  records: tuning/m.jsonl\n"
         "  tophub: [hub, https://example.com/bundle.tophub]\n"
         "  transfer: false\n"
+        "  cluster: head.lab:6379\n"
         "validate: false\n"
         "winograd: false\n"
         "nhwc: false\n"
@@ -61,6 +62,7 @@ def test_full_recipe(write, tmp_path):
         tmp_path / "tuning" / "m.jsonl",
         [str(tmp_path / "hub"), "https://example.com/bundle.tophub"],
         transfer=False,
+        cluster="head.lab:6379",
     )
     assert r.validate is False and r.winograd is False and r.nhwc is False
 
@@ -81,6 +83,7 @@ def test_defaults_are_resolved(write, tmp_path):
         "records": None,
         "tophub": None,
         "transfer": True,
+        "cluster": None,
     }
     assert r.tuning.transfer is True  # records of other CPUs of this ISA are measured here by default
 
@@ -176,6 +179,7 @@ ERRORS = [
     (GOOD + "tuning:\n  transfer: no-thanks\n", 3, "tuning.transfer", "expected a boolean (true or false)"),
     (GOOD + "tuning:\n  transfr: false\n", 3, "tuning.transfr", "(did you mean 'transfer'?)"),
     (GOOD + "tuning: 5\n", 2, "tuning", "expected a mapping, got an integer"),
+    (GOOD + "tuning:\n  cluster: head.lab\n", 3, "tuning.cluster", "expected HOST:PORT of a Ray head"),
     (GOOD + "target: gpu\n", 2, "target", "unknown kind 'gpu'"),
     (GOOD + "target: llvm -mcpu=native -num-cores=0\n", 2, "target", "-num-cores must be a positive integer"),
     (GOOD + "target: cuda -arch=80\n", 2, "target", "-arch must look like sm_80"),

@@ -167,9 +167,7 @@ class _ClusterBench:
             self.ray.kill(self.actor)
         self.actor = None
 
-    def run(
-        self, request: tuple[str, float | None, list]
-    ) -> tuple[ErrorCode, str, list[float], Noise | None]:
+    def run(self, request: tuple[str, float | None, list]) -> tuple:
         path, cutoff, layouts = request
         ray = self.ray
         if self.actor is None:
@@ -202,7 +200,8 @@ class _ClusterBench:
                 [],
                 None,
             )
-        return ErrorCode(error), msg, costs, None if noise is None else Noise(**noise)
+        noise = None if noise is None else Noise(**noise)
+        return ErrorCode(error), msg, costs, noise, self.device.get("host")  # the device, in its records
 
 
 def _ray_error_text(err: BaseException) -> str:

@@ -51,6 +51,7 @@ class MeasureResult:
     run_seconds: float = 0.0
     timestamp: float = field(default_factory=time.time)
     noise: Noise | None = None  # None: not timed, or timed before noise was measured
+    host: dict | None = None  # the machine that measured, where it is not this one (a cluster's device)
 
     @property
     def ok(self) -> bool:

@@ -315,11 +315,14 @@ class Measurer:
             return MeasureResult([], built.error, built.msg, build_seconds=build_share)
         start = time.perf_counter()
         try:
-            error, msg, costs, noise = self._run(built.path, cutoff, built.layouts)
+            error, msg, costs, noise, *host = self._run(built.path, cutoff, built.layouts)
         finally:
             with contextlib.suppress(OSError):
                 os.unlink(built.path)
-        return MeasureResult(costs, error, msg, build_share, time.perf_counter() - start, noise=noise)
+        seconds = time.perf_counter() - start
+        return MeasureResult(
+            costs, error, msg, build_share, seconds, noise=noise, host=host[0] if host else None
+        )
 
     # -- building
 

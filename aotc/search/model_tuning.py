@@ -70,8 +70,9 @@ class TuningOptions:
     `trials=0` whatever the deadline (0 is the off switch; leave trials out to tune until a deadline).
     Records: `records`, the build's own log (default: next to the package); `tophub`, shared stores
     (None: $AOTC_TOPHUB, [] none); `transfer`, measure records of other CPUs of the target's ISA here.
-    Measurement: `measure`. Search: `search`, the search policy (aotc.search.params: population, per
-    round, the task scheduler's strategy, the seed, ...)."""
+    Measurement: `measure`; `cluster`, HOST:PORT of a Ray head whose devices measure the candidates
+    (docs/cluster.md#builds; None: this machine). Search: `search`, the search policy (aotc.search.params:
+    population, per round, the task scheduler's strategy, the seed, ...)."""
 
     trials: int | None = None
     deadline: float | str | None = None
@@ -80,6 +81,7 @@ class TuningOptions:
     transfer: bool = True
     measure: MeasureOptions = field(default_factory=lambda: MeasureOptions(repeat=3, min_repeat_ms=20))
     search: SearchParams = field(default_factory=SearchParams)
+    cluster: str | None = None
 
     def __post_init__(self) -> None:
         if self.trials is not None and not (
@@ -102,6 +104,12 @@ class TuningOptions:
             object.__setattr__(self, "records", Path(os.fspath(self.records)).expanduser())
         if self.tophub is not None:
             object.__setattr__(self, "tophub", [str(s) for s in self.tophub])
+        if self.cluster is not None:
+            address = str(self.cluster).strip()
+            host, _, port = address.rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError(f"TuningOptions.cluster {self.cluster!r}: expected HOST:PORT of a Ray head")
+            object.__setattr__(self, "cluster", address)
         if not isinstance(self.search, SearchParams):
             raise TypeError(
                 f"TuningOptions.search: expected a SearchParams, got {type(self.search).__name__}"
@@ -111,6 +119,15 @@ class TuningOptions:
     def wants_tuning(self) -> bool:
         """A budget is set and it is not zero trials."""
         return self.trials != 0 and (self.trials is not None or self.deadline is not None)
+
+    def measured_on(self) -> MeasureOptions:
+        """`measure`, with the cluster's devices as the runner where `cluster` is set (Ray is imported
+        only by the runner process then)."""
+        if self.cluster is None:
+            return self.measure
+        from aotc.cluster import measure_options_for
+
+        return measure_options_for(self.cluster, self.measure)
 
     def replace(self, **changes) -> TuningOptions:
         return replace(self, **changes)
@@ -161,7 +178,18 @@ def tune_tasks(
     initial = [[default_schedule(t.dag, target), *seed] for t, seed in zip(tasks, seeds)]
     model = XGBCostModel()
     params = options.search
-    rounds = SearchRounds(tasks, target, model, records, options.measure, initial, params=params)
+    # a cluster's device measures for one measurer at a time: one open measurer frees it for the next task
+    open_measurers = 1 if options.cluster is not None else 2
+    rounds = SearchRounds(
+        tasks,
+        target,
+        model,
+        records,
+        options.measured_on(),
+        initial,
+        params=params,
+        max_open_measurers=open_measurers,
+    )
     scheduler = TaskScheduler(
         tasks,
         rounds,

@@ -133,7 +133,7 @@ class Record:
             error=int(result.error),
             error_msg=result.error_msg[:_ERROR_MSG_LIMIT],
             timestamp=float(result.timestamp),
-            host=measuring_host(target),
+            host=result.host or measuring_host(target),
             noise=result.noise,
             flops=int(dag.flop_count),
         )

@@ -395,8 +395,9 @@ def _unload(lib) -> None:
 RunnerMain = Callable[..., None]
 """`main(conn, env, setup: RunnerSetup)`, started in a worker process: it calls `serve(conn, env, setup_fn)`
 with a handler that takes (path of a built candidate, cutoff seconds or None, weight layouts as JSON)
-and returns (ErrorCode, message, costs in seconds, Noise or None). A module-level function, so that a
-spawned process can import it."""
+and returns (ErrorCode, message, costs in seconds, Noise or None), and a remote runner a fifth element,
+the host info of the machine that measured (its records say so). A module-level function or a picklable
+callable, so that a spawned process can import it."""
 
 
 @dataclass(frozen=True)
