@@ -293,3 +293,48 @@ def test_a_build_tunes_through_the_cluster_as_it_would_here(cluster, tmp_path):
     assert _eventually(lambda: not _device_actors(device_key(host_target()))), (
         "a device actor outlived the build"
     )
+
+
+def test_a_device_node_stopped_mid_build_loses_no_trial_and_the_build_ends(cluster, tmp_path):
+    """A second node is the only device for `llvm -num-cores=1`; it is stopped (SIGTERM, as `ray stop`)
+    while a build tunes through it. The candidate in flight and every later one are recorded with an error
+    code (or, between tasks, the next task cannot be measured), nothing measured is lost from the records
+    file, and the build writes its package well within its deadline instead of waiting on a device that is
+    gone."""
+    import json
+    import threading
+
+    import aotc
+    from aotc.search.model_tuning import TuningOptions
+    from recipes.zoo.onnx_models import mlp, save
+
+    text = "llvm -num-cores=1"
+    target = parse_target(text)
+    node = _start_node(cluster.temp, "one-core.log", f"--address={cluster.address}", f"--target={text}")
+    cluster.nodes.append(node)
+    _wait_for_device(device_key(target), cluster.nodes)
+    model, records = save(mlp(), tmp_path / "mlp.onnx"), tmp_path / "records.jsonl"
+
+    def stop_after_some_records() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if records.exists() and len(records.read_text().splitlines()) >= 6:
+                break
+            time.sleep(0.2)
+        _stop([node], "no-such-folder")  # this node only; the head and its device stay
+
+    stopper = threading.Thread(target=stop_after_some_records)
+    stopper.start()
+    tuning = TuningOptions(trials=200, deadline=150, records=records, tophub=[], cluster=cluster.address)
+    start = time.monotonic()
+    package = aotc.compile(model, target, tuning=tuning, output=tmp_path / "m.aotc")
+    elapsed = time.monotonic() - start
+    stopper.join()
+    assert package.path.exists() and elapsed < 150, elapsed
+    assert node.proc.poll() is not None  # the device really went away during the build
+    measured = [json.loads(line) for line in records.read_text().splitlines()]
+    # whatever was in flight, and the tasks after it, end as error records or unmeasured tasks
+    assert 6 <= len(measured) < 200 and all(r["error"] == 0 or r["error_msg"] for r in measured)
+    lost = [r["error_msg"] for r in measured if r["error"] != 0]
+    assert all("device" in m or "runner" in m for m in lost), lost
+    assert len(measured) == package.result.tuning.trials  # every trial the build counted is in the file

@@ -171,6 +171,13 @@ class _ClusterBench:
         path, cutoff, layouts = request
         ray = self.ray
         if self.actor is None:
+            if self.key not in device_keys_on(ray):  # its node is gone: say so now, not after SETUP_TIMEOUT
+                return (
+                    ErrorCode.RUNTIME_DEVICE,
+                    f"no device {self.key} ({self.key.what}) is left on the cluster at {self.address}",
+                    [],
+                    None,
+                )
             try:
                 self._start_actor()
             except ClusterError as err:

@@ -221,6 +221,7 @@ class Measurer:
         self.options = options
         self.threads = self.options.num_threads or target.hw.num_cores
         self.last_batch: BatchStats | None = None
+        self._runner_lost: str | None = None  # why the runner could not be restarted, once it could not
         self.workdir = tempfile.mkdtemp(prefix="aotc-measure-")
         self._ctx = mp.get_context("spawn")
         self._workers: list[Worker] = []
@@ -404,9 +405,15 @@ class Measurer:
         self, path: str, cutoff: float | None, layouts: list
     ) -> tuple[ErrorCode, str, list[float], Noise | None]:
         r = self._runner
+        if self._runner_lost is not None:
+            return ErrorCode.RUNTIME_DEVICE, self._runner_lost, [], None
         if not r.proc.is_alive():
             r.restart()
-        self._await_runner()
+        try:
+            self._await_runner()
+        except MeasureError as err:  # a remote device gone: this batch's other results are still kept
+            self._runner_lost = f"the runner cannot start again: {err}"
+            return ErrorCode.RUNTIME_DEVICE, self._runner_lost, [], None
         timeout = self.options.timeout
         try:
             r.submit(0, (path, cutoff, layouts), timeout)

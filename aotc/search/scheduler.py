@@ -594,6 +594,9 @@ class SearchRounds:
             return RoundOutcome([], fixed)
         try:
             search.measure(measurer, states)
+        except MeasureError as err:  # its runner cannot start again (a remote device gone): no trials here
+            self.pool.drop(i)
+            return RoundOutcome([], time.perf_counter() - t0, f"cannot be measured: {err}")
         except BaseException:
             self.pool.drop(i)  # a measurer interrupted mid-batch is not reused
             raise
