@@ -2,7 +2,9 @@
 device for this CPU and a second node that measures aarch64 under qemu, both started by `aotc worker`;
 measurers send candidates to them through `measure_options_for` (docs/cluster.md).
 
-Marked `cluster` (the default run deselects it): Ray takes seconds to start and needs the cluster extra.
+Two tests run by default as a smoke test (Ray is in the test extra; the cluster starts in about 5 s): no
+import of Ray by `import aotc`, and a measurer measuring on the cluster's device. The rest are marked
+`cluster`, which the default run deselects: whole builds, faults and a qemu node take a minute or two.
 """
 
 from __future__ import annotations
@@ -33,7 +35,6 @@ from .random_schedules import random_state
 from .test_aarch64 import needs_cross, needs_qemu
 from .test_measure import hang_func, matmul_relu, naive_func, write_input_func
 
-pytestmark = pytest.mark.cluster
 ray = pytest.importorskip("ray", reason="the cluster extra is not installed (pip install 'aotc[cluster]')")
 
 AARCH64 = "llvm -mtriple=aarch64-linux-gnu -mcpu=cortex-a72"
@@ -178,6 +179,7 @@ def test_a_measurer_measures_on_the_clusters_device(cluster):
     assert _eventually(lambda: not _device_actors(key)), "the device actor outlived its measurer"
 
 
+@pytest.mark.cluster
 def test_a_target_no_device_serves_fails_the_measurer_at_start(cluster):
     target = parse_target("llvm -num-cores=3")  # this CPU tuned for 3 cores: no node advertises that key
     options = measure_options_for(cluster.address, MeasureOptions(**FAST))
@@ -189,6 +191,7 @@ def test_a_target_no_device_serves_fails_the_measurer_at_start(cluster):
     assert device_key(host_target()) in text  # the devices it has
 
 
+@pytest.mark.cluster
 def test_an_unreachable_cluster_fails_the_measurer_at_start():
     address = f"127.0.0.1:{_free_port()}"  # nothing listens there
     options = measure_options_for(address, MeasureOptions(**FAST))
@@ -198,6 +201,7 @@ def test_an_unreachable_cluster_fails_the_measurer_at_start():
     assert time.monotonic() - start < 60
 
 
+@pytest.mark.cluster
 def test_a_hanging_kernel_times_out_and_leaves_nothing_running_on_the_device(cluster):
     """The measurer's timeout ends the runner process, whose actor (and the device's runner process under
     it, spinning in the kernel) go with it; the next candidate gets a new actor."""
@@ -216,6 +220,7 @@ def test_a_hanging_kernel_times_out_and_leaves_nothing_running_on_the_device(clu
     assert _eventually(lambda: not os.path.exists(f"/proc/{spinning}")), "the hanging kernel still runs"
 
 
+@pytest.mark.cluster
 def test_killing_the_device_actor_mid_run_costs_one_candidate(cluster):
     """ray.kill of the device's actor while it times a candidate: that candidate is RUNTIME_DEVICE, the
     next one is measured by a new actor set up for the same task."""
@@ -251,6 +256,7 @@ def test_killing_the_device_actor_mid_run_costs_one_candidate(cluster):
 
 @needs_cross
 @needs_qemu
+@pytest.mark.cluster
 def test_an_aarch64_device_under_qemu_on_a_second_node(cluster):
     """A second node joins the head as a device that runs cortex-a72 code under qemu; a measurer for that
     target finds it by the emulated key, and its results are checked there."""
@@ -269,6 +275,7 @@ def test_an_aarch64_device_under_qemu_on_a_second_node(cluster):
     assert wrong.error == ErrorCode.WRONG_ANSWER, wrong.error_msg
 
 
+@pytest.mark.cluster
 def test_a_build_tunes_through_the_cluster_as_it_would_here(cluster, tmp_path):
     """`TuningOptions(cluster=...)` (recipe `tuning: {cluster: HOST:PORT}`, `aotc build --cluster`): a small
     model's tuning measures every candidate on the cluster's device, checked there, and writes records of
@@ -295,6 +302,7 @@ def test_a_build_tunes_through_the_cluster_as_it_would_here(cluster, tmp_path):
     )
 
 
+@pytest.mark.cluster
 def test_a_device_node_stopped_mid_build_loses_no_trial_and_the_build_ends(cluster, tmp_path):
     """A second node is the only device for `llvm -num-cores=1`; it is stopped (SIGTERM, as `ray stop`)
     while a build tunes through it. The candidate in flight and every later one are recorded with an error
