@@ -283,6 +283,14 @@ def default_cost(task: Task, default: State, records: list[Record], target: Targ
     return min(costs) if costs else None
 
 
+def measured_by(host: dict) -> str:
+    """A record's measuring machine in words: its CPU and cores, and the emulator where it ran under one."""
+    if not isinstance(host, dict):
+        return "unknown"
+    where = f"{host.get('cpu_model') or host.get('cpu') or 'unknown CPU'} ({host.get('cores', '?')} cores)"
+    return f"{where} under {host['emulated']}" if host.get("emulated") else where
+
+
 def build_report(
     recipe: Recipe,
     target: Target,
@@ -299,9 +307,11 @@ def build_report(
     """The build report: per task where its kernel came from, its trials, latency and FLOP rate (best and
     default), the tuning run's totals and curve, and the build's stage timings."""
     counts: dict[str, int] = {}
+    devices: dict[str, int] = {}  # which machine measured the records (a cluster's devices, qemu, here)
     for r in records:
         if r.target == str(target):
             counts[r.fingerprint] = counts.get(r.fingerprint, 0) + 1
+            devices[measured_by(r.host)] = devices.get(measured_by(r.host), 0) + 1
     rows = []
     for i, (task, found, default, transfer) in enumerate(zip(tasks, lookups, defaults, transfers)):
         best = found.record.mean_cost if found.record is not None else None
@@ -335,7 +345,7 @@ def build_report(
             None if any(v is None for v in values) else sum(v * row["weight"] for v, row in zip(values, rows))
         )
 
-    tuning: dict = {"enabled": run is not None, "records": str(records_file)}
+    tuning: dict = {"enabled": run is not None, "records": str(records_file), "measured_by": devices}
     if run is not None:
         s = run.scheduler
         tuning |= {

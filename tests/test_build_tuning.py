@@ -90,6 +90,8 @@ def test_deadline_build_is_on_time_then_resume_measures_only_new_candidates(tmp_
     assert sum(t["trials"] for t in report["tasks"]) == len(keys)
     assert sum(t["new_trials"] for t in report["tasks"]) == len(keys)
     assert report["tuning"]["stop_reason"] == "deadline"
+    assert sum(report["tuning"]["measured_by"].values()) == len(keys)  # one machine here: this one
+    assert len(report["tuning"]["measured_by"]) == 1
     assert report["curve"] and all(len(p) == 3 for p in report["curve"])
     assert report["curve"][-1][0] == len(keys)
     assert (report_dir / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

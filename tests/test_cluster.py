@@ -296,6 +296,8 @@ def test_a_build_tunes_through_the_cluster_as_it_would_here(cluster, tmp_path):
         measured = [json.loads(line) for line in records.read_text().splitlines()]
         assert measured and all(r["error"] == 0 and r["costs"] for r in measured)
         keys[where] = {r["workload_key"] for r in measured}
+        report = json.loads((package.result.report / "report.json").read_text())
+        assert sum(report["tuning"]["measured_by"].values()) == len(measured)  # the device, named
     assert keys["cluster"] == keys["local"]
     assert _eventually(lambda: not _device_actors(device_key(host_target()))), (
         "a device actor outlived the build"
