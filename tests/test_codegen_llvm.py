@@ -513,10 +513,12 @@ def test_global_allocate_and_let(tmp_path):
     np.testing.assert_array_equal(b, a[::-1] + 1)
 
 
-def test_heap_buffers_are_cached_across_calls_and_threads(tmp_path):
-    """A heap buffer goes back to its allocation site's one-entry cache: repeated and concurrent calls
-    (two threads, one of which must allocate its own block) still compute from their own data."""
-    n = 70000  # 560 KB: above the stack limit
+HEAP_N = 70000  # 560 KB of float64: above the stack limit, so the buffer goes on the heap
+
+
+def heap_buffer_func() -> PrimFunc:
+    """`cached(A, B)`: B = reversed(2 A) + 1 through a heap buffer."""
+    n = HEAP_N
     A, B = Buffer("A", "float64", (n,)), Buffer("B", "float64", (n,))
     big = Buffer("big", "float64", (n,), scope="global")
     i = Var("i")
@@ -527,7 +529,14 @@ def test_heap_buffers_are_cached_across_calls_and_threads(tmp_path):
             loop(i, n, S, BufferStore(B, Load(big, (n - 1 - i,)) + 1.0, (i,))),
         ),
     )
-    f = PrimFunc("cached", (A, B), body)
+    return PrimFunc("cached", (A, B), body)
+
+
+def test_heap_buffers_are_cached_across_calls_and_threads(tmp_path):
+    """A heap buffer goes back to its allocation site's one-entry cache: repeated and concurrent calls
+    (two threads, one of which must allocate its own block) still compute from their own data."""
+    n = HEAP_N
+    f = heap_buffer_func()
     ir = build_llvm_ir([f], HOST)
     # two at the allocation site, one where the library's unload frees the cached block
     assert ir.count("atomicrmw xchg") == 3 and "internal global ptr null" in ir
@@ -719,18 +728,8 @@ def test_cached_heap_blocks_are_freed_when_the_library_is_unloaded(tmp_path):
     import subprocess
     import sys
 
-    n = 70000
-    A, B = Buffer("A", "float64", (n,)), Buffer("B", "float64", (n,))
-    big = Buffer("big", "float64", (n,), scope="global")
-    i = Var("i")
-    body = Allocate(
-        big,
-        seq(
-            loop(i, n, S, BufferStore(big, Load(A, (i,)) * 2.0, (i,))),
-            loop(i, n, S, BufferStore(B, Load(big, (i,)), (i,))),
-        ),
-    )
-    path = str(build(tmp_path, PrimFunc("cached", (A, B), body)).path)
+    n = HEAP_N
+    path = str(build(tmp_path, heap_buffer_func()).path)
     script = f"""
 import ctypes, _ctypes
 import numpy as np

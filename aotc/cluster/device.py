@@ -17,10 +17,9 @@ import multiprocessing as mp
 import os
 import shutil
 import tempfile
-import time
 
 from aotc.search.common import ErrorCode, Noise
-from aotc.search.workers import STARTUP_TIMEOUT, Worker
+from aotc.search.workers import RunnerProcess, Worker, WorkerStartError
 
 __all__ = ["DeviceError", "DeviceRunner", "LocalRunner", "elf_machine_problem", "plain_result"]
 
@@ -35,51 +34,26 @@ class DeviceError(RuntimeError):
 
 class LocalRunner:
     """One runner process on this device (a `RunnerMain` in a `Worker`), restarted when it dies or passes
-    the timeout, as the measurer does with its own (aotc.search.measure)."""
+    the timeout: the measurer's own `RunnerProcess`, its start failures a DeviceError."""
 
     def __init__(self, main, setup) -> None:
         self.workdir = setup.workdir
-        self.worker = Worker(mp.get_context("spawn"), "aotc-device-runner", main, ({}, setup))
-        self.await_ready()
-
-    def await_ready(self) -> None:
-        w = self.worker
-        while not w.ready:
-            if not w.conn.poll(max(0.0, w.deadline - time.monotonic())):
-                w.kill()
-                raise DeviceError(f"the device's runner process did not start within {STARTUP_TIMEOUT:.0f} s")
-            try:
-                kind, payload = w.receive()
-            except (EOFError, OSError):
-                raise DeviceError(
-                    f"the device's runner process died while starting ({w.death_reason()})"
-                ) from None
-            if kind == "failed":
-                raise DeviceError(f"the device's runner process failed to start:\n{payload}")
+        worker = Worker(mp.get_context("spawn"), "aotc-device-runner", main, ({}, setup))
+        self.runner = RunnerProcess(worker, "the device's runner process")
+        self.worker = worker
+        self._started(self.runner.await_ready)
 
     def run(
         self, path: str, cutoff: float | None, layouts: list, timeout: float
     ) -> tuple[ErrorCode, str, list[float], Noise | None]:
-        w = self.worker
-        if not w.proc.is_alive():
-            w.restart()
-        self.await_ready()
+        return self._started(lambda: self.runner.run((path, cutoff, layouts), timeout))
+
+    @staticmethod
+    def _started(call):
         try:
-            w.submit(0, (path, cutoff, layouts), timeout)
-            if not w.conn.poll(timeout):
-                w.restart()
-                return ErrorCode.RUN_TIMEOUT, f"the kernel did not finish within {timeout:g} s", [], None
-            _, (_, result) = w.receive()
-        except (EOFError, OSError):
-            reason = w.death_reason()
-            w.restart()
-            return (
-                ErrorCode.RUNTIME_DEVICE,
-                f"the device's runner process died while running the kernel ({reason})",
-                [],
-                None,
-            )
-        return result
+            return call()
+        except WorkerStartError as err:
+            raise DeviceError(str(err)) from None
 
     def close(self) -> None:
         self.worker.ask_to_stop()

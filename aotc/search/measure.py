@@ -39,7 +39,16 @@ from aotc.search.timing import (
     gpu_runner_main,
     runner_main,
 )
-from aotc.search.workers import STARTUP_TIMEOUT, Worker, error_text, message_tail, serve, shutdown_workers
+from aotc.search.workers import (
+    STARTUP_TIMEOUT,
+    RunnerProcess,
+    Worker,
+    WorkerStartError,
+    error_text,
+    message_tail,
+    serve,
+    shutdown_workers,
+)
 from aotc.target import Target, arch_of, as_target, host_cores, host_target
 from aotc.te.dag import ComputeDAG
 
@@ -247,11 +256,13 @@ class Measurer:
             self.workdir, ref.path, len(self.dag.placeholders), self.options, self.target, self.threads
         )
         main = self.options.runner or default_runner(self.target)
-        self._runner = Worker(
-            self._ctx, f"aotc-{main.__name__.removesuffix('_main').replace('_', '-')}", main, (env, setup)
-        )
-        self._workers.append(self._runner)
-        self._await_runner()
+        name = f"aotc-{main.__name__.removesuffix('_main').replace('_', '-')}"
+        self._runner = RunnerProcess(Worker(self._ctx, name, main, (env, setup)))
+        self._workers.append(self._runner.worker)
+        try:
+            self._runner.await_ready()
+        except WorkerStartError as err:
+            raise MeasureError(str(err)) from None
 
     def __enter__(self) -> Measurer:
         return self
@@ -386,52 +397,15 @@ class Measurer:
 
     # -- running
 
-    def _await_runner(self) -> None:
-        r = self._runner
-        while not r.ready:
-            if not r.conn.poll(max(0.0, r.deadline - time.monotonic())):
-                r.kill()
-                raise MeasureError(f"the runner process did not start within {STARTUP_TIMEOUT:.0f} s")
-            try:
-                kind, payload = r.receive()
-            except (EOFError, OSError):
-                raise MeasureError(
-                    f"the runner process died while running the naive schedule ({r.death_reason()})"
-                ) from None
-            if kind == "failed":
-                raise MeasureError(f"the runner process failed to start:\n{payload}")
-
     def _run(
         self, path: str, cutoff: float | None, layouts: list
     ) -> tuple[ErrorCode, str, list[float], Noise | None]:
-        r = self._runner
-        if self._runner_lost is not None:
-            return ErrorCode.RUNTIME_DEVICE, self._runner_lost, [], None
-        if not r.proc.is_alive():
-            r.restart()
-        try:
-            self._await_runner()
-        except MeasureError as err:  # a remote device gone: this batch's other results are still kept
-            self._runner_lost = f"the runner cannot start again: {err}"
-            return ErrorCode.RUNTIME_DEVICE, self._runner_lost, [], None
-        timeout = self.options.timeout
-        try:
-            r.submit(0, (path, cutoff, layouts), timeout)
-            if not r.conn.poll(timeout):
-                r.restart()
-                return ErrorCode.RUN_TIMEOUT, f"the kernel did not finish within {timeout:g} s", [], None
-            kind, payload = r.receive()
-        except (EOFError, OSError):
-            reason = r.death_reason()
-            r.restart()
-            return (
-                ErrorCode.RUNTIME_DEVICE,
-                f"the runner process died while running the kernel ({reason})",
-                [],
-                None,
-            )
-        _, result = payload
-        return result
+        if self._runner_lost is None:
+            try:
+                return self._runner.run((path, cutoff, layouts), self.options.timeout)
+            except WorkerStartError as err:  # a remote device gone: this batch's other results are kept
+                self._runner_lost = f"the runner cannot start again: {err}"
+        return ErrorCode.RUNTIME_DEVICE, self._runner_lost, [], None
 
 
 def device_unavailable(target: Target, timeout: float = 60.0) -> str | None:

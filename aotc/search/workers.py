@@ -17,7 +17,16 @@ import time
 import traceback
 from collections.abc import Callable
 
-__all__ = ["STARTUP_TIMEOUT", "Worker", "error_text", "message_tail", "serve", "shutdown_workers"]
+__all__ = [
+    "STARTUP_TIMEOUT",
+    "RunnerProcess",
+    "Worker",
+    "WorkerStartError",
+    "error_text",
+    "message_tail",
+    "serve",
+    "shutdown_workers",
+]
 
 STARTUP_TIMEOUT = 120.0
 _MSG_LIMIT = 4000
@@ -85,6 +94,54 @@ class Worker:
     def stop(self) -> None:
         self.proc.join(timeout=1.0)
         self.kill()
+
+
+class WorkerStartError(RuntimeError):
+    """A worker process did not start; the message says why."""
+
+
+class RunnerProcess:
+    """The runner: a `Worker` running a `RunnerMain` that checks and times one built candidate at a time,
+    restarted when it dies or passes the timeout. The measurer has one, and so has a cluster's device."""
+
+    def __init__(self, worker: Worker, what: str = "the runner process") -> None:
+        self.worker, self.what = worker, what
+
+    def await_ready(self) -> None:
+        """Wait for the runner's setup (it runs the reference first); WorkerStartError if it fails."""
+        w = self.worker
+        while not w.ready:
+            if not w.conn.poll(max(0.0, w.deadline - time.monotonic())):
+                w.kill()
+                raise WorkerStartError(f"{self.what} did not start within {STARTUP_TIMEOUT:.0f} s")
+            try:
+                kind, payload = w.receive()
+            except (EOFError, OSError):
+                raise WorkerStartError(f"{self.what} died while starting ({w.death_reason()})") from None
+            if kind == "failed":
+                raise WorkerStartError(f"{self.what} failed to start:\n{payload}")
+
+    def run(self, request: tuple, timeout: float) -> tuple:
+        """The runner's answer to `request` (candidate path, cutoff, layouts); RUN_TIMEOUT or
+        RUNTIME_DEVICE (restarting it) when it passes `timeout` or dies. WorkerStartError when a
+        restarted runner cannot start."""
+        from aotc.search.common import ErrorCode
+
+        w = self.worker
+        if not w.proc.is_alive():
+            w.restart()
+        self.await_ready()
+        try:
+            w.submit(0, request, timeout)
+            if not w.conn.poll(timeout):
+                w.restart()
+                return ErrorCode.RUN_TIMEOUT, f"the kernel did not finish within {timeout:g} s", [], None
+            _, (_, result) = w.receive()
+        except (EOFError, OSError):
+            reason = w.death_reason()
+            w.restart()
+            return ErrorCode.RUNTIME_DEVICE, f"{self.what} died while running the kernel ({reason})", [], None
+        return result
 
 
 def shutdown_workers(workers: list[Worker], workdir: str) -> None:
