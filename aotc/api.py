@@ -158,10 +158,12 @@ def tune(
     search_task = task if isinstance(task, SearchTask) else SearchTask(task, target)
     if search_task.target != target:
         raise ValueError(f"the task is for {search_task.target}, not {target}")
-    return search_task.tune(
-        options.trials if options.trials is not None else 200,
-        records=options.records,
-        params=options.search,
-        measure_options=options.measured_on(),
-        log=log,
-    )
+    with options.measurers() as open_measurer:
+        return search_task.tune(
+            options.trials if options.trials is not None else 200,
+            records=options.records,
+            params=options.search,
+            measure_options=options.measure,
+            log=log,
+            open_measurer=open_measurer,
+        )

@@ -135,6 +135,27 @@ def tasks_table(scheduler, current: int | None = None):
     return table(columns, rows, right=("ID", "Latency (ms)", "GFLOP/s", "Trials", "Weight"))
 
 
+def devices_line(devices: Sequence[dict], queue_depth: int) -> str:
+    """A cluster's devices in a few words: how many measured in the round, of how many, the queue."""
+    ready = [d for d in devices if d["state"] == "ready"]
+    used = sum(1 for d in devices if d["batch_trials"])
+    out = [d for d in devices if d["state"] != "ready"]
+    named = ", ".join(f"{d['name']} {d['state']}" for d in out)
+    gone = f", {len(out)} out ({named})" if out else ""
+    return f"devices {used}/{len(ready)} measuring{gone}, queue {queue_depth}"
+
+
+def devices_table(devices: Sequence[dict]):
+    """A cluster's devices: state, trials in the latest round and in the build, strikes, and why a device
+    is out (docs/cluster.md#observability)."""
+    rows = [
+        [d["name"], d["host"], d["state"], d["batch_trials"], d["trials"], d["strikes"], d["note"][:60]]
+        for d in devices
+    ]
+    columns = ["Device", "Machine", "State", "Round", "Trials", "Strikes", "Note"]
+    return table(columns, rows, right=("Round", "Trials", "Strikes"))
+
+
 # ----------------------------------------------------------------------------- live display
 
 
@@ -234,4 +255,7 @@ class LiveTuning:
             f"round {r.round}: task {r.task} {task.name} ({r.how}), {r.trials} trials"
             + (", improved" if r.improved else "")
         )
-        return Group(head, line, tasks_table(s, current=r.task))
+        parts = [head, line, tasks_table(s, current=r.task)]
+        if s.devices:
+            parts += [Text(devices_line(s.devices, s.queue_depth)), devices_table(s.devices)]
+        return Group(*parts)

@@ -283,14 +283,6 @@ def default_cost(task: Task, default: State, records: list[Record], target: Targ
     return min(costs) if costs else None
 
 
-def measured_by(host: dict) -> str:
-    """A record's measuring machine in words: its CPU and cores, and the emulator where it ran under one."""
-    if not isinstance(host, dict):
-        return "unknown"
-    where = f"{host.get('cpu_model') or host.get('cpu') or 'unknown CPU'} ({host.get('cores', '?')} cores)"
-    return f"{where} under {host['emulated']}" if host.get("emulated") else where
-
-
 def build_report(
     recipe: Recipe,
     target: Target,
@@ -306,6 +298,8 @@ def build_report(
 ) -> dict:
     """The build report: per task where its kernel came from, its trials, latency and FLOP rate (best and
     default), the tuning run's totals and curve, and the build's stage timings."""
+    from aotc.search.records import measured_by
+
     counts: dict[str, int] = {}
     devices: dict[str, int] = {}  # which machine measured the records (a cluster's devices, qemu, here)
     for r in records:
@@ -358,6 +352,8 @@ def build_report(
             "seconds": run.summary.seconds,
             "stop_reason": run.summary.stop_reason,
         }
+        if s.devices:  # a cluster's devices: trials, strikes, and why one was lost or quarantined
+            tuning["devices"] = [dict(d) for d in s.devices]
     curve = (
         []
         if run is None

@@ -1,36 +1,34 @@
-"""Tuning on a Ray cluster: devices join it and measure the candidates builds send them
-(docs/cluster.md).
+"""Tuning on a Ray cluster: devices join it and measure the candidates builds send them, built on the
+cluster's CPUs (docs/cluster.md).
 
-Ray is imported only by a runner process that measures on a cluster and by `aotc worker`, never by
-`import aotc` or this package.
+Ray is imported only by a build's cluster driver process and by `aotc worker`, never by `import aotc`
+or this package.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from aotc.cluster.driver import ClusterError
 from aotc.cluster.keys import DeviceKey, device_key
-from aotc.cluster.runner import (
-    CLUSTER_ENV,
-    ClusterError,
-    ClusterRunnerMain,
-    cluster_runner_main,
-    measure_options_for,
-)
+from aotc.cluster.ledger import DeviceLedger, DeviceRow
+from aotc.cluster.measurer import CLUSTER_ENV, Cluster, ClusterMeasurer, check_address
 
 if TYPE_CHECKING:
     import argparse
 
 __all__ = [
     "CLUSTER_ENV",
+    "Cluster",
     "ClusterError",
-    "ClusterRunnerMain",
+    "ClusterMeasurer",
     "DeviceKey",
+    "DeviceLedger",
+    "DeviceRow",
     "add_worker_parser",
-    "cluster_runner_main",
+    "check_address",
     "cmd_worker",
     "device_key",
-    "measure_options_for",
 ]
 
 

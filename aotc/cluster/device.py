@@ -1,12 +1,13 @@
 """The device side of cluster measurement: the Ray actor that checks and times candidates on a device
 (docs/cluster.md#what-runs-where).
 
-A `DeviceRunner` is created by a build (one per measurer) on a node that advertises the device's key, and
-measures by reusing this machine's own runner (`default_runner`: this CPU, its GPU, or qemu) in a local
-worker process, exactly as a local build would: the actor only moves bytes in and results out. Everything
-crossing Ray is plain data (bytes, numbers, strings, dicts), never a pickled aotc object, so a device and
-a build only need the same aotc and Ray versions, not the same process state. Ray is not imported here:
-the build side wraps the class with `ray.remote` (aotc.cluster.runner).
+A build's driver creates a `DeviceRunner` on each node that advertises the key of its target's devices;
+it measures by reusing this machine's own runner (`default_runner`: this CPU, its GPU, or qemu) in a
+local worker process, exactly as a local build would: the actor only moves bytes in and results out.
+`CandidateBuilder`s compile candidates on the nodes that offer CPUs. A task's ComputeDAG reaches both
+pickled by Ray (so every machine of a cluster runs the same aotc version); candidates and results cross
+as plain data (bytes, numbers, strings, dicts). Ray is not imported here: the driver wraps the classes
+with `ray.remote` (aotc.cluster.driver).
 """
 
 from __future__ import annotations
@@ -21,10 +22,8 @@ import tempfile
 from aotc.search.common import ErrorCode, Noise
 from aotc.search.workers import RunnerProcess, Worker, WorkerStartError
 
-__all__ = ["DeviceError", "DeviceRunner", "LocalRunner", "elf_machine_problem", "plain_result"]
+__all__ = ["CandidateBuilder", "DeviceError", "DeviceRunner", "LocalRunner", "plain_result"]
 
-# ELF e_machine of the architectures a device's Python may run on
-_ELF_MACHINES = {"x86_64": 62, "aarch64": 183, "arm": 40}
 _WORKDIR_PREFIX = "aotc-device-"
 
 
@@ -58,26 +57,6 @@ class LocalRunner:
     def close(self) -> None:
         self.worker.ask_to_stop()
         self.worker.stop()
-
-
-def elf_machine_problem(library: bytes) -> str | None:
-    """Why this device's Python cannot load `library` (an ELF for another architecture), or None.
-
-    The reference library is loaded by the device's runner in Python on the device's own CPU (also when
-    it runs the candidates under qemu or on a GPU); a build decides what it is built for, so a mismatch
-    is said here instead of failing in dlopen (docs/cluster.md#what-runs-where)."""
-    import llvmlite.binding as llvm
-
-    from aotc.target import arch_of
-
-    here = arch_of(llvm.get_process_triple())
-    if library[:4] != b"\x7fELF" or len(library) < 20:
-        return "the reference library is not an ELF shared library"
-    machine = int.from_bytes(library[18:20], "little" if library[5] == 1 else "big")
-    if _ELF_MACHINES.get(here) == machine:
-        return None
-    built = next((arch for arch, m in _ELF_MACHINES.items() if m == machine), f"ELF machine {machine}")
-    return f"the reference library was built for {built}, and this device's runner loads it on {here}"
 
 
 def _remove_dead_workdirs() -> None:
@@ -124,24 +103,26 @@ class DeviceRunner:
         self.busy = False
         self.measured = 0
 
-    def setup(self, reference: bytes, n_inputs: int, options: dict, target_text: str, threads: int) -> dict:
-        """Start the local runner for a task; returns the device's host info as its records would carry it."""
-        from aotc.search.measure import MeasureOptions, default_runner
+    def setup(self, dag, options: dict, target_text: str, threads: int) -> dict:
+        """Start the local runner for a task (its ComputeDAG): the device builds the naive schedule it
+        checks candidates against itself, for the CPU its Python runs on where it runs the candidates
+        under qemu or on a GPU. Returns the device's host info as its records carry it."""
+        from aotc.search.measure import MeasureOptions, build_candidate, default_runner
         from aotc.search.records import measuring_host
         from aotc.search.timing import RunnerSetup
         from aotc.target import parse_target
 
-        problem = elf_machine_problem(reference)
-        if problem:
-            raise DeviceError(f"{problem} (docs/cluster.md#what-runs-where)")
         target = parse_target(target_text)
         opts = MeasureOptions(**options)
         self._close_local()
-        ref_path = os.path.join(self.workdir, "reference.so")
-        with open(ref_path, "wb") as f:
-            f.write(reference)
+        # a folder per task: the runner keeps the task's reference outputs there (reference.npz)
+        taskdir = os.path.join(self.workdir, f"task{next(self.names)}")
+        os.mkdir(taskdir)
+        reference = build_candidate(dag, target, os.path.join(taskdir, "reference"), ("reference", []))
+        if reference.error:
+            raise DeviceError(f"the naive schedule of {dag} does not build here: {reference.msg}")
         main = default_runner(target)
-        setup = RunnerSetup(self.workdir, ref_path, n_inputs, opts, target, threads)
+        setup = RunnerSetup(taskdir, reference.path, len(dag.placeholders), opts, target, threads)
         self.local = LocalRunner(main, setup)
         self.timeout = opts.timeout
         self.suffix = ".gpu.json" if target.is_gpu else ".so"
@@ -152,7 +133,7 @@ class DeviceRunner:
         if self.local is None:
             raise DeviceError("the device runner was not set up")
         # a fresh name each time: dlopen of a path it still holds open would return the old kernel
-        path = os.path.join(self.workdir, f"c{next(self.names)}{self.suffix}")
+        path = os.path.join(self.local.workdir, f"c{next(self.names)}{self.suffix}")
         with open(path, "wb") as f:
             f.write(candidate)
         self.busy = True
@@ -179,4 +160,49 @@ class DeviceRunner:
     def _close_local(self) -> None:
         if self.local is not None:
             self.local.close()
+            shutil.rmtree(self.local.workdir, ignore_errors=True)
             self.local = None
+
+
+class CandidateBuilder:
+    """Compiles candidates for a cluster build on any node with a CPU to spare: one Ray actor per CPU,
+    each building one candidate at a time in its own process (a crash or a hang costs only that actor,
+    which the driver replaces). `build` answers (what happened, the built file's bytes or None)."""
+
+    def __init__(self) -> None:
+        _remove_dead_workdirs()
+        self.workdir = tempfile.mkdtemp(prefix=f"{_WORKDIR_PREFIX}{os.getpid()}-")
+        self.names = itertools.count()
+        self.targets: dict = {}
+
+    def ping(self) -> bool:
+        """True once the actor is up (its imports done), so a build's timeout counts only the build."""
+        import aotc.codegen.module  # noqa: F401
+        import aotc.schedule.lower  # noqa: F401
+
+        return True
+
+    def build(self, dag, target_text: str, task: tuple[str, object]) -> tuple[dict, bytes | None]:
+        from aotc.search.measure import build_candidate
+        from aotc.target import parse_target
+
+        target = self.targets.get(target_text) or self.targets.setdefault(
+            target_text, parse_target(target_text)
+        )
+        built = build_candidate(dag, target, os.path.join(self.workdir, f"c{next(self.names)}"), task)
+        meta = {
+            "error": int(built.error),
+            "msg": built.msg,
+            "seconds": built.seconds,
+            "layouts": built.layouts,
+        }
+        if built.path is None:
+            return meta, None
+        try:
+            with open(built.path, "rb") as f:
+                return meta, f.read()
+        finally:
+            os.unlink(built.path)
+
+    def __ray_shutdown__(self) -> None:
+        shutil.rmtree(self.workdir, ignore_errors=True)

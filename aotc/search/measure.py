@@ -52,7 +52,17 @@ from aotc.search.workers import (
 from aotc.target import Target, arch_of, as_target, host_cores, host_target
 from aotc.te.dag import ComputeDAG
 
-__all__ = ["KERNEL_NAME", "BatchStats", "MeasureError", "MeasureOptions", "Measurer", "device_unavailable"]
+__all__ = [
+    "KERNEL_NAME",
+    "BatchStats",
+    "Built",
+    "MeasureError",
+    "MeasureOptions",
+    "Measurer",
+    "build_candidate",
+    "device_unavailable",
+    "reference_target",
+]
 
 
 class MeasureError(RuntimeError):
@@ -127,18 +137,25 @@ class MeasureOptions:
 
 @dataclass(frozen=True)
 class BatchStats:
-    """Wall seconds of one `measure` call: the parallel build phase, then the serial run phase."""
+    """Wall seconds of one `measure` call: the parallel build phase, then the serial run phase (on a
+    cluster, where the two overlap: until the last build came back, then the rest). On a cluster,
+    `devices` holds its devices after the batch (aotc.cluster.DeviceRow as dicts) and `queue_depth` the
+    most candidates that waited for a device."""
 
     candidates: int
     build_seconds: float
     run_seconds: float
+    devices: tuple = ()
+    queue_depth: int = 0
 
 
 # ----------------------------------------------------------------------------- builder side
 
 
 @dataclass
-class _Built:
+class Built:
+    """A built candidate: its library (or GPU JSON) at `path`, or why it did not build."""
+
     error: ErrorCode
     msg: str = ""
     path: str | None = None
@@ -148,26 +165,36 @@ class _Built:
 
 def _builder_main(conn, dag: ComputeDAG, target: Target, workdir: str, env: dict[str, str]) -> None:
     counter = itertools.count()
-    suffix = ".gpu.json" if target.is_gpu else ".so"
-    on_host_only = target.is_gpu or emulated_arch(target) is not None  # where Python runs the reference
 
     def setup():
         import aotc.codegen.module  # noqa: F401  (import before the first task, not during it)
         import aotc.schedule.lower  # noqa: F401
 
-        def build(task: tuple[str, object]) -> _Built:
-            path = os.path.join(workdir, f"b{os.getpid()}_{next(counter)}{suffix}")
-            if task[0] == "reference" and on_host_only:  # checked against the naive schedule on this CPU
-                return _build_one(dag, host_target(), path.replace(suffix, ".so"), task)
-            return _build_one(dag, target, path, task)
+        def build(task: tuple[str, object]) -> Built:
+            name = os.path.join(workdir, f"b{os.getpid()}_{next(counter)}")
+            return build_candidate(dag, target, name, task)
 
         return build
 
     serve(conn, env, setup)
 
 
-def _build_one(dag: ComputeDAG, target: Target, path: str, task: tuple[str, object]) -> _Built:
-    """Lower and compile one candidate: ("steps", step records), ("func", PrimFunc) or the naive ("reference", [])."""
+def reference_target(target: Target) -> Target:
+    """What the naive schedule is built for: the runner's Python loads it and checks candidates against
+    its outputs, on this CPU also when the candidates run on a GPU or under qemu."""
+    return host_target() if target.is_gpu or emulated_arch(target) is not None else target
+
+
+def build_candidate(dag: ComputeDAG, target: Target, name: str, task: tuple[str, object]) -> Built:
+    """Lower and compile one candidate to `name` plus its suffix (.so, or .gpu.json for a GPU):
+    ("steps", step records), ("func", PrimFunc), or the naive ("reference", []), built for
+    `reference_target(target)`."""
+    if task[0] == "reference":
+        target = reference_target(target)
+    return _build_one(dag, target, name + (".gpu.json" if target.is_gpu else ".so"), task)
+
+
+def _build_one(dag: ComputeDAG, target: Target, path: str, task: tuple[str, object]) -> Built:
     from aotc.codegen.module import build_module
     from aotc.schedule.layout import rewrite_layout
     from aotc.schedule.lower import lower
@@ -188,15 +215,15 @@ def _build_one(dag: ComputeDAG, target: Target, path: str, task: tuple[str, obje
         else:
             func = replace(payload, name=KERNEL_NAME)
     except Exception as err:
-        return _Built(ErrorCode.INSTANTIATION_ERROR, error_text(err), seconds=time.perf_counter() - start)
+        return Built(ErrorCode.INSTANTIATION_ERROR, error_text(err), seconds=time.perf_counter() - start)
     try:
         if target.is_gpu:
             _build_gpu(func, target, path)
         else:
             build_module([func], target, path)
     except Exception as err:
-        return _Built(ErrorCode.COMPILE_HOST, error_text(err), seconds=time.perf_counter() - start)
-    return _Built(ErrorCode.NO_ERROR, path=path, seconds=time.perf_counter() - start, layouts=layouts)
+        return Built(ErrorCode.COMPILE_HOST, error_text(err), seconds=time.perf_counter() - start)
+    return Built(ErrorCode.NO_ERROR, path=path, seconds=time.perf_counter() - start, layouts=layouts)
 
 
 def _build_gpu(func: PrimFunc, target: Target, path: str) -> None:
@@ -221,10 +248,12 @@ def _build_gpu(func: PrimFunc, target: Target, path: str) -> None:
 class Measurer:
     """Builds and runs candidates of one task on this host; use as a context manager (or call close)."""
 
+    measures_here = True  # False for a measurer whose candidates run elsewhere (aotc.cluster)
+
     def __init__(self, dag: ComputeDAG, target: Target | str, options: MeasureOptions | None = None):
         target = as_target(target)
         options = options or MeasureOptions()
-        if options.runner is None:  # a runner of one's own runs wherever it runs
+        if options.runner is None and self.measures_here:  # a runner of one's own runs wherever it runs
             _check_runnable(target)
         self.dag, self.target = dag, target
         self.options = options
@@ -322,7 +351,7 @@ class Measurer:
         self.last_batch = BatchStats(n, build_wall, time.perf_counter() - start)
         return results  # type: ignore[return-value]
 
-    def _run_built(self, built: _Built, build_share: float, cutoff: float | None) -> MeasureResult:
+    def _run_built(self, built: Built, build_share: float, cutoff: float | None) -> MeasureResult:
         if built.error:
             return MeasureResult([], built.error, built.msg, build_seconds=build_share)
         start = time.perf_counter()
@@ -338,9 +367,9 @@ class Measurer:
 
     # -- building
 
-    def _build(self, tasks: list[tuple[str, object]]) -> list[_Built]:
+    def _build(self, tasks: list[tuple[str, object]]) -> list[Built]:
         """Build every task on the pool; a builder that times out or dies is restarted."""
-        out: list[_Built | None] = [None] * len(tasks)
+        out: list[Built | None] = [None] * len(tasks)
         queue = deque(range(len(tasks)))
         while queue or any(w.task is not None for w in self._builders):
             for w in self._builders:
@@ -357,7 +386,7 @@ class Measurer:
             queue.appendleft(t)
             w.restart()
 
-    def _collect_builds(self, out: list[_Built | None]) -> None:
+    def _collect_builds(self, out: list[Built | None]) -> None:
         waiting = [w for w in self._builders if w.task is not None or not w.ready]
         timeout = max(0.0, min(w.deadline for w in waiting) - time.monotonic())
         for conn in wait_for_connections([w.conn for w in waiting], timeout):
@@ -381,18 +410,18 @@ class Measurer:
             if w.deadline <= now and (w.task is not None or not w.ready):
                 self._builder_timed_out(w, out)
 
-    def _builder_died(self, w: Worker, out: list[_Built | None]) -> None:
+    def _builder_died(self, w: Worker, out: list[Built | None]) -> None:
         reason = w.death_reason()
         if w.task is None:
             raise MeasureError(f"a builder process died while starting ({reason})")
-        out[w.task] = _Built(ErrorCode.COMPILE_HOST, f"the builder process died ({reason})")
+        out[w.task] = Built(ErrorCode.COMPILE_HOST, f"the builder process died ({reason})")
         w.restart()
 
-    def _builder_timed_out(self, w: Worker, out: list[_Built | None]) -> None:
+    def _builder_timed_out(self, w: Worker, out: list[Built | None]) -> None:
         if w.task is None:
             raise MeasureError(f"a builder process did not start within {STARTUP_TIMEOUT:.0f} s")
         limit = self.options.build_timeout
-        out[w.task] = _Built(ErrorCode.BUILD_TIMEOUT, f"building took longer than {limit:g} s")
+        out[w.task] = Built(ErrorCode.BUILD_TIMEOUT, f"building took longer than {limit:g} s")
         w.restart()
 
     # -- running

@@ -3,15 +3,16 @@ and the one options object (`TuningOptions`) that says how much, where records g
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from aotc.search.measure import MeasureOptions
+from aotc.search.measure import MeasureOptions, Measurer
 from aotc.search.params import SearchParams
 from aotc.search.records import Record
 from aotc.search.scheduler import SearchRounds, TaskScheduler, TuneSummary
@@ -120,14 +121,18 @@ class TuningOptions:
         """A budget is set and it is not zero trials."""
         return self.trials != 0 and (self.trials is not None or self.deadline is not None)
 
-    def measured_on(self) -> MeasureOptions:
-        """`measure`, with the cluster's devices as the runner where `cluster` is set (Ray is imported
-        only by the runner process then)."""
+    @contextlib.contextmanager
+    def measurers(self) -> Iterator[Callable[..., Measurer]]:
+        """What opens a tuning run's measurers (`Measurer`'s signature): this machine's, or with `cluster`
+        those of the cluster's devices, through one driver process kept for the run (the only process
+        that imports Ray; docs/cluster.md#builds)."""
         if self.cluster is None:
-            return self.measure
-        from aotc.cluster import measure_options_for
+            yield Measurer
+            return
+        from aotc.cluster import Cluster
 
-        return measure_options_for(self.cluster, self.measure)
+        with Cluster(self.cluster) as cluster:
+            yield cluster.open_measurer
 
     def replace(self, **changes) -> TuningOptions:
         return replace(self, **changes)
@@ -178,68 +183,71 @@ def tune_tasks(
     initial = [[default_schedule(t.dag, target), *seed] for t, seed in zip(tasks, seeds)]
     model = XGBCostModel()
     params = options.search
-    # a cluster's device measures for one measurer at a time: one open measurer frees it for the next task
-    open_measurers = 1 if options.cluster is not None else 2
-    rounds = SearchRounds(
-        tasks,
-        target,
-        model,
-        records,
-        options.measured_on(),
-        initial,
-        params=params,
-        max_open_measurers=open_measurers,
-    )
-    scheduler = TaskScheduler(
-        tasks,
-        rounds,
-        strategy=params.strategy,
-        per_round=params.per_round,
-        seed=params.seed,
-        callbacks=callbacks,
-        log=log,
-        baseline_trials=[1] * len(tasks),  # set per task below, once resumed records are known
-    )
-    restored = [0] * len(tasks)
-    only_seeds = trials == 0
-    for i, (search, cached) in enumerate(zip(rounds.searches, cached_costs)):
-        if cached is not None and not resume:
-            scheduler.restore(i, 0, cached, dead="cached")
-            continue
-        done = search.resume(known, train=False)
-        if resume and done:
-            scheduler.restore(i, done, search.result.best_cost)
-            restored[i] = done
-        scheduler.baseline_trials[i] = search.pending_initial()
-        if only_seeds and not (seeds[i] and scheduler.baseline_trials[i]):
-            scheduler.restore(i, 0, search.result.best_cost, dead="no transferred schedule to measure")
-    todo = len(scheduler.live())
-    if not todo:
-        log(f"all {len(tasks)} tasks have tuned records: nothing to tune")
-        return TuningRun(scheduler, TuneSummary(0, 0, 0.0, "every task is done"), [0] * len(tasks))
-    if only_seeds:
-        trials = sum(scheduler.baseline_trials[i] for i in scheduler.live())
-        log(
-            f"measuring {sum(len(seeds[i]) for i in scheduler.live())} schedule(s) transferred from other "
-            f"CPUs next to the default schedules of {todo} of {len(tasks)} tasks"
+    with options.measurers() as open_measurer:  # a cluster's driver lives as long as the run
+        rounds = SearchRounds(
+            tasks,
+            target,
+            model,
+            records,
+            options.measure,
+            initial,
+            params=params,
+            open_measurer=open_measurer,
         )
-    else:
-        if warm_start is not None:
-            warm_start(model)
-        limits = [f"{trials} trials" if trials is not None else "", "a deadline" if deadline else ""]
-        log(f"tuning {todo} of {len(tasks)} tasks with {' and '.join(x for x in limits if x)}")
-        if trials is not None:
-            warn_small_budget(scheduler, trials, params.per_round)
-    try:
-        summary = scheduler.tune(trials, deadline)
-    finally:
-        for callback in callbacks:  # a display of the tuning (aotc.progress.LiveTuning) ends with it
-            close = getattr(callback, "close", None)
-            if callable(close):
-                close()
-    if deadline is not None and not only_seeds and summary.stop_reason == "deadline":
-        warn_short_deadline(scheduler)
-    return TuningRun(scheduler, summary, [p.trials - r for p, r in zip(scheduler.progress, restored)])
+        scheduler = TaskScheduler(
+            tasks,
+            rounds,
+            strategy=params.strategy,
+            per_round=params.per_round,
+            seed=params.seed,
+            callbacks=callbacks,
+            log=log,
+            baseline_trials=[1] * len(tasks),  # set per task below, once resumed records are known
+        )
+        restored = [0] * len(tasks)
+        only_seeds = trials == 0
+        for i, (search, cached) in enumerate(zip(rounds.searches, cached_costs)):
+            if cached is not None and not resume:
+                scheduler.restore(i, 0, cached, dead="cached")
+                continue
+            done = search.resume(known, train=False)
+            if resume and done:
+                scheduler.restore(i, done, search.result.best_cost)
+                restored[i] = done
+            scheduler.baseline_trials[i] = search.pending_initial()
+            if only_seeds and not (seeds[i] and scheduler.baseline_trials[i]):
+                scheduler.restore(i, 0, search.result.best_cost, dead="no transferred schedule to measure")
+        todo = len(scheduler.live())
+        if not todo:
+            log(f"all {len(tasks)} tasks have tuned records: nothing to tune")
+            return TuningRun(scheduler, TuneSummary(0, 0, 0.0, "every task is done"), [0] * len(tasks))
+        if only_seeds:
+            trials = sum(scheduler.baseline_trials[i] for i in scheduler.live())
+            log(
+                f"measuring {sum(len(seeds[i]) for i in scheduler.live())} schedule(s) transferred from other "
+                f"CPUs next to the default schedules of {todo} of {len(tasks)} tasks"
+            )
+        else:
+            if warm_start is not None:
+                warm_start(model)
+            limits = [f"{trials} trials" if trials is not None else "", "a deadline" if deadline else ""]
+            log(f"tuning {todo} of {len(tasks)} tasks with {' and '.join(x for x in limits if x)}")
+            if trials is not None:
+                warn_small_budget(scheduler, trials, params.per_round)
+        try:
+            summary = scheduler.tune(trials, deadline)
+        finally:
+            for callback in callbacks:  # a display of the tuning (aotc.progress.LiveTuning) ends with it
+                close = getattr(callback, "close", None)
+                if callable(close):
+                    close()
+        if scheduler.devices:  # a cluster's devices, once more: which measured, which were lost or quarantined
+            from aotc.progress import devices_table, render_text
+
+            log(f"the cluster's devices:\n{render_text(devices_table(scheduler.devices))}")
+        if deadline is not None and not only_seeds and summary.stop_reason == "deadline":
+            warn_short_deadline(scheduler)
+        return TuningRun(scheduler, summary, [p.trials - r for p, r in zip(scheduler.progress, restored)])
 
 
 def warn_small_budget(scheduler: TaskScheduler, trials: int, per_round: int) -> None:

@@ -66,6 +66,7 @@ __all__ = [
     "rank_cost",
     "read_record_file",
     "is_emulated",
+    "measured_by",
     "measuring_host",
     "record_problem",
 ]
@@ -330,6 +331,14 @@ def measuring_host(target: Target) -> dict:
     if target.is_cpu and target.isa != arch_of(llvm.get_process_triple()) and target.isa in EMULATORS:
         info = {**info, "emulated": f"{EMULATORS[target.isa].qemu} -cpu {qemu_cpu(target)}"}
     return info
+
+
+def measured_by(host: dict) -> str:
+    """A record's measuring machine in words: its CPU and cores, and the emulator where it ran under one."""
+    if not isinstance(host, dict):
+        return "unknown"
+    where = f"{host.get('cpu_model') or host.get('cpu') or 'unknown CPU'} ({host.get('cores', '?')} cores)"
+    return f"{where} under {host['emulated']}" if host.get("emulated") else where
 
 
 def is_emulated(rec: Record) -> bool:

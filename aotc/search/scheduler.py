@@ -62,6 +62,8 @@ class RoundOutcome:
     costs: list[float]
     fixed_seconds: float = 0.0
     error: str = ""
+    devices: tuple = ()  # a cluster's devices after the round (aotc.cluster.DeviceRow as dicts)
+    queue_depth: int = 0  # the most candidates that waited for a device in the round
 
 
 RoundFn = Callable[[int, int], RoundOutcome]
@@ -223,6 +225,8 @@ class TaskScheduler:
                 self.group_of[i] = members
         self.curve: list[tuple[int, float, float]] = []
         self.history: list[RoundReport] = []
+        self.devices: tuple = ()  # a cluster's devices after the latest round (DeviceRow dicts)
+        self.queue_depth = 0  # the most candidates that waited for a device in that round
         self.total_trials = 0
         self.round_count = 0
         # (task, fixed seconds, seconds per trial) per round
@@ -354,6 +358,8 @@ class TaskScheduler:
         wall = time.monotonic() - t0
         p = self.progress[i]
         improved = False
+        if outcome.devices:
+            self.devices, self.queue_depth = outcome.devices, outcome.queue_depth
         if not outcome.costs:
             p.dead = outcome.error or "the search finds nothing new"
         else:
@@ -476,11 +482,16 @@ class TaskScheduler:
             clock = f"  {r.seconds:6.1f}/{self._deadline - self._start:.0f} s"
         else:
             clock = f"  {r.seconds:6.1f} s"
-        return (
+        line = (
             f"round {r.round:3d}  trials {r.total_trials}{budget}{clock}  "
             f"est. latency {_ms(r.latency)} ms  | task {r.task} {task.name} ({r.how}): "
             f"{r.trials} trials, best {_ms(best)} ms"
         )
+        if self.devices:
+            from aotc.progress import devices_line
+
+            line += f"  | {devices_line(self.devices, self.queue_depth)}"
+        return line
 
     def rows(self) -> list[dict]:
         """Per task: id, name, trials, best latency (s; None if none valid), GFLOP/s, weight, dead reason."""
@@ -505,6 +516,10 @@ class TaskScheduler:
         from aotc.progress import render_text, tasks_table
 
         lines = [render_text(tasks_table(self))]
+        if self.devices:
+            from aotc.progress import devices_table
+
+            lines.append(render_text(devices_table(self.devices)))
         lines.append(
             f"estimated end-to-end latency: {_ms(self.estimated_latency())} ms  "
             f"trials: {self.total_trials}  elapsed: {time.monotonic() - self._start:.1f} s"
@@ -521,10 +536,17 @@ def _ms(seconds: float) -> str:
 
 class MeasurerPool:
     """Open measurers by task, at most `capacity` at once (each owns worker processes); the least
-    recently used is closed first."""
+    recently used is closed first. `open_measurer` opens one (`Measurer`'s signature; a cluster's)."""
 
-    def __init__(self, target: Target | str, options: MeasureOptions | None, capacity: int = 2):
+    def __init__(
+        self,
+        target: Target | str,
+        options: MeasureOptions | None,
+        capacity: int = 2,
+        open_measurer: Callable[..., Measurer] = Measurer,
+    ):
         self.target, self.options, self.capacity = as_target(target), options, capacity
+        self.open_measurer = open_measurer
         self._open: OrderedDict[int, Measurer] = OrderedDict()
 
     def get(self, i: int, dag: ComputeDAG) -> Measurer:
@@ -534,7 +556,7 @@ class MeasurerPool:
         while len(self._open) >= self.capacity:
             _, old = self._open.popitem(last=False)
             old.close()
-        measurer = Measurer(dag, self.target, self.options)
+        measurer = self.open_measurer(dag, self.target, self.options)
         self._open[i] = measurer
         return measurer
 
@@ -552,7 +574,8 @@ class MeasurerPool:
 class SearchRounds:
     """The real round function: one TaskSearch per task sharing `model`, records appended to `records`,
     `initial_states[i]` (e.g. the default schedule) measured in task i's first round; task i searches
-    with `params` seeded `params.seed + i`."""
+    with `params` seeded `params.seed + i`; `open_measurer` opens task i's measurer (default `Measurer`:
+    this machine)."""
 
     def __init__(
         self,
@@ -565,6 +588,7 @@ class SearchRounds:
         *,
         params: SearchParams | None = None,
         max_open_measurers: int = 2,
+        open_measurer: Callable[..., Measurer] = Measurer,
     ):
         self.tasks = list(tasks)
         params = params or SearchParams()
@@ -579,7 +603,7 @@ class SearchRounds:
             )
             for i, t in enumerate(self.tasks)
         ]
-        self.pool = MeasurerPool(target, measure_options, max_open_measurers)
+        self.pool = MeasurerPool(target, measure_options, max_open_measurers, open_measurer)
 
     def __call__(self, i: int, n: int) -> RoundOutcome:
         t0 = time.perf_counter()
@@ -601,7 +625,13 @@ class SearchRounds:
             self.pool.drop(i)  # a measurer interrupted mid-batch is not reused
             raise
         costs = [search.cost_of(s) for s in states]
-        return RoundOutcome([math.inf if c is None else c for c in costs], fixed)
+        batch = measurer.last_batch
+        return RoundOutcome(
+            [math.inf if c is None else c for c in costs],
+            fixed,
+            devices=batch.devices if batch else (),
+            queue_depth=batch.queue_depth if batch else 0,
+        )
 
     def close(self) -> None:
         self.pool.close()

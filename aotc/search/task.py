@@ -68,13 +68,15 @@ class SearchTask:
         early_stopping: int | None = None,
         initial_states: Sequence[State] = (),
         log: Callable[[str], None] | None = None,
+        open_measurer: Callable[..., Measurer] = Measurer,
     ) -> TuneResult:
         """Measure up to `trials` candidates, `params.per_round` a round; the best valid one wins.
         Records are appended to `records`; `early_stopping` stops after that many trials without
         improvement.
 
         `initial_states` (e.g. the default schedule) are measured in the first round, so the result is
-        never worse than them.
+        never worse than them. `open_measurer` opens the measurer (`Measurer`: this machine; a cluster's
+        `Cluster.open_measurer`).
         """
         log = log or _default_log
         search = TaskSearch(self, model or _default_model(), records, params, initial_states)
@@ -83,7 +85,7 @@ class SearchTask:
             search.resume_from(Path(records))
         result = search.result
         last_improvement = result.trials
-        with Measurer(self.dag, self.target, measure_options) as measurer:
+        with open_measurer(self.dag, self.target, measure_options) as measurer:
             while result.trials < trials:
                 info = search.round(measurer, min(batch, trials - result.trials))
                 if info is None:

@@ -171,8 +171,8 @@ def serve(conn, env: dict[str, str], setup: Callable[[], Callable]) -> None:
     _child_setup(env)
     try:
         handle = setup()
-    except BaseException:
-        conn.send(("failed", message_tail(traceback.format_exc())))
+    except BaseException as err:  # an expected error says its message, a bug its traceback
+        conn.send(("failed", error_text(err)))
         return
     conn.send(("ready", None))
     while (msg := conn.recv()) is not None:
