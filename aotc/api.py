@@ -158,7 +158,7 @@ def tune(
     search_task = task if isinstance(task, SearchTask) else SearchTask(task, target)
     if search_task.target != target:
         raise ValueError(f"the task is for {search_task.target}, not {target}")
-    with options.measurers() as open_measurer:
+    with options.measurers(target) as open_measurer:
         return search_task.tune(
             options.trials if options.trials is not None else 200,
             records=options.records,

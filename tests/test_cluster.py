@@ -31,6 +31,7 @@ from aotc.schedule.default import default_schedule
 from aotc.schedule.state import State
 from aotc.search.common import ErrorCode
 from aotc.search.measure import MeasureError, MeasureOptions
+from aotc.search.records import measured_by
 from aotc.target import host_target, parse_target
 
 from .random_schedules import random_state
@@ -207,6 +208,7 @@ def test_a_measurer_measures_on_the_clusters_device(cluster):
     assert crash.error == ErrorCode.RUNTIME_DEVICE, crash.error_msg
     assert "device's runner process died" in crash.error_msg and "SIGSEGV" in crash.error_msg
     assert device["state"] == "ready" and device["batch_trials"] == 3 and device["trials"] == 5
+    assert all(r.host["device"] == device["name"] for r in (default, rand, ok))
     assert _eventually(lambda: not _device_actors(key)), "the device actor outlived the build's driver"
 
 
@@ -434,10 +436,44 @@ def test_a_build_tunes_through_the_cluster_as_it_would_here(cluster, tmp_path):
         if address:
             (device,) = report["tuning"]["devices"]
             assert device["state"] == "ready" and device["trials"] == len(measured)
+            assert list(report["tuning"]["measured_by"]) == [measured_by(measured[0]["host"])]
+            assert measured_by(measured[0]["host"]).endswith(f" on {device['name']}")
     assert keys["cluster"] == keys["local"]
     assert _eventually(lambda: not _device_actors(device_key(host_target()))), (
         "a device actor outlived the build"
     )
+
+
+@pytest.mark.cluster
+def test_ctrl_c_during_a_cluster_build_stops_tuning_and_ends_the_driver_and_its_actors(cluster, tmp_path):
+    """`aotc build --cluster` interrupted (SIGINT, as Ctrl-C) mid-tuning: as a local build, the package is
+    built from the best schedules so far; the build's driver process ends, and with it the build's actors
+    (its device actor is gone); every record line written is whole."""
+    import json
+
+    from recipes.zoo.onnx_models import mlp, save
+
+    model, records = save(mlp(), tmp_path / "mlp.onnx"), tmp_path / "records.jsonl"
+    recipe = tmp_path / "mlp.yaml"
+    recipe.write_text(
+        f"model: {model}\ninputs:\n  input: {{shape: [1, 64], dtype: float32}}\ntarget: llvm\n"
+        f"output: {tmp_path / 'mlp.aotc'}\ntuning: {{trials: 400, records: {records}, tophub: []}}\n"
+        "validate: false\n"
+    )
+    cmd = [sys.executable, "-m", "aotc.cli", "build", str(recipe), "--cluster", cluster.address]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert _eventually(lambda: records.exists() and len(records.read_text().splitlines()) >= 4, 120)
+        assert _device_actors(device_key(host_target())), "the build measures on the cluster's device"
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130 and "interrupted" in out, out[-3000:]  # 130: interrupted, as a local build
+    assert (tmp_path / "mlp.aotc").exists()
+    assert all(json.loads(line) for line in records.read_text().splitlines())
+    assert _eventually(lambda: not _device_actors(device_key(host_target()))), "a device actor outlived it"
 
 
 @pytest.mark.cluster

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from aotc.cluster.driver import ClusterError
+from aotc.cluster.driver import ClusterError, cluster_problem
 from aotc.cluster.keys import DeviceKey, device_key
 from aotc.cluster.ledger import DeviceLedger, DeviceRow
 from aotc.cluster.measurer import CLUSTER_ENV, Cluster, ClusterMeasurer, check_address
@@ -27,6 +27,7 @@ __all__ = [
     "DeviceRow",
     "add_worker_parser",
     "check_address",
+    "cluster_problem",
     "cmd_worker",
     "device_key",
 ]

@@ -31,6 +31,7 @@ from aotc.search.workers import message_tail, serve
 __all__ = [
     "ClusterDriver",
     "ClusterError",
+    "cluster_problem",
     "connect",
     "device_keys_on",
     "driver_main",
@@ -72,6 +73,20 @@ def connect(address: str):
                 "(docs/cluster.md#setting-up-a-cluster)"
             ) from None
     return ray
+
+
+def cluster_problem(address: str) -> str | None:
+    """Why a build cannot tune on the cluster at `address` at all (Ray not installed, nothing answers at
+    HOST:PORT), or None; checked before tuning starts, without importing Ray."""
+    import importlib.util
+
+    if importlib.util.find_spec("ray") is None:
+        return "tuning on a cluster needs Ray: pip install 'aotc[cluster]'"
+    try:
+        _check_reachable(address)
+    except ClusterError as err:
+        return str(err)
+    return None
 
 
 def _check_reachable(address: str) -> None:
@@ -384,7 +399,7 @@ class ClusterDriver:
             idle = self._idle_devices(exclude=batch.tried[i])
             if not idle:
                 continue
-            d = idle[0]
+            d = min(idle, key=lambda x: self.ledger.rows[x.name].batch_trials)  # spread the batch
             blob, layouts, _ = batch.built[i]
             ref = d.actor.run.remote(blob, batch.cutoff, layouts)
             d.busy = True
@@ -455,8 +470,9 @@ class ClusterDriver:
             job.worker.ready = True
         elif job.kind == "setup":
             d = job.worker
-            d.host = answer.get("host", {})
-            self.ledger.add(d.name, _host_words(d.host))
+            host = answer.get("host", {})
+            self.ledger.add(d.name, _host_words(host))
+            d.host = {**host, "device": d.name}  # in every record it measures
             if job.task == self.task:
                 d.task = self.task
             elif self.ledger.usable(d.name):

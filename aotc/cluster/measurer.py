@@ -146,39 +146,29 @@ class ClusterMeasurer(Measurer):
             self.cluster.current = None
         super().close()
 
-    def _measure(
-        self, n: int, tasks: list, early: dict[int, MeasureResult], cutoff: float | None
-    ) -> list[MeasureResult]:
-        if not self._finalizer.alive:
-            raise MeasureError("the measurer is closed")
+    def _measure_tasks(
+        self, n: int, tasks: list, cutoff: float | None
+    ) -> tuple[list[MeasureResult], BatchStats]:
+        """Built on the cluster's CPUs and measured on its devices; a driver that fails mid-batch makes
+        every candidate of the batch RUNTIME_DEVICE, saying why."""
         start = time.perf_counter()
-        results: list[MeasureResult | None] = [None] * n
-        stats = BatchStats(n, 0.0, 0.0)
-        if tasks:
-            self._take_driver()  # MeasureError: no device takes the task (any more)
-            o = self.options
-            timeout = SETUP_SECONDS + len(tasks) * (o.build_timeout + o.timeout + PER_CANDIDATE_SLACK)
-            try:
-                answer = self.cluster.ask(("measure", (tasks, cutoff)), timeout)
-            except MeasureError as err:  # the driver failed mid-batch: the batch's candidates say so
-                answer = {
-                    "results": [(int(ErrorCode.RUNTIME_DEVICE), str(err), [], None, None, 0.0, 0.0)]
-                    * len(tasks)
-                }
-            for (i, _), r in zip(tasks, answer["results"]):
-                results[i] = _result(r)
-            build_s = answer.get("build_seconds", 0.0)
-            stats = BatchStats(
-                n,
-                build_s,
-                time.perf_counter() - start - build_s,
-                tuple(answer.get("devices", ())),
-                answer.get("queue_depth", 0),
-            )
-        for i, r in early.items():
-            results[i] = r
-        self.last_batch = stats
-        return results  # type: ignore[return-value]
+        self._take_driver()  # MeasureError: no device takes the task (any more)
+        o = self.options
+        timeout = SETUP_SECONDS + len(tasks) * (o.build_timeout + o.timeout + PER_CANDIDATE_SLACK)
+        try:
+            answer = self.cluster.ask(("measure", (tasks, cutoff)), timeout)
+        except MeasureError as err:
+            lost = (int(ErrorCode.RUNTIME_DEVICE), str(err), [], None, None, 0.0, 0.0)
+            answer = {"results": [lost] * len(tasks)}
+        build_s = answer.get("build_seconds", 0.0)
+        stats = BatchStats(
+            n,
+            build_s,
+            time.perf_counter() - start - build_s,
+            tuple(answer.get("devices", ())),
+            answer.get("queue_depth", 0),
+        )
+        return [_result(r) for r in answer["results"]], stats
 
 
 def _result(answer: Sequence) -> MeasureResult:

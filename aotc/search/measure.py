@@ -338,18 +338,27 @@ class Measurer:
     ) -> list[MeasureResult]:
         if not self._finalizer.alive:
             raise MeasureError("the measurer is closed")
+        measured, stats = self._measure_tasks(n, tasks, cutoff) if tasks else ([], BatchStats(n, 0.0, 0.0))
+        results: list[MeasureResult | None] = [None] * n
+        for (i, _), r in zip(tasks, measured):
+            results[i] = r
+        for i, r in early.items():
+            results[i] = replace(r, build_seconds=stats.build_seconds / max(n, 1))
+        self.last_batch = stats
+        return results  # type: ignore[return-value]
+
+    def _measure_tasks(
+        self, n: int, tasks: list, cutoff: float | None
+    ) -> tuple[list[MeasureResult], BatchStats]:
+        """The results of (index, build task) pairs, in order, and the batch's stats (`n` candidates in
+        all): built on the builders, then run one by one."""
         start = time.perf_counter()
-        built = self._build([payload for _, payload in tasks]) if tasks else []
+        built = self._build([payload for _, payload in tasks])
         build_wall = time.perf_counter() - start
         share = build_wall / max(n, 1)
-        results: list[MeasureResult | None] = [None] * n
-        for i, r in early.items():
-            results[i] = replace(r, build_seconds=share)
         start = time.perf_counter()
-        for (i, _), b in zip(tasks, built):
-            results[i] = self._run_built(b, share, cutoff)
-        self.last_batch = BatchStats(n, build_wall, time.perf_counter() - start)
-        return results  # type: ignore[return-value]
+        results = [self._run_built(b, share, cutoff) for b in built]
+        return results, BatchStats(n, build_wall, time.perf_counter() - start)
 
     def _run_built(self, built: Built, build_share: float, cutoff: float | None) -> MeasureResult:
         if built.error:

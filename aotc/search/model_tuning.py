@@ -122,20 +122,39 @@ class TuningOptions:
         return self.trials != 0 and (self.trials is not None or self.deadline is not None)
 
     @contextlib.contextmanager
-    def measurers(self) -> Iterator[Callable[..., Measurer]]:
+    def measurers(self, target: Target) -> Iterator[Callable[..., Measurer]]:
         """What opens a tuning run's measurers (`Measurer`'s signature): this machine's, or with `cluster`
         those of the cluster's devices, through one driver process kept for the run (the only process
-        that imports Ray; docs/cluster.md#builds)."""
+        that imports Ray; docs/cluster.md#builds). A cluster that cannot be reached is a ClusterError,
+        unless the target is this machine's CPU: then the run measures here, and says so."""
         if self.cluster is None:
             yield Measurer
             return
-        from aotc.cluster import Cluster
+        from aotc.cluster import Cluster, ClusterError, cluster_problem
 
+        problem = cluster_problem(self.cluster)
+        if problem and runs_here(target):
+            logging.getLogger("aotc.tuning").warning(f"{problem}: measuring on this machine instead")
+            yield Measurer
+            return
+        if problem:
+            raise ClusterError(
+                f"{problem}; {target} is not this machine's CPU, so it cannot be measured here"
+            )
         with Cluster(self.cluster) as cluster:
             yield cluster.open_measurer
 
     def replace(self, **changes) -> TuningOptions:
         return replace(self, **changes)
+
+
+def runs_here(target: Target) -> bool:
+    """`target` is a CPU of this machine's architecture (its kernels run here for real)."""
+    import llvmlite.binding as llvm
+
+    from aotc.target import arch_of
+
+    return target.is_cpu and arch_of(target.triple) == arch_of(llvm.get_process_triple())
 
 
 @dataclass
@@ -183,7 +202,7 @@ def tune_tasks(
     initial = [[default_schedule(t.dag, target), *seed] for t, seed in zip(tasks, seeds)]
     model = XGBCostModel()
     params = options.search
-    with options.measurers() as open_measurer:  # a cluster's driver lives as long as the run
+    with options.measurers(target) as open_measurer:  # a cluster's driver lives as long as the run
         rounds = SearchRounds(
             tasks,
             target,
@@ -241,7 +260,9 @@ def tune_tasks(
                 close = getattr(callback, "close", None)
                 if callable(close):
                     close()
-        if scheduler.devices:  # a cluster's devices, once more: which measured, which were lost or quarantined
+        if (
+            scheduler.devices
+        ):  # a cluster's devices, once more: which measured, which were lost or quarantined
             from aotc.progress import devices_table, render_text
 
             log(f"the cluster's devices:\n{render_text(devices_table(scheduler.devices))}")

@@ -334,11 +334,13 @@ def measuring_host(target: Target) -> dict:
 
 
 def measured_by(host: dict) -> str:
-    """A record's measuring machine in words: its CPU and cores, and the emulator where it ran under one."""
+    """A record's measuring machine in words: its CPU and cores, the emulator where it ran under one, and
+    the cluster's device (node address/id) that measured it."""
     if not isinstance(host, dict):
         return "unknown"
     where = f"{host.get('cpu_model') or host.get('cpu') or 'unknown CPU'} ({host.get('cores', '?')} cores)"
-    return f"{where} under {host['emulated']}" if host.get("emulated") else where
+    where = f"{where} under {host['emulated']}" if host.get("emulated") else where
+    return f"{where} on {host['device']}" if host.get("device") else where  # a cluster's device
 
 
 def is_emulated(rec: Record) -> bool:

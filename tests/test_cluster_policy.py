@@ -1,11 +1,20 @@
-"""The cluster build's retry and quarantine policy (aotc.cluster.ledger) and how its devices are shown,
-without Ray (docs/cluster.md#faults)."""
+"""What a cluster build decides without Ray: retries and quarantine (aotc.cluster.ledger), how its devices
+are shown, and what a build does when its cluster cannot be reached (docs/cluster.md#faults)."""
 
 from __future__ import annotations
 
+import logging
+import socket
+
+import pytest
+
+from aotc.cluster import ClusterError
 from aotc.cluster.ledger import MAX_ATTEMPTS, QUARANTINE_STRIKES, DeviceLedger
 from aotc.progress import devices_line, devices_table, render_text
 from aotc.search.common import ErrorCode
+from aotc.search.measure import Measurer
+from aotc.search.model_tuning import TuningOptions
+from aotc.target import host_target, parse_target
 
 
 def test_a_crash_or_a_wrong_answer_is_measured_again_elsewhere_a_bounded_number_of_times():
@@ -70,4 +79,37 @@ def test_the_round_line_and_table_name_the_devices_and_why_one_is_out():
     line = devices_line(ledger.table(), ledger.queue_depth)
     assert line == "devices 1/2 measuring, 1 out (10.0.0.4/00aa11bb lost), queue 7"
     text = render_text(devices_table(ledger.table()))
-    assert "10.0.0.3/ef56ab78" in text and "AMD EPYC (2 cores)" in text and "its node left the cluster" in text
+    assert (
+        "10.0.0.3/ef56ab78" in text and "AMD EPYC (2 cores)" in text and "its node left the cluster" in text
+    )
+
+
+def _nobody_listening() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{s.getsockname()[1]}"
+
+
+def test_an_unreachable_cluster_falls_back_to_this_machine_for_its_own_cpu(caplog):
+    address = _nobody_listening()
+    with (
+        caplog.at_level(logging.WARNING, "aotc.tuning"),
+        TuningOptions(cluster=address).measurers(host_target()) as opener,
+    ):
+        assert opener is Measurer
+    assert (
+        f"cannot reach the Ray cluster at {address}" in caplog.text
+        and "measuring on this machine" in caplog.text
+    )
+
+
+def test_an_unreachable_cluster_is_an_error_for_a_target_this_machine_cannot_measure():
+    address = _nobody_listening()
+    target = parse_target("llvm -mtriple=aarch64-linux-gnu -mcpu=cortex-a72")
+    with (
+        pytest.raises(
+            ClusterError, match=f"cannot reach the Ray cluster at {address}.*not this machine's CPU"
+        ),
+        TuningOptions(cluster=address).measurers(target),
+    ):
+        pass
