@@ -43,7 +43,8 @@ NAMESPACE = "aotc"  # the Ray namespace of a build's actors, so that `ray.get_ac
 SETUP_TIMEOUT = 90.0  # for the first device of a task to be placed and set up
 CONNECT_TIMEOUT = 10.0  # for the head's port to accept a connection
 TRANSFER_SLACK = 5.0  # over a timeout, for a candidate's bytes and the answer to travel
-ACTOR_START_TIMEOUT = 120.0  # for a new builder to be placed and import aotc
+ACTOR_START_TIMEOUT = 120.0
+RESTART_SLACK = 30.0  # for a device's runner to start again after a crash or a timeout  # for a new builder to be placed and import aotc
 MAX_BUILDERS = 64
 log = logging.getLogger("aotc.cluster")
 
@@ -153,6 +154,7 @@ class _Device:
     actor: object = None
     task: int = -1  # the task number its runner is set up for
     busy: bool = False
+    restarted: bool = False  # its runner restarts (after a crash or a timeout) before its next candidate
     host: dict = field(default_factory=dict)
 
 
@@ -228,6 +230,7 @@ class ClusterDriver:
         self.task += 1
         self.options = options
         self.setup_args = (ray.put(dag), options, target_text, threads)
+        self._ensure_builders()  # ClusterError now, not a batch later, when no node offers a CPU
         self._refresh_devices()
         deadline = time.monotonic() + SETUP_TIMEOUT
         while not self._idle_devices() and self._setting_up() and time.monotonic() < deadline:
@@ -250,13 +253,17 @@ class ClusterDriver:
         self.ledger.start_batch()
         start = time.monotonic()
         batch = _Batch(tasks, cutoff, [None] * len(tasks), deque(range(len(tasks))))
-        while any(r is None for r in batch.results):
-            self._dispatch(batch)
-            self.ledger.waiting(len(batch.to_run))
-            if not self._can_progress(batch):
-                self._give_up(batch)
-                break
-            self._wait(self._next_deadline(), batch)
+        try:
+            while any(r is None for r in batch.results):
+                self._dispatch(batch)
+                self.ledger.waiting(len(batch.to_run))
+                if not self._can_progress(batch):
+                    self._give_up(batch)
+                    break
+                self._wait(self._next_deadline(), batch)
+        except BaseException:
+            self._abandon()
+            raise
         end = time.monotonic()
         build_end = max(batch.build_done, start)
         return {
@@ -351,6 +358,8 @@ class ClusterDriver:
         """The device's actor died or broke: lost with its node, else a strike and a new actor."""
         self._drop_actor(d)
         alive = any(n["NodeID"] == d.node_id and n["Alive"] for n in self.ray.nodes())
+        if not self.ledger.usable(d.name):  # quarantined or lost already: no more strikes
+            return
         if not alive:
             self.ledger.lost(d.name, f"its node left the cluster ({why})")
         elif self.ledger.strike(d.name, why):
@@ -403,11 +412,12 @@ class ClusterDriver:
             blob, layouts, _ = batch.built[i]
             ref = d.actor.run.remote(blob, batch.cutoff, layouts)
             d.busy = True
+            slack = RESTART_SLACK if d.restarted else 0.0
             batch.to_run.remove(i)
             batch.attempts[i] += 1
             batch.tried[i].add(d.name)
             batch.started[i] = time.monotonic()
-            self.jobs[ref] = _Job("run", d, time.monotonic() + run_timeout, index=i)
+            self.jobs[ref] = _Job("run", d, time.monotonic() + run_timeout + slack, index=i)
 
     def _give_up(self, batch: _Batch) -> None:
         """Nothing is in flight and candidates are left: no device (or builder) can take them."""
@@ -429,11 +439,28 @@ class ClusterDriver:
         batch.to_run.clear()
         batch.to_build.clear()
 
+    def _abandon(self) -> None:
+        """Forget a batch that failed midway, so that none of its answers reaches the next: its builders
+        and devices in flight are replaced."""
+        stale = []
+        for ref, job in list(self.jobs.items()):
+            if job.kind in ("build", "run"):
+                del self.jobs[ref]
+                self.blobs.pop(ref, None)
+                stale.append(job.worker)
+        for worker in stale:
+            if isinstance(worker, _Builder):
+                self._kill(worker.actor)
+                self.builders.remove(worker)
+            else:
+                self._drop_actor(worker)
+
     def _can_progress(self, batch: _Batch) -> bool:
         """Something in flight can still finish a candidate: a build or run, or a device being set up
         (a builder starting) while candidates wait for one."""
         kinds = {j.kind for j in self.jobs.values()}
-        builders_starting = "ping" in kinds and time.monotonic() - batch.start < ACTOR_START_TIMEOUT
+        since = max(batch.start, batch.build_done)
+        builders_starting = "ping" in kinds and time.monotonic() - since < ACTOR_START_TIMEOUT
         return bool(
             kinds & {"build", "run"}
             or (batch.to_run and "setup" in kinds)
@@ -451,7 +478,9 @@ class ClusterDriver:
             if ready:  # and whatever else is done by now
                 ready, _ = ray.wait(list(self.jobs), num_returns=len(self.jobs), timeout=0)
             for ref in ready:
-                self._answered(ref, self.jobs.pop(ref), batch)
+                job = self.jobs.pop(ref, None)  # None: dropped meanwhile (its device quarantined or lost)
+                if job is not None:
+                    self._answered(ref, job, batch)
         now = time.monotonic()
         for ref, job in list(self.jobs.items()):
             if job.deadline <= now:
@@ -502,16 +531,21 @@ class ClusterDriver:
         error, msg, costs, noise = answer
         error = ErrorCode(error)
         self.ledger.answered(d.name)
+        d.restarted = error in (ErrorCode.RUNTIME_DEVICE, ErrorCode.RUN_TIMEOUT)  # its runner starts again
+        if not self.ledger.usable(d.name):  # quarantined while it measured this one
+            self._drop_actor(d)
         others = [x for x in self._usable_devices() if x.name not in batch.tried[i]]
         if DeviceLedger.retry(error, batch.attempts[i], len(others)):
-            batch.suspect[i] = d.name
+            batch.suspect.setdefault(i, d.name)  # the first device that failed it
             batch.to_run.appendleft(i)
             return
         if error == ErrorCode.NO_ERROR and i in batch.suspect:
             first = batch.suspect[i]
             if self.ledger.strike(first, f"a candidate it failed passed on {d.name}"):
                 log.warning(f"device {first} quarantined: {self.ledger.rows[first].note}")
-                self._drop_actor(next(x for x in self.devices.values() if x.name == first))
+                bad = next(x for x in self.devices.values() if x.name == first)
+                if not bad.busy:  # else when its candidate in flight answers
+                    self._drop_actor(bad)
         run_s = time.monotonic() - batch.started[i]
         batch.finish(i, error, msg, costs, noise, d.host, run_s)
 
@@ -521,9 +555,12 @@ class ClusterDriver:
         text = _error_text(err)
         if job.kind == "ping":
             self._replace_builder(job.worker)
+        elif job.kind == "setup" and isinstance(err, ray.exceptions.RayTaskError):
+            d = job.worker  # it cannot measure this task (its reference does not build, its runner fails)
+            self._drop_actor(d)
+            self.ledger.lost(d.name, f"it cannot set up the task: {text}")
         elif job.kind == "setup":
-            self._device_failed(job.worker, f"its setup failed: {text}")
-            self.ledger.rows[job.worker.name].note = self.ledger.rows[job.worker.name].note or text
+            self._device_failed(job.worker, f"its actor died setting up ({text})")
         elif job.kind == "build":
             b, i = job.worker, job.index
             self.blobs.pop(ref, None)
@@ -538,7 +575,10 @@ class ClusterDriver:
         elif job.kind == "run":
             d, i = job.worker, job.index
             d.busy = False
-            if isinstance(err, ray.exceptions.ObjectLostError):  # the builder's node left with the bytes
+            if isinstance(err, ray.exceptions.ObjectLostError) and i not in batch.rebuilt:
+                batch.rebuilt.add(i)  # the builder's node left with the bytes: build it again, once
+                batch.tried[i].discard(d.name)
+                batch.attempts[i] -= 1
                 batch.built.pop(i, None)
                 batch.to_build.appendleft(i)
                 return
