@@ -23,7 +23,20 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from aotc import te
-from aotc.ir.expr import Expr, cast, const, dtype_max, dtype_min, exp, floor, maximum, minimum, ne, select
+from aotc.ir.expr import (
+    Expr,
+    cast,
+    const,
+    dtype_max,
+    dtype_min,
+    exp,
+    floor,
+    maximum,
+    minimum,
+    ne,
+    round_,
+    select,
+)
 from aotc.te.tensor import Operation
 from aotc.topi.elemwise import broadcast_read, broadcast_shape
 from aotc.topi.nhwc import conv2d_nhwc, depthwise_conv2d_nhwc, pool2d_nhwc, window_attrs
@@ -31,6 +44,10 @@ from aotc.topi.nn import reduced_index
 from aotc.topi.registry import OpPattern, register
 
 QUANT_DTYPES = ("int8", "uint8")
+QUANTIZE_ROUNDING = ("half_away", "half_even")
+REQUANTIZE_MODES = ("fixed_point", "float")
+"""How conv, dense and add requantize: TFLite's fixed-point multipliers (the default), or onnxruntime's
+float32 multiply rounded half to even (MlasRequantizeOutput, MlasQLinearAdd), for ONNX models."""
 ACTIVATIONS: dict[str, tuple[float | None, float | None]] = {
     "NONE": (None, None),
     "RELU": (0.0, None),
@@ -142,6 +159,24 @@ class FixedPointMultiplier:
         return cast("int32", rounded)
 
 
+class FloatMultiplier:
+    """round_half_even(float32(x) * scale[c]) for one scale or one per channel: onnxruntime's requantization
+    (`requantize: float`), whose result is a float holding an integer."""
+
+    def __init__(self, scales: Sequence[float], name: str, channels: int | None = None):
+        self.scale = PerChannel([f32(s) for s in scales], "float32", f"{name}_scale", channels)
+
+    def apply(self, x: Expr, channel: Expr | None = None) -> Expr:
+        return round_(cast("float32", x) * self.scale.at(channel))
+
+
+def requantize_mode(attrs: dict, what: str) -> str:
+    mode = attrs.get("requantize", "fixed_point")
+    if mode not in REQUANTIZE_MODES:
+        raise te.TEError(f"{what}: requantize must be one of {', '.join(REQUANTIZE_MODES)}, got {mode!r}")
+    return mode
+
+
 def rounding_divide_by_pot(x: Expr, exponent: int) -> Expr:
     """gemmlowp RoundingDivideByPOT on an integer expression: x / 2^exponent rounded half away from zero."""
     if exponent == 0:
@@ -184,19 +219,28 @@ def _output_stage(
     half_up: bool = False,
 ) -> Operation:
     """requantize an int32 accumulator: (acc + bias[c]) * scale[c] + output_zero_point, clamped to the
-    activation's range, cast to out_dtype."""
+    activation's range, cast to out_dtype (the multiply as `requantize` says)."""
     out_dtype = _out_dtype(attrs, name)
     out_scale, out_zp = attrs["output_scale"], int(attrs["output_zero_point"])
     channels = acc.shape[channel_axis] if channel_axis is not None else None
-    mult = FixedPointMultiplier(scales, f"{name}_requant", channels)
     lo, hi = activation_range(attrs.get("activation", "NONE"), out_scale, out_zp, out_dtype)
+    if requantize_mode(attrs, name) == "float":
+        mult = FloatMultiplier(scales, f"{name}_requant", channels)
+
+        def rescale(v: Expr, c: Expr | None) -> Expr:
+            return clamp_cast(mult.apply(v, c) + float(out_zp), lo, hi, out_dtype)
+    else:
+        mult = FixedPointMultiplier(scales, f"{name}_requant", channels)
+
+        def rescale(v: Expr, c: Expr | None) -> Expr:
+            return clamp_cast(mult.apply(v, c, half_up) + out_zp, lo, hi, out_dtype)
 
     def body(*i):
         c = i[channel_axis] if channel_axis is not None else None
         v = acc[i]
         if bias is not None:
             v = v + bias[c]
-        return clamp_cast(mult.apply(v, c, half_up) + out_zp, lo, hi, out_dtype)
+        return rescale(v, c)
 
     return te.compute(acc.shape, body, name, tag="requantize")
 
@@ -208,6 +252,8 @@ def _conv_scales(attrs: dict, out_channels: int, per_tensor_in_float: bool) -> l
     w_scales = [f32(s) for s in _as_tuple(attrs["weight_scales"])]
     if len(w_scales) not in (1, out_channels):
         raise te.TEError(f"weight_scales: expected 1 or {out_channels} values, got {len(w_scales)}")
+    if attrs.get("requantize") == "float":  # onnxruntime: X_scale * W_scale[c] / Y_scale in float32
+        return [f32(np.float32(in_scale) * np.float32(w) / np.float32(out_scale)) for w in w_scales]
     if per_tensor_in_float and len(w_scales) == 1:
         return [float(np.float32(in_scale) * np.float32(w_scales[0])) / out_scale]
     return [in_scale * w / out_scale for w in w_scales]
@@ -284,7 +330,8 @@ def _qnn_conv2d(inputs, attrs):
     """x NHWC, w OHWI (int8/uint8), optional int32 bias [O]; attrs: strides, pads, dilations,
     input_scale, input_zero_point, weight_scales, weight_zero_points, output_scale, output_zero_point,
     activation, out_dtype; input_zero_point_in_bias (the bias already holds -input_zero_point * sum(w),
-    so the multiply-accumulate skips the subtraction; padding still reads input_zero_point)."""
+    so the multiply-accumulate skips the subtraction; padding still reads input_zero_point); requantize
+    (one of REQUANTIZE_MODES)."""
     return [qnn_conv(inputs, attrs, depthwise=False)]
 
 
@@ -296,7 +343,8 @@ def _qnn_depthwise_conv2d(inputs, attrs):
 
 @register("qnn.dense", OpPattern.OUT_ELEMWISE_FUSABLE)
 def _qnn_dense(inputs, attrs):
-    """x [..., K], w [N, K], optional int32 bias [N] -> [..., N] (TFLite FULLY_CONNECTED)."""
+    """x [..., K], w [N, K], optional int32 bias [N] -> [..., N] (TFLite FULLY_CONNECTED); attrs as
+    qnn.conv2d_nhwc's without the window."""
     data, weight = inputs[:2]
     _check_quantized(data, "qnn.dense")
     _check_quantized(weight, "qnn.dense")
@@ -333,7 +381,8 @@ def _requantize(x: Operation, attrs: dict, name: str) -> Operation:
 
 @register("qnn.quantize", OpPattern.ELEMWISE)
 def _qnn_quantize(inputs, attrs):
-    """float32 -> out_dtype: round(x / output_scale) (half away from zero) + output_zero_point, clamped.
+    """float32 -> out_dtype: round(x / output_scale) + output_zero_point, clamped; `rounding` is
+    "half_away" (from zero: TFLite, the default) or "half_even" (ONNX QuantizeLinear).
     An int8/uint8 input (TFLite QUANTIZE int -> int) is requantized with input_scale/input_zero_point."""
     x = inputs[0]
     if x.dtype in QUANT_DTYPES:
@@ -343,9 +392,15 @@ def _qnn_quantize(inputs, attrs):
     out_dtype = _out_dtype(attrs, "qnn.quantize")
     scale, zp = f32(attrs["output_scale"]), int(attrs["output_zero_point"])
     lo, hi = float(dtype_min(out_dtype)), float(dtype_max(out_dtype))
+    rounding = attrs.get("rounding", "half_away")
+    if rounding not in QUANTIZE_ROUNDING:
+        raise te.TEError(
+            f"qnn.quantize: rounding must be one of {', '.join(QUANTIZE_ROUNDING)}, got {rounding!r}"
+        )
+    round_fn = round_half_away_expr if rounding == "half_away" else round_
 
     def body(*i):
-        q = round_half_away_expr(x[i] / scale) + float(zp)
+        q = round_fn(x[i] / scale) + float(zp)
         return cast(out_dtype, minimum(maximum(q, const(lo)), const(hi)))
 
     return [te.compute(x.shape, body, "qnn_quantize", tag="elemwise")]
@@ -382,11 +437,14 @@ ADD_LEFT_SHIFT = 20
 @register("qnn.add", OpPattern.BROADCAST)
 def _qnn_add(inputs, attrs):
     """TFLite int8/uint8 ADD: both inputs rescaled to twice the larger input scale at 2^20 resolution,
-    summed, then rescaled to the output (numpy broadcasting)."""
+    summed, then rescaled to the output (numpy broadcasting); `requantize: float` adds as onnxruntime's
+    QLinearAdd does instead."""
     a, b = inputs
     _check_quantized(a, "qnn.add")
     _check_quantized(b, "qnn.add")
     out_dtype = _out_dtype(attrs, "qnn.add")
+    if requantize_mode(attrs, "qnn.add") == "float":
+        return [_float_add(a, b, attrs, out_dtype)]
     sa, sb, so = f32(attrs["a_scale"]), f32(attrs["b_scale"]), f32(attrs["output_scale"])
     twice_max = 2.0 * max(sa, sb)
     ma = FixedPointMultiplier([sa / twice_max], "qnn_add_a")
@@ -402,6 +460,23 @@ def _qnn_add(inputs, attrs):
         return clamp_cast(mo.apply(va + vb) + zo, lo, hi, out_dtype)
 
     return [te.compute(shape, body, "qnn_add", tag="broadcast")]
+
+
+def _float_add(a: Operation, b: Operation, attrs: dict, out_dtype: str) -> Operation:
+    """MlasQLinearAdd: round_half_even((a - za) * (sa / so) + (b - zb) * (sb / so)) + zo in float32."""
+    so = f32(attrs["output_scale"])
+    ra = f32(np.float32(attrs["a_scale"]) / np.float32(so))
+    rb = f32(np.float32(attrs["b_scale"]) / np.float32(so))
+    za, zb, zo = int(attrs["a_zero_point"]), int(attrs["b_zero_point"]), int(attrs["output_zero_point"])
+    lo, hi = activation_range(attrs.get("activation", "NONE"), so, zo, out_dtype)
+
+    def body(*i):
+        va = cast("float32", cast("int32", broadcast_read(a, i)) - za) * ra
+        vb = cast("float32", cast("int32", broadcast_read(b, i)) - zb) * rb
+        q = round_(va + vb) + float(zo)
+        return cast(out_dtype, minimum(maximum(q, const(float(lo))), const(float(hi))))
+
+    return te.compute(broadcast_shape(a.shape, b.shape), body, "qnn_add", tag="broadcast")
 
 
 @register("qnn.mul", OpPattern.BROADCAST)
