@@ -945,3 +945,8 @@ def _range(cv: _Converter, n: _OnnxNode) -> list[Value]:
     count = max(math.ceil((limit.item() - start.item()) / delta.item()), 0)
     values = (start + np.arange(count, dtype=start.dtype) * delta).astype(start.dtype)
     return [cv.constant(values, "range", out=n.outputs[0])]
+
+
+# The quantized operators (QuantizeLinear, DequantizeLinear, QLinear*) register themselves here; they build
+# on this module's converter, so they are imported once it is defined.
+from aotc.frontend import onnx_quant  # noqa: E402, F401

@@ -292,6 +292,88 @@ def transformer_encoder(
     return b.model("transformer_encoder", [_float_input("x", shape)], _float_input("output", shape))
 
 
+# --- small float models for post-training quantization (onnxruntime.quantization) ------------------------
+
+
+def residual_block(batch: int = 1, channels: int = 8, size: int = 8, seed: int = 0) -> onnx.ModelProto:
+    """A 3x3 Conv + Relu stem, a ResNet basic block without batch norm (Conv3x3 + Relu, Conv3x3, Add of
+    the block's input, Relu), then a 1x1 stride-2 Conv to twice the channels, the output."""
+    b = _Builder(seed)
+    x = b.op("Relu", [b.conv("input", 3, channels, 3, bias=True)])
+    y = b.conv(b.op("Relu", [b.conv(x, channels, channels, 3, bias=True)]), channels, channels, 3)
+    x = b.op("Relu", [b.op("Add", [y, x])])
+    y = b.conv(x, channels, 2 * channels, 1, stride=2, bias=True)
+    out = _float_input(y, (batch, 2 * channels, size // 2, size // 2))
+    return b.model("residual_block", [_float_input("input", (batch, 3, size, size))], out)
+
+
+def depthwise_separable(batch: int = 1, channels: int = 8, size: int = 8, seed: int = 0) -> onnx.ModelProto:
+    """A MobileNet pair after a 3x3 stride-2 stem: depthwise 3x3 + Relu6, pointwise 1x1 + Relu6 as `output`."""
+    b = _Builder(seed)
+    b.const("relu6.min", np.array(0.0, np.float32))
+    b.const("relu6.max", np.array(6.0, np.float32))
+    x = _relu6(b, b.conv("input", 3, channels, 3, stride=2, bias=True))
+    x = _relu6(b, b.conv(x, channels, channels, 3, group=channels, bias=True))
+    y = b.conv(x, channels, 2 * channels, 1, bias=True)
+    b.op("Clip", [y, "relu6.min", "relu6.max"], output="output")
+    out = _float_input("output", (batch, 2 * channels, size // 2, size // 2))
+    return b.model("depthwise_separable", [_float_input("input", (batch, 3, size, size))], out)
+
+
+def dense_head(
+    batch: int = 2, features: int = 32, hidden: int = 24, classes: int = 10, seed: int = 0
+) -> onnx.ModelProto:
+    """MatMul + bias Add + Relu, then Gemm (transB) to `classes` logits as `output`."""
+    b = _Builder(seed)
+    x = b.op("Relu", [b.matmul_add("input", features, hidden, gain=2.0)])
+    name = b.unique("gemm")
+    w = b.normal(f"{name}.weight", (classes, hidden), math.sqrt(1.0 / hidden))
+    bias = b.uniform(f"{name}.bias", (classes,), -0.1, 0.1)
+    b.nodes.append(helper.make_node("Gemm", [x, w, bias], ["output"], name=name, transB=1))
+    out = _float_input("output", (batch, classes))
+    return b.model("dense_head", [_float_input("input", (batch, features))], out)
+
+
+def quantize_qdq(
+    model: onnx.ModelProto,
+    path: str | Path,
+    per_channel: bool,
+    activations: str = "uint8",
+    samples: int = 4,
+    seed: int = 0,
+) -> Path:
+    """`model` quantized by onnxruntime's `quantize_static` (QDQ format, int8 weights, `activations` int8 or
+    uint8), calibrated on `samples` seeded standard-normal inputs, written to `path`."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    rng = np.random.default_rng(seed)
+    shapes = {vi.name: [d.dim_value for d in vi.type.tensor_type.shape.dim] for vi in model.graph.input}
+    batches = [
+        {k: rng.standard_normal(s).astype(np.float32) for k, s in shapes.items()} for _ in range(samples)
+    ]
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.batches = iter(batches)
+
+        def get_next(self) -> dict | None:
+            return next(self.batches, None)
+
+    path = Path(path)
+    source = path.with_suffix(".float.onnx")
+    save(model, source)
+    quantize_static(
+        str(source),
+        str(path),
+        Reader(),
+        quant_format=QuantFormat.QDQ,
+        per_channel=per_channel,
+        activation_type=QuantType.QInt8 if activations == "int8" else QuantType.QUInt8,
+        weight_type=QuantType.QInt8,
+    )
+    return path
+
+
 EXAMPLES: dict[str, Callable[[], onnx.ModelProto]] = {
     "mlp": lambda: mlp(seed=0),
     "small_cnn": lambda: small_cnn(seed=0),

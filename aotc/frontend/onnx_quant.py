@@ -1,0 +1,510 @@
+"""ONNX quantized models: QuantizeLinear / DequantizeLinear, QDQ groups folded into integer kernels, and
+QLinearConv / QLinearMatMul.
+
+A QDQ model (what `onnxruntime.quantization.quantize_static` writes with QuantFormat.QDQ) keeps its float
+operators and brackets them: DQ(x_q), DQ(w_q) [, DQ(bias_int32)] -> Conv [-> Relu] -> Q. Read literally
+each such group dequantizes, runs in float and quantizes again; onnxruntime fuses it into one integer
+kernel (QLinearConv, QGemm, QLinearAdd), and so does aotc, onto the `qnn.*` operators of the TFLite
+frontend.
+
+How: every node first converts as written (DQ -> qnn.dequantize, the float operator, Q -> qnn.quantize),
+so any QDQ model imports and computes what the ONNX spec says. When a QuantizeLinear converts, it looks
+back in the ONNX graph for a group that ends at it (`_fold`); if every detail fits an integer kernel, it
+emits that kernel instead, and the float nodes it replaces are dead and dropped by `live_nodes`. A group
+that does not fit stays in its float form.
+
+Layout: ONNX convolutions are NCHW, the qnn ones NHWC. A folded convolution transposes its input to NHWC
+and its result back to NCHW, and remembers the NHWC result as the NCHW value's twin: a following folded
+convolution or add reads the twin, so the transposes between folded ops are dead code too.
+
+Arithmetic: the folded kernels accumulate in int32 exactly and requantize as onnxruntime's integer kernels
+do (`requantize: float`: a float32 multiply by input_scale * weight_scale / output_scale, rounded half to
+even), not in TFLite's fixed point, whose 31-bit multiplier is off by up to 1/2^(shift+1) LSB and so
+disagreed in 1 LSB on ~4% of a small ResNet block's outputs (float requantization: see the tests).
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+
+from aotc.frontend.errors import ConversionError
+
+# This module extends the ONNX frontend: it uses the converter's internals as its own converters do.
+from aotc.frontend.onnx import _attr_value, _axis, _Converter, _converts, _OnnxNode, _window
+from aotc.graph.ir import Value
+from aotc.topi.quantized import ACTIVATIONS
+
+QUANT_DTYPES = ("int8", "uint8")
+TO_NHWC, TO_NCHW = (0, 2, 3, 1), (0, 3, 1, 2)
+_ONNX_QUANT_DTYPES = {
+    onnx.TensorProto.INT8: "int8",
+    onnx.TensorProto.UINT8: "uint8",
+}
+# A bias quantized with a scale this close to input_scale * weight_scale is used as it is (what
+# onnxruntime's fused kernels do); one further off is requantized from its float value.
+BIAS_SCALE_RTOL = 1e-5
+
+
+@dataclass(frozen=True)
+class QParams:
+    """Scale and zero point of a quantized tensor: one value (per tensor) or one per entry of `axis`."""
+
+    scales: tuple[float, ...]
+    zero_points: tuple[int, ...]
+    dtype: str
+    axis: int | None  # None: per tensor
+
+    @property
+    def per_tensor(self) -> bool:
+        return self.axis is None
+
+    @property
+    def scale(self) -> float:
+        return self.scales[0]
+
+    @property
+    def zero_point(self) -> int:
+        return self.zero_points[0]
+
+    def broadcast(self, values: tuple, rank: int, dtype: str) -> np.ndarray:
+        """`values` (scales or zero points) shaped to broadcast against a tensor of `rank` along `axis`."""
+        data = np.asarray(values, dtype)
+        if self.per_tensor:
+            return data.reshape(())
+        return data.reshape([len(values) if d == self.axis else 1 for d in range(rank)])
+
+
+@dataclass
+class _QuantState:
+    """What the quantized converters of one model share: the ONNX graph's wiring, the dequantized values
+    and the NHWC twins of folded convolutions' results."""
+
+    producers: dict[str, onnx.NodeProto]
+    uses: Counter
+    outputs: set[str]
+    dequantized: dict[str, tuple[Value, QParams]] = field(default_factory=dict)  # DQ output -> (x_q, params)
+    nhwc: dict[Value, Value] = field(default_factory=dict)  # NCHW value -> its NHWC twin
+
+    def single_use(self, name: str) -> bool:
+        """`name` feeds exactly one node and is no graph output: a fold may replace its producer."""
+        return self.uses[name] == 1 and name not in self.outputs
+
+
+_STATES: weakref.WeakKeyDictionary[_Converter, _QuantState] = weakref.WeakKeyDictionary()
+
+
+def _state(cv: _Converter) -> _QuantState:
+    if cv not in _STATES:
+        nodes = cv.graph.node
+        _STATES[cv] = _QuantState(
+            producers={o: p for p in nodes for o in p.output if o},
+            uses=Counter(i for p in nodes for i in p.input if i),
+            outputs={o.name for o in cv.graph.output},
+        )
+    return _STATES[cv]
+
+
+# --- QuantizeLinear / DequantizeLinear --------------------------------------------------------------------
+
+
+def _qparams(cv: _Converter, n: _OnnxNode, prefix: str, dtype: str | None) -> QParams:
+    """The scale (input 1) and zero point (input 2) of a QuantizeLinear (`prefix` y) or DequantizeLinear
+    (x) node; `dtype` is the quantized type when the data input gives it (DequantizeLinear)."""
+    x = n.inputs[0]
+    scale = cv.const_input(n, 1, f"{prefix}_scale")
+    zero = cv.const_input(n, 2, f"{prefix}_zero_point")
+    if scale is None:
+        raise cv.fail(f"needs input 1 ({prefix}_scale)")
+    if n.attr("block_size", 0):
+        raise cv.fail(f"block_size={n.attr('block_size')}: blocked quantization is not supported")
+    if scale.dtype != np.float32:
+        raise cv.fail(f"{prefix}_scale is {scale.dtype}; only float32 scales are supported")
+    dtype = dtype or (str(zero.dtype) if zero is not None else _output_dtype(cv, n))
+    allowed = QUANT_DTYPES + (("int32",) if prefix == "x" else ())
+    if dtype not in allowed:
+        raise cv.fail(f"{prefix}_zero_point: element type {dtype} is not supported ({', '.join(allowed)})")
+    if zero is not None and str(zero.dtype) != dtype:
+        raise cv.fail(f"{prefix}_zero_point is {zero.dtype}, the quantized tensor {dtype}")
+    if zero is not None and zero.size != scale.size:
+        raise cv.fail(f"{prefix}_zero_point has {zero.size} values, {prefix}_scale {scale.size}")
+    scales = scale.reshape(-1)
+    if not np.all(np.isfinite(scales)) or np.any(scales <= 0):
+        raise cv.fail(f"{prefix}_scale must be positive and finite, got {scales.tolist()}")
+    zeros = tuple(int(z) for z in zero.reshape(-1)) if zero is not None else (0,) * scales.size
+    if scale.ndim > 1:
+        raise cv.fail(f"{prefix}_scale must be a scalar or 1-D, got shape {list(scale.shape)}")
+    if scale.size == 1:  # a scalar, or [1] as quantizers write a per-tensor bias scale
+        return QParams((float(scales[0]),), zeros[:1], dtype, None)
+    rank = len(x.type.shape)
+    axis = _axis(cv, n.attr("axis", 1), rank)
+    if scale.size != x.type.shape[axis]:
+        raise cv.fail(
+            f"{prefix}_scale has {scale.size} values; axis {axis} of {x.type} has {x.type.shape[axis]}"
+        )
+    return QParams(tuple(float(s) for s in scales), zeros, dtype, axis)
+
+
+def _output_dtype(cv: _Converter, n: _OnnxNode) -> str:
+    """A QuantizeLinear's output type without a zero point: its output_dtype attribute, else uint8."""
+    code = n.attr("output_dtype", 0)
+    if not code:
+        return "uint8"
+    if code not in _ONNX_QUANT_DTYPES:
+        raise cv.fail(f"output_dtype={code} is not supported (int8, uint8)")
+    return _ONNX_QUANT_DTYPES[code]
+
+
+@_converts("DequantizeLinear")
+def _dequantize_linear(cv: _Converter, n: _OnnxNode) -> list[Value]:
+    x = n.inputs[0]
+    q = _qparams(cv, n, "x", x.type.dtype)
+    _state(cv).dequantized[n.outputs[0]] = (x, q)
+    return [dequantize(cv, x, q, n.outputs[0])]
+
+
+def dequantize(cv: _Converter, x: Value, q: QParams, out: str | None = None) -> Value:
+    """(x - zero_point) * scale in float32, as the ONNX spec computes it."""
+    rank = len(x.type.shape)
+    zero = q.broadcast(q.zero_points, rank, "int32")
+    scale = q.broadcast(q.scales, rank, "float32")
+    if x.is_constant:  # weights and biases: numpy gives the same float32 values, whatever their size
+        data = (x.data.astype(np.int32) - zero).astype(np.float32) * scale
+        return cv.constant(data, "dequantized", out=out)
+    if q.per_tensor and q.dtype in QUANT_DTYPES:
+        attrs = {"scale": q.scale, "zero_point": q.zero_point}
+        return cv.emit("qnn.dequantize", [x], attrs, out)
+    # Per channel (or int32) as broadcast element-wise ops: the layout pass reshapes their constants for
+    # NHWC, where it would keep a qnn.dequantize's channel `axis` as it is.
+    v = x if x.type.dtype == "int32" else cv.emit("cast", [x], {"dtype": "int32"})
+    if any(q.zero_points):
+        v = cv.emit("subtract", [v, cv.constant(zero, "zero_point")])
+    v = cv.emit("cast", [v], {"dtype": "float32"})
+    return cv.emit("multiply", [v, cv.constant(scale, "scale")], out=out)
+
+
+@_converts("QuantizeLinear")
+def _quantize_linear(cv: _Converter, n: _OnnxNode) -> list[Value]:
+    x = n.inputs[0]
+    if x.type.dtype != "float32":
+        raise cv.fail(f"input x is {x.type.dtype}; only float32 is supported")
+    if n.attr("saturate", 1) != 1:
+        raise cv.fail("saturate=0 applies to float8 outputs only, which are not supported")
+    q = _qparams(cv, n, "y", None)
+    folded = _fold(cv, n, q)
+    return [folded if folded is not None else quantize(cv, x, q, n.outputs[0])]
+
+
+def quantize(cv: _Converter, x: Value, q: QParams, out: str | None = None) -> Value:
+    """saturate(round(x / scale) + zero_point), rounding half to even, as the ONNX spec computes it."""
+    if q.per_tensor:
+        attrs = {
+            "output_scale": q.scale,
+            "output_zero_point": q.zero_point,
+            "out_dtype": q.dtype,
+            "rounding": "half_even",
+        }
+        return cv.emit("qnn.quantize", [x], attrs, out)
+    rank = len(x.type.shape)
+    info = np.iinfo(q.dtype)
+    v = cv.emit("divide", [x, cv.constant(q.broadcast(q.scales, rank, "float32"), "scale")])
+    v = cv.emit("round", [v])
+    v = cv.emit("add", [v, cv.constant(q.broadcast(q.zero_points, rank, "float32"), "zero_point")])
+    v = cv.emit("clip", [v], {"min": float(info.min), "max": float(info.max)})
+    return cv.emit("cast", [v], {"dtype": q.dtype}, out)
+
+
+# --- QDQ groups folded into integer kernels ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Group:
+    """A foldable group ending at a QuantizeLinear: its anchor node, the fused activation, the output."""
+
+    anchor: _OnnxNode
+    activation: str
+    out: QParams
+    out_name: str
+
+
+def _fold(cv: _Converter, n: _OnnxNode, out: QParams) -> Value | None:
+    """The integer kernel computing QuantizeLinear `n` and the float group before it, or None (the group
+    then stays as it is: dequantize, float ops, quantize)."""
+    if not out.per_tensor:
+        return None
+    st = _state(cv)
+    proto = st.producers[n.outputs[0]]
+    group = _match_group(cv, st, proto.input[0], out, n.outputs[0])
+    if group is None:
+        return None
+    try:
+        return _FOLDS[group.anchor.op_type](cv, st, group)
+    except ConversionError:
+        # the float form is already in the graph and correct: a kernel the qnn ops refuse
+        # (say, a requantization multiplier out of range) keeps it
+        return None
+
+
+def _match_group(cv: _Converter, st: _QuantState, name: str, out: QParams, out_name: str) -> _Group | None:
+    """anchor [-> Relu | Clip] -> the QuantizeLinear, each intermediate value used only there."""
+    producer = st.producers.get(name)
+    if producer is None or not st.single_use(name):
+        return None
+    activation = "NONE"
+    if producer.op_type in ("Relu", "Clip"):
+        activation = _activation(cv, producer)
+        name = producer.input[0]
+        producer = st.producers.get(name)
+        if activation is None or producer is None or not st.single_use(name):
+            return None
+    if producer.op_type not in _FOLDS or producer.domain not in ("", "ai.onnx"):
+        return None
+    return _Group(_onnx_node(cv, producer), activation, out, out_name)
+
+
+def _activation(cv: _Converter, proto: onnx.NodeProto) -> str | None:
+    """The qnn fused activation a Relu or Clip node is, or None for a Clip with other bounds."""
+    if proto.op_type == "Relu":
+        return "RELU"
+    bounds = []
+    for i in (1, 2):
+        v = cv.values.get(proto.input[i]) if i < len(proto.input) and proto.input[i] else None
+        if v is not None and not v.is_constant:
+            return None
+        bounds.append(None if v is None else float(v.data.reshape(-1)[0]))
+    for name, (low, high) in ACTIVATIONS.items():
+        if name != "NONE" and bounds == [low, high]:
+            return name
+    return None
+
+
+def _onnx_node(cv: _Converter, proto: onnx.NodeProto) -> _OnnxNode:
+    return _OnnxNode(
+        proto.name or proto.op_type,
+        proto.op_type,
+        [cv.values[i] if i else None for i in proto.input],
+        {a.name: _attr_value(a) for a in proto.attribute},
+        list(proto.output),
+    )
+
+
+def _dequantized_input(st: _QuantState, name: str) -> tuple[Value, QParams] | None:
+    """(x_q, its parameters) when ONNX value `name` is a DequantizeLinear of an 8-bit tensor."""
+    found = st.dequantized.get(name)
+    if found is None or found[1].dtype not in QUANT_DTYPES:
+        return None
+    return found
+
+
+def _input_names(st: _QuantState, n: _OnnxNode) -> list[str]:
+    return list(st.producers[n.outputs[0]].input)
+
+
+def _io_attrs(x: QParams, group: _Group) -> dict:
+    return {
+        "input_scale": x.scale,
+        "input_zero_point": x.zero_point,
+        "output_scale": group.out.scale,
+        "output_zero_point": group.out.zero_point,
+        "activation": group.activation,
+        "out_dtype": group.out.dtype,
+        "requantize": "float",
+    }
+
+
+def _weight_attrs(w: QParams) -> dict:
+    return {"weight_scales": w.scales, "weight_zero_points": w.zero_points}
+
+
+def _quantized_operands(
+    st: _QuantState, n: _OnnxNode, weight_axis: int
+) -> tuple[Value, QParams, Value, QParams] | None:
+    """(x_q, x params, w_q, w params) of a Conv / MatMul / Gemm whose inputs 0 and 1 are dequantized, with
+    x per tensor and w a constant quantized per tensor or along `weight_axis` with one zero point."""
+    names = _input_names(st, n)
+    x, w = _dequantized_input(st, names[0]), _dequantized_input(st, names[1])
+    if x is None or w is None:
+        return None
+    (xv, xq), (wv, wq) = x, w
+    if not xq.per_tensor or not wv.is_constant or len(set(wq.zero_points)) != 1:
+        return None
+    if not wq.per_tensor and wq.axis != weight_axis:
+        return None
+    return xv, xq, wv, wq
+
+
+def _int32_bias(cv: _Converter, st: _QuantState, name: str, scales: np.ndarray) -> Value | None:
+    """The bias as int32 at scale input_scale * weight_scale[c] (`scales`, one per output channel): the
+    DequantizeLinear's int32 input when it has that scale, else a float constant quantized here; None if
+    the bias is computed at run time or does not fit int32."""
+    channels = scales.size
+    found = st.dequantized.get(name)
+    if found is not None and found[1].dtype == "int32" and found[0].is_constant:
+        data, q = found
+        same_scale = len(q.scales) in (1, channels) and np.allclose(
+            np.broadcast_to(np.asarray(q.scales, np.float64), (channels,)),
+            scales,
+            rtol=BIAS_SCALE_RTOL,
+            atol=0,
+        )
+        if same_scale and data.type.num_elements == channels and not any(q.zero_points):
+            return cv.constant(data.data.reshape(channels).astype(np.int32), "bias")
+    value = cv.values[name]
+    if not value.is_constant or value.type.num_elements != channels:
+        return None
+    real = value.data.astype(np.float64).reshape(channels) / scales
+    if np.abs(real).max(initial=0) >= 2**31 - 1:
+        return None
+    return cv.constant(np.round(real).astype(np.int32), "bias")
+
+
+def _bias_scales(x: QParams, w: QParams, channels: int) -> np.ndarray:
+    """input_scale * weight_scale[c] in float32, as the quantizer computes a bias's scale."""
+    product = np.float32(x.scale) * np.asarray(w.scales, np.float32)
+    return np.broadcast_to(product, (channels,)).astype(np.float64)
+
+
+def as_nhwc(cv: _Converter, v: Value) -> Value:
+    """The NHWC form of the NCHW value `v`: its twin, or a transpose (made once)."""
+    st = _state(cv)
+    if v not in st.nhwc:
+        st.nhwc[v] = cv.emit("transpose", [v], {"perm": TO_NHWC})
+    return st.nhwc[v]
+
+
+def _as_nchw(cv: _Converter, y: Value, out: str) -> Value:
+    """The NCHW form of a folded op's NHWC result `y`, as ONNX value `out`; `y` becomes its twin."""
+    v = cv.emit("transpose", [y], {"perm": TO_NCHW}, out)
+    _state(cv).nhwc[v] = y
+    return v
+
+
+def _fold_conv(cv: _Converter, st: _QuantState, group: _Group) -> Value | None:
+    n = group.anchor
+    operands = _quantized_operands(st, n, weight_axis=0)
+    if operands is None or len(n.inputs[0].type.shape) != 4:
+        return None
+    x, xq, w, wq = operands
+    names = _input_names(st, n)
+    channels = w.type.shape[0]
+    bias = []
+    if len(names) > 2 and names[2]:
+        b = _int32_bias(cv, st, names[2], _bias_scales(xq, wq, channels))
+        if b is None:
+            return None
+        bias = [b]
+    return qnn_conv(cv, n, x, xq, w, wq, bias, _io_attrs(xq, group), group.out_name)
+
+
+def qnn_conv(
+    cv: _Converter,
+    n: _OnnxNode,
+    x: Value,
+    xq: QParams,
+    w: Value,
+    wq: QParams,
+    bias: list[Value],
+    attrs: dict,
+    out: str,
+) -> Value | None:
+    """The NCHW Conv node `n` on x_q [N, C, H, W] and constant w_q [O, C/group, KH, KW] as a qnn
+    convolution in NHWC; None where it has no such form (1-D, groups other than 1 and depthwise)."""
+    window = _window(cv, n, x, w.type.shape[2:])
+    if window.lifted:
+        return None
+    channels, group = x.type.shape[1], int(n.attr("group", 1))
+    out_channels = w.type.shape[0]
+    attrs = {k: v for k, v in window.attrs.items() if k != "kernel"} | attrs | _weight_attrs(wq)
+    if group == 1:
+        op, weight = "qnn.conv2d_nhwc", w.data.transpose(0, 2, 3, 1)  # OHWI
+    elif group == channels and w.type.shape[1] == 1 and out_channels % channels == 0:
+        op, weight = "qnn.depthwise_conv2d_nhwc", w.data.transpose(1, 2, 3, 0)  # [1, KH, KW, C*M]
+        attrs["depth_multiplier"] = out_channels // channels
+    else:
+        return None
+    weight = cv.constant(np.ascontiguousarray(weight), "weight_ohwi")
+    y = cv.emit(op, [as_nhwc(cv, x), weight, *bias], attrs)
+    return _as_nchw(cv, y, out)
+
+
+def _fold_matmul(cv: _Converter, st: _QuantState, group: _Group) -> Value | None:
+    """MatMul(x [..., K], w [K, N]) with w per tensor or per column."""
+    n = group.anchor
+    operands = _quantized_operands(st, n, weight_axis=1)
+    if operands is None or len(n.inputs[1].type.shape) != 2:
+        return None
+    x, xq, w, wq = operands
+    return qnn_dense(cv, x, xq, w.data.T, wq, [], _io_attrs(xq, group), group.out_name)
+
+
+def _fold_gemm(cv: _Converter, st: _QuantState, group: _Group) -> Value | None:
+    """Gemm(x, w) + bias with alpha = beta = 1 and x not transposed."""
+    n = group.anchor
+    trans_b = bool(n.attr("transB", 0))
+    if n.attr("alpha", 1.0) != 1.0 or n.attr("beta", 1.0) != 1.0 or n.attr("transA", 0):
+        return None
+    operands = _quantized_operands(st, n, weight_axis=0 if trans_b else 1)
+    if operands is None:
+        return None
+    x, xq, w, wq = operands
+    weight = w.data if trans_b else w.data.T  # [N, K]
+    names = _input_names(st, n)
+    bias = []
+    if len(names) > 2 and names[2]:
+        b = _int32_bias(cv, st, names[2], _bias_scales(xq, wq, weight.shape[0]))
+        if b is None:
+            return None
+        bias = [b]
+    return qnn_dense(cv, x, xq, weight, wq, bias, _io_attrs(xq, group), group.out_name)
+
+
+def qnn_dense(
+    cv: _Converter,
+    x: Value,
+    xq: QParams,
+    weight: np.ndarray,
+    wq: QParams,
+    bias: list[Value],
+    attrs: dict,
+    out: str,
+) -> Value:
+    """qnn.dense of x_q [..., K] and a constant weight [N, K]."""
+    w = cv.constant(np.ascontiguousarray(weight), "weight_nk")
+    return cv.emit("qnn.dense", [x, w, *bias], attrs | _weight_attrs(wq), out)
+
+
+def _fold_add(cv: _Converter, st: _QuantState, group: _Group) -> Value | None:
+    """DQ(a_q) + DQ(b_q), both per tensor, as qnn.add; in NHWC when both operands have NHWC twins."""
+    n = group.anchor
+    names = _input_names(st, n)
+    a, b = _dequantized_input(st, names[0]), _dequantized_input(st, names[1])
+    if a is None or b is None or not (a[1].per_tensor and b[1].per_tensor):
+        return None
+    (av, aq), (bv, bq) = a, b
+    attrs = {
+        "a_scale": aq.scale,
+        "a_zero_point": aq.zero_point,
+        "b_scale": bq.scale,
+        "b_zero_point": bq.zero_point,
+        "output_scale": group.out.scale,
+        "output_zero_point": group.out.zero_point,
+        "activation": group.activation,
+        "out_dtype": group.out.dtype,
+        "requantize": "float",
+    }
+    if av in st.nhwc and bv in st.nhwc and av.type.shape == bv.type.shape:
+        return _as_nchw(cv, cv.emit("qnn.add", [st.nhwc[av], st.nhwc[bv]], attrs), group.out_name)
+    return cv.emit("qnn.add", [av, bv], attrs, group.out_name)
+
+
+_FOLDS: dict[str, Callable[[_Converter, _QuantState, _Group], Value | None]] = {
+    "Conv": _fold_conv,
+    "MatMul": _fold_matmul,
+    "Gemm": _fold_gemm,
+    "Add": _fold_add,
+}

@@ -1,0 +1,243 @@
+"""ONNX quantized models: QDQ models written by onnxruntime's quantize_static (per tensor and per channel,
+uint8 and int8 activations) imported with their groups folded into qnn kernels, against onnxruntime running
+the same model. Quantized outputs: within 1 LSB on >= 99.9% of values, never more than 2 (the histogram is
+in the failure message); float outputs (after the last DequantizeLinear): within 2 x the output scale.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import aotc
+from aotc.frontend.errors import ConversionError
+from aotc.frontend.onnx import load_onnx
+from aotc.graph.interpret import run_graph
+from aotc.validate import compare, format_report_row
+from recipes.zoo import onnx_models as zoo
+
+from .onnx_util import make_graph_model
+
+MODELS = {
+    "residual_block": (zoo.residual_block, {"qnn.conv2d_nhwc": 4, "qnn.add": 1}),
+    "depthwise_separable": (zoo.depthwise_separable, {"qnn.conv2d_nhwc": 2, "qnn.depthwise_conv2d_nhwc": 1}),
+    "dense_head": (zoo.dense_head, {"qnn.dense": 2, "qnn.add": 1}),
+}
+FLOAT_OPS = {"conv2d", "dense", "matmul", "add", "relu", "clip"}
+SEEDS = range(4)
+
+
+def quantized_model(tmp_path, name: str, per_channel: bool, activations: str) -> tuple[str, str, float]:
+    """The zoo model `name` quantized into tmp_path, with its last QuantizeLinear's output made a second
+    graph output; (path, that quantized output's name, the float output's scale)."""
+    path = tmp_path / f"{name}_{'channel' if per_channel else 'tensor'}_{activations}.onnx"
+    zoo.quantize_qdq(MODELS[name][0](), path, per_channel, activations)
+    model = onnx.load(path)
+    last_dq = next(n for n in model.graph.node if model.graph.output[0].name in n.output)
+    model.graph.output.append(helper.make_empty_tensor_value_info(last_dq.input[0]))
+    onnx.save(model, path)
+    scales = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    return str(path), last_dq.input[0], float(scales[last_dq.input[1]])
+
+
+def seeded_inputs(path: str) -> list[dict[str, np.ndarray]]:
+    (vi,) = onnx.load(path).graph.input
+    shape = [d.dim_value for d in vi.type.tensor_type.shape.dim]
+    return [
+        {vi.name: np.random.default_rng(100 + s).standard_normal(shape).astype(np.float32)} for s in SEEDS
+    ]
+
+
+def onnxruntime_outputs(path: str, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    return dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
+
+
+def pooled(runs: list[dict]) -> dict[str, np.ndarray]:
+    return {name: np.concatenate([r[name].reshape(-1) for r in runs]) for name in runs[0]}
+
+
+def assert_matches(got: dict, ref: dict, quantized: str, float_scale: float | None, what: str) -> None:
+    """The quantized output by the LSB rule; every float output within 2 x `float_scale`."""
+    (row,) = compare({quantized: got[quantized]}, {quantized: ref[quantized]}, 0.0, 0.0)
+    assert row["ok"], f"{what}:\n{format_report_row(row)}"
+    for name, value in ref.items():
+        if name != quantized and float_scale is not None:
+            err = np.abs(got[name].astype(np.float64) - value).max()
+            assert err <= 2 * float_scale, f"{what}: {name} off by {err / float_scale:.2f} x its scale"
+
+
+@pytest.mark.parametrize(
+    "name, per_channel, activations", list(itertools.product(MODELS, (False, True), ("uint8", "int8")))
+)
+def test_quantize_static_model_folds_into_qnn_kernels_and_matches_onnxruntime(
+    tmp_path, name, per_channel, activations
+):
+    path, quantized, scale = quantized_model(tmp_path, name, per_channel, activations)
+    graph = load_onnx(path)
+    ops = Counter(n.op for n in graph.nodes)
+    for op, count in MODELS[name][1].items():
+        assert ops[op] == count, f"{op}: {dict(ops)}"
+    assert not FLOAT_OPS & set(ops), f"float ops left unfolded: {dict(ops)}"
+    assert ops["qnn.quantize"] == 1 and ops["qnn.dequantize"] == 1  # the model's input and output only
+    feeds = seeded_inputs(path)
+    got = pooled([run_graph(graph, f) for f in feeds])
+    ref = pooled([onnxruntime_outputs(path, f) for f in feeds])
+    assert_matches(got, ref, quantized, scale, f"{name} (numpy evaluator)")
+
+
+@pytest.mark.parametrize(
+    "name, per_channel, activations",
+    [("residual_block", True, "uint8"), ("depthwise_separable", False, "int8"), ("dense_head", True, "int8")],
+)
+def test_compiled_qdq_package_equals_the_graph_and_matches_onnxruntime(
+    tmp_path, name, per_channel, activations
+):
+    path, quantized, scale = quantized_model(tmp_path, name, per_channel, activations)
+    graph = load_onnx(path)
+    model = aotc.compile(path, output=tmp_path / f"{name}.aotc", validate=False, log=lambda _: None).load()
+    for feeds in seeded_inputs(path)[:2]:
+        got = model.run(feeds)
+        expected = run_graph(graph, feeds)
+        for out, value in expected.items():
+            np.testing.assert_array_equal(got[out], value, err_msg=out)
+        assert_matches(got, onnxruntime_outputs(path, feeds), quantized, scale, f"{name} (package)")
+
+
+# --- QuantizeLinear / DequantizeLinear on their own, and groups that stay in float ---------------------------
+
+
+def _qdq_roundtrip_model(dtype: str, per_channel: bool) -> tuple[onnx.ModelProto, np.ndarray]:
+    """x -> QuantizeLinear -> q (an output) -> DequantizeLinear -> y, scales powers of two so that x holds
+    exact ties; and the input."""
+    channels = 3
+    scales = np.array([0.25, 0.5, 0.125] if per_channel else [0.25], np.float32)
+    zero_points = np.array([-3, 0, 5] if dtype == "int8" else [120, 128, 7], dtype)[: scales.size]
+    shape = () if not per_channel else (channels,)
+    inits = {"scale": scales.reshape(shape), "zero": zero_points.reshape(shape)}
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "scale", "zero"], ["q"], name="quantize", axis=1),
+        helper.make_node("DequantizeLinear", ["q", "scale", "zero"], ["y"], name="dequantize", axis=1),
+    ]
+    model = make_graph_model(nodes, {}, ["q", "y"], inits, opset=13)
+    model.graph.input.append(helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, channels, 4, 5]))
+    rng = np.random.default_rng(7)
+    ties = (rng.integers(-300, 300, (2, channels, 4, 5)) + 0.5) * 0.125  # k + 1/2 steps of every scale
+    x = np.where(rng.random(ties.shape) < 0.5, ties, rng.standard_normal(ties.shape) * 20).astype(np.float32)
+    return model, x
+
+
+@pytest.mark.parametrize("dtype, per_channel", list(itertools.product(("int8", "uint8"), (False, True))))
+def test_quantize_and_dequantize_linear_equal_onnxruntime(tmp_path, dtype, per_channel):
+    """Rounding half to even at exact ties, saturation, per-channel zero points: bit for bit."""
+    model, x = _qdq_roundtrip_model(dtype, per_channel)
+    path = str(tmp_path / "qdq.onnx")
+    onnx.save(model, path)
+    got = run_graph(load_onnx(path), {"x": x})
+    ref = onnxruntime_outputs(path, {"x": x})
+    assert got["q"].dtype == np.dtype(dtype)
+    np.testing.assert_array_equal(got["q"], ref["q"])
+    np.testing.assert_array_equal(got["y"], ref["y"])
+
+
+def _conv_clip_model(low: float, high: float, alpha: float) -> onnx.ModelProto:
+    """uint8 x -> DQ, DQ(int8 w per channel), DQ(int32 bias) -> Conv -> Clip(low, high) -> Q -> DQ, then
+    DQ -> Gemm(alpha) -> Q -> DQ: hand-written QDQ groups."""
+    rng = np.random.default_rng(3)
+    w_scale = rng.uniform(0.005, 0.02, 6).astype(np.float32)
+    x_scale, y_scale, g_scale = np.float32(0.03), np.float32(0.02), np.float32(0.05)
+    inits = {
+        "x_scale": x_scale,
+        "x_zero": np.uint8(120),
+        "w": rng.integers(-127, 128, (6, 4, 3, 3)).astype(np.int8),
+        "w_scale": w_scale,
+        "w_zero": np.zeros(6, np.int8),
+        "b": rng.integers(-500, 500, 6).astype(np.int32),
+        "b_scale": (x_scale * w_scale).astype(np.float32),
+        "b_zero": np.zeros(6, np.int32),
+        "low": np.float32(low),
+        "high": np.float32(high),
+        "y_scale": y_scale,
+        "y_zero": np.uint8(0),
+        "g": rng.integers(-127, 128, (5, 6 * 6 * 6)).astype(np.int8),
+        "g_scale": np.float32(0.01),
+        "g_zero": np.int8(0),
+        "out_scale": g_scale,
+        "out_zero": np.uint8(128),
+        "flat": np.array([1, -1], np.int64),
+    }
+    nodes = [
+        helper.make_node("DequantizeLinear", ["x", "x_scale", "x_zero"], ["xf"]),
+        helper.make_node("DequantizeLinear", ["w", "w_scale", "w_zero"], ["wf"], axis=0),
+        helper.make_node("DequantizeLinear", ["b", "b_scale", "b_zero"], ["bf"], axis=0),
+        helper.make_node("Conv", ["xf", "wf", "bf"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+        helper.make_node("Clip", ["c", "low", "high"], ["r"], name="clip"),
+        helper.make_node("QuantizeLinear", ["r", "y_scale", "y_zero"], ["y"], name="conv_out"),
+        helper.make_node("DequantizeLinear", ["y", "y_scale", "y_zero"], ["yf"]),
+        helper.make_node("Reshape", ["yf", "flat"], ["flatf"]),
+        helper.make_node("QuantizeLinear", ["flatf", "y_scale", "y_zero"], ["flatq"]),
+        helper.make_node("DequantizeLinear", ["flatq", "y_scale", "y_zero"], ["flatd"]),
+        helper.make_node("DequantizeLinear", ["g", "g_scale", "g_zero"], ["gf"]),
+        helper.make_node("Gemm", ["flatd", "gf"], ["h"], name="gemm", transB=1, alpha=alpha),
+        helper.make_node("QuantizeLinear", ["h", "out_scale", "out_zero"], ["out"], name="gemm_out"),
+    ]
+    model = make_graph_model(nodes, {}, ["y", "out"], inits, opset=13)
+    model.graph.input.append(helper.make_tensor_value_info("x", TensorProto.UINT8, [1, 4, 6, 6]))
+    return model
+
+
+@pytest.mark.parametrize(
+    "low, high, alpha, float_ops",
+    [(0.0, 6.0, 1.0, set()), (0.0, 3.0, 0.5, {"conv2d", "clip", "dense"})],
+    ids=["relu6_folds", "clip_and_alpha_stay_float"],
+)
+def test_hand_written_groups_fold_or_stay_float_and_match_onnxruntime(tmp_path, low, high, alpha, float_ops):
+    path = str(tmp_path / "conv_clip.onnx")
+    onnx.save(_conv_clip_model(low, high, alpha), path)
+    graph = load_onnx(path)
+    ops = {n.op for n in graph.nodes}
+    assert float_ops == FLOAT_OPS & ops, ops
+    assert ("qnn.conv2d_nhwc" in ops) == (not float_ops)
+    rng = np.random.default_rng(11)
+    feeds = [{"x": rng.integers(0, 256, (1, 4, 6, 6)).astype(np.uint8)} for _ in SEEDS]
+    got = pooled([run_graph(graph, f) for f in feeds])
+    ref = pooled([onnxruntime_outputs(path, f) for f in feeds])
+    for out in ("y", "out"):
+        assert_matches(got, ref, out, None, f"{out} ({'float' if float_ops else 'folded'})")
+
+
+# --- bad input ------------------------------------------------------------------------------------------------
+
+
+def test_runtime_scale_and_unsupported_zero_point_type_are_errors_naming_node_and_field(tmp_path):
+    runtime_scale = make_graph_model(
+        [helper.make_node("DequantizeLinear", ["x", "s"], ["y"], name="dq_runtime_scale")],
+        {},
+        ["y"],
+        opset=13,
+    )
+    runtime_scale.graph.input.extend(
+        [
+            helper.make_tensor_value_info("x", TensorProto.INT8, [2, 3]),
+            helper.make_tensor_value_info("s", TensorProto.FLOAT, []),
+        ]
+    )
+    with pytest.raises(ConversionError, match=r"dq_runtime_scale \(DequantizeLinear\).*x_scale.*constant"):
+        load_onnx(runtime_scale.SerializeToString())
+
+    int16 = make_graph_model(
+        [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["y"], name="q_int16")],
+        {},
+        ["y"],
+        {"s": np.float32(0.1), "z": np.int16(0)},
+        opset=13,
+    )
+    int16.graph.input.append(helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3]))
+    with pytest.raises(ConversionError, match=r"q_int16 \(QuantizeLinear\).*y_zero_point.*int16"):
+        load_onnx(int16.SerializeToString())
