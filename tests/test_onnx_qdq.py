@@ -37,7 +37,7 @@ def quantized_model(tmp_path, name: str, per_channel: bool, activations: str) ->
     """The zoo model `name` quantized into tmp_path, with its last QuantizeLinear's output made a second
     graph output; (path, that quantized output's name, the float output's scale)."""
     path = tmp_path / f"{name}_{'channel' if per_channel else 'tensor'}_{activations}.onnx"
-    zoo.quantize_qdq(MODELS[name][0](), path, per_channel, activations)
+    zoo.quantize(MODELS[name][0](), path, per_channel, activations)
     model = onnx.load(path)
     last_dq = next(n for n in model.graph.node if model.graph.output[0].name in n.output)
     model.graph.output.append(helper.make_empty_tensor_value_info(last_dq.input[0]))
@@ -108,6 +108,59 @@ def test_compiled_qdq_package_equals_the_graph_and_matches_onnxruntime(
         for out, value in expected.items():
             np.testing.assert_array_equal(got[out], value, err_msg=out)
         assert_matches(got, onnxruntime_outputs(path, feeds), quantized, scale, f"{name} (package)")
+
+
+def _float_model(name: str) -> onnx.ModelProto:
+    """grouped_conv: a 3x3 Conv with group=2 and a Relu; matmuls: MatMul, Relu, MatMul (QLinearMatMul's form)."""
+    rng = np.random.default_rng(5)
+    if name == "grouped_conv":
+        inits = {"w": (rng.standard_normal((8, 2, 3, 3)) * 0.4).astype(np.float32)}
+        nodes = [
+            helper.make_node("Conv", ["input", "w"], ["c"], group=2, pads=[1, 1, 1, 1]),
+            helper.make_node("Relu", ["c"], ["output"]),
+        ]
+        shape = [1, 4, 6, 6]
+    else:
+        inits = {
+            "w1": (rng.standard_normal((32, 24)) * 0.25).astype(np.float32),
+            "w2": (rng.standard_normal((24, 10)) * 0.3).astype(np.float32),
+        }
+        nodes = [
+            helper.make_node("MatMul", ["input", "w1"], ["h"]),
+            helper.make_node("Relu", ["h"], ["r"]),
+            helper.make_node("MatMul", ["r", "w2"], ["output"]),
+        ]
+        shape = [2, 32]
+    model = make_graph_model(nodes, {}, ["output"], inits, opset=17)
+    model.graph.input.append(helper.make_tensor_value_info("input", TensorProto.FLOAT, shape))
+    return model
+
+
+@pytest.mark.parametrize(
+    "name, quant_format, per_channel, expected",
+    [
+        ("grouped_conv", "QDQ", True, "qnn.conv2d_nhwc"),
+        ("depthwise_separable", "QOperator", False, "qnn.depthwise_conv2d_nhwc"),
+        ("depthwise_separable", "QOperator", True, "qnn.depthwise_conv2d_nhwc"),
+        ("matmuls", "QOperator", True, "qnn.dense"),
+    ],
+)
+def test_grouped_conv_and_qlinear_operators_match_onnxruntime(
+    tmp_path, name, quant_format, per_channel, expected
+):
+    """A grouped conv folds too; QLinearConv / QLinearMatMul (QOperator format) map onto the same kernels."""
+    model = MODELS[name][0]() if name in MODELS else _float_model(name)
+    path = str(zoo.quantize(model, tmp_path / f"{name}.onnx", per_channel, "int8", quant_format))
+    graph = load_onnx(path)
+    ops = Counter(n.op for n in graph.nodes)
+    assert ops[expected] >= 1 and not FLOAT_OPS & set(ops), dict(ops)
+    feeds = seeded_inputs(path)
+    got = pooled([run_graph(graph, f) for f in feeds])
+    ref = pooled([onnxruntime_outputs(path, f) for f in feeds])
+    quantized = onnx.load(path)
+    (last_dq,) = [n for n in quantized.graph.node if "output" in n.output]
+    scale = next(numpy_helper.to_array(t) for t in quantized.graph.initializer if t.name == last_dq.input[1])
+    assert np.abs(got["output"] - ref["output"]).max() <= 2 * float(scale)
 
 
 # --- QuantizeLinear / DequantizeLinear on their own, and groups that stay in float ---------------------------

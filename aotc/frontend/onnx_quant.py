@@ -113,20 +113,28 @@ def _state(cv: _Converter) -> _QuantState:
 # --- QuantizeLinear / DequantizeLinear --------------------------------------------------------------------
 
 
-def _qparams(cv: _Converter, n: _OnnxNode, prefix: str, dtype: str | None) -> QParams:
-    """The scale (input 1) and zero point (input 2) of a QuantizeLinear (`prefix` y) or DequantizeLinear
-    (x) node; `dtype` is the quantized type when the data input gives it (DequantizeLinear)."""
-    x = n.inputs[0]
-    scale = cv.const_input(n, 1, f"{prefix}_scale")
-    zero = cv.const_input(n, 2, f"{prefix}_zero_point")
+def _qparams(
+    cv: _Converter,
+    n: _OnnxNode,
+    scale_input: int,
+    prefix: str,
+    dtype: str | None,
+    data: Value | None,
+    axis: int = 1,
+) -> QParams:
+    """The scale (input `scale_input`) and zero point (the next input) of the tensor `data` of node `n`
+    (None: its output, which must be quantized per tensor); `prefix` names them as the spec does (x, y,
+    w...), `dtype` is the quantized type when a data input gives it, `axis` the per-channel axis."""
+    scale = cv.const_input(n, scale_input, f"{prefix}_scale")
+    zero = cv.const_input(n, scale_input + 1, f"{prefix}_zero_point")
     if scale is None:
-        raise cv.fail(f"needs input 1 ({prefix}_scale)")
+        raise cv.fail(f"needs input {scale_input} ({prefix}_scale)")
     if n.attr("block_size", 0):
         raise cv.fail(f"block_size={n.attr('block_size')}: blocked quantization is not supported")
     if scale.dtype != np.float32:
         raise cv.fail(f"{prefix}_scale is {scale.dtype}; only float32 scales are supported")
     dtype = dtype or (str(zero.dtype) if zero is not None else _output_dtype(cv, n))
-    allowed = QUANT_DTYPES + (("int32",) if prefix == "x" else ())
+    allowed = QUANT_DTYPES + (("int32",) if n.op_type == "DequantizeLinear" else ())
     if dtype not in allowed:
         raise cv.fail(f"{prefix}_zero_point: element type {dtype} is not supported ({', '.join(allowed)})")
     if zero is not None and str(zero.dtype) != dtype:
@@ -137,15 +145,16 @@ def _qparams(cv: _Converter, n: _OnnxNode, prefix: str, dtype: str | None) -> QP
     if not np.all(np.isfinite(scales)) or np.any(scales <= 0):
         raise cv.fail(f"{prefix}_scale must be positive and finite, got {scales.tolist()}")
     zeros = tuple(int(z) for z in zero.reshape(-1)) if zero is not None else (0,) * scales.size
-    if scale.ndim > 1:
-        raise cv.fail(f"{prefix}_scale must be a scalar or 1-D, got shape {list(scale.shape)}")
+    if scale.ndim > 1 or (data is None and scale.size > 1):
+        raise cv.fail(
+            f"{prefix}_scale must be a scalar{'' if data is None else ' or 1-D'}, got {list(scale.shape)}"
+        )
     if scale.size == 1:  # a scalar, or [1] as quantizers write a per-tensor bias scale
         return QParams((float(scales[0]),), zeros[:1], dtype, None)
-    rank = len(x.type.shape)
-    axis = _axis(cv, n.attr("axis", 1), rank)
-    if scale.size != x.type.shape[axis]:
+    axis = _axis(cv, axis, len(data.type.shape))
+    if scale.size != data.type.shape[axis]:
         raise cv.fail(
-            f"{prefix}_scale has {scale.size} values; axis {axis} of {x.type} has {x.type.shape[axis]}"
+            f"{prefix}_scale has {scale.size} values; axis {axis} of {data.type} has {data.type.shape[axis]}"
         )
     return QParams(tuple(float(s) for s in scales), zeros, dtype, axis)
 
@@ -163,7 +172,7 @@ def _output_dtype(cv: _Converter, n: _OnnxNode) -> str:
 @_converts("DequantizeLinear")
 def _dequantize_linear(cv: _Converter, n: _OnnxNode) -> list[Value]:
     x = n.inputs[0]
-    q = _qparams(cv, n, "x", x.type.dtype)
+    q = _qparams(cv, n, 1, "x", x.type.dtype, x, n.attr("axis", 1))
     _state(cv).dequantized[n.outputs[0]] = (x, q)
     return [dequantize(cv, x, q, n.outputs[0])]
 
@@ -195,7 +204,7 @@ def _quantize_linear(cv: _Converter, n: _OnnxNode) -> list[Value]:
         raise cv.fail(f"input x is {x.type.dtype}; only float32 is supported")
     if n.attr("saturate", 1) != 1:
         raise cv.fail("saturate=0 applies to float8 outputs only, which are not supported")
-    q = _qparams(cv, n, "y", None)
+    q = _qparams(cv, n, 1, "y", None, x, n.attr("axis", 1))
     folded = _fold(cv, n, q)
     return [folded if folded is not None else quantize(cv, x, q, n.outputs[0])]
 
@@ -305,14 +314,14 @@ def _input_names(st: _QuantState, n: _OnnxNode) -> list[str]:
     return list(st.producers[n.outputs[0]].input)
 
 
-def _io_attrs(x: QParams, group: _Group) -> dict:
+def _io_attrs(x: QParams, out: QParams, activation: str) -> dict:
     return {
         "input_scale": x.scale,
         "input_zero_point": x.zero_point,
-        "output_scale": group.out.scale,
-        "output_zero_point": group.out.zero_point,
-        "activation": group.activation,
-        "out_dtype": group.out.dtype,
+        "output_scale": out.scale,
+        "output_zero_point": out.zero_point,
+        "activation": activation,
+        "out_dtype": out.dtype,
         "requantize": "float",
     }
 
@@ -398,7 +407,7 @@ def _fold_conv(cv: _Converter, st: _QuantState, group: _Group) -> Value | None:
         if b is None:
             return None
         bias = [b]
-    return qnn_conv(cv, n, x, xq, w, wq, bias, _io_attrs(xq, group), group.out_name)
+    return qnn_conv(cv, n, x, xq, w, wq, bias, _io_attrs(xq, group.out, group.activation), group.out_name)
 
 
 def qnn_conv(
@@ -411,22 +420,22 @@ def qnn_conv(
     bias: list[Value],
     attrs: dict,
     out: str,
-) -> Value | None:
+) -> Value:
     """The NCHW Conv node `n` on x_q [N, C, H, W] and constant w_q [O, C/group, KH, KW] as a qnn
-    convolution in NHWC; None where it has no such form (1-D, groups other than 1 and depthwise)."""
+    convolution in NHWC (grouped ones too, the group count following from the shapes)."""
+    if len(x.type.shape) != 4:
+        raise cv.fail(f"only 2-D quantized convolutions are supported, got input {x.type}")
     window = _window(cv, n, x, w.type.shape[2:])
-    if window.lifted:
-        return None
     channels, group = x.type.shape[1], int(n.attr("group", 1))
     out_channels = w.type.shape[0]
+    if group < 1 or channels % group or out_channels % group or w.type.shape[1] != channels // group:
+        raise cv.fail(f"group={group} does not fit input {x.type} and weight {w.type}")
     attrs = {k: v for k, v in window.attrs.items() if k != "kernel"} | attrs | _weight_attrs(wq)
-    if group == 1:
-        op, weight = "qnn.conv2d_nhwc", w.data.transpose(0, 2, 3, 1)  # OHWI
-    elif group == channels and w.type.shape[1] == 1 and out_channels % channels == 0:
+    if group == channels and group > 1:
         op, weight = "qnn.depthwise_conv2d_nhwc", w.data.transpose(1, 2, 3, 0)  # [1, KH, KW, C*M]
         attrs["depth_multiplier"] = out_channels // channels
     else:
-        return None
+        op, weight = "qnn.conv2d_nhwc", w.data.transpose(0, 2, 3, 1)  # OHWI, I = C / group
     weight = cv.constant(np.ascontiguousarray(weight), "weight_ohwi")
     y = cv.emit(op, [as_nhwc(cv, x), weight, *bias], attrs)
     return _as_nchw(cv, y, out)
@@ -439,7 +448,7 @@ def _fold_matmul(cv: _Converter, st: _QuantState, group: _Group) -> Value | None
     if operands is None or len(n.inputs[1].type.shape) != 2:
         return None
     x, xq, w, wq = operands
-    return qnn_dense(cv, x, xq, w.data.T, wq, [], _io_attrs(xq, group), group.out_name)
+    return qnn_dense(cv, x, xq, w.data.T, wq, [], _io_attrs(xq, group.out, group.activation), group.out_name)
 
 
 def _fold_gemm(cv: _Converter, st: _QuantState, group: _Group) -> Value | None:
@@ -460,7 +469,7 @@ def _fold_gemm(cv: _Converter, st: _QuantState, group: _Group) -> Value | None:
         if b is None:
             return None
         bias = [b]
-    return qnn_dense(cv, x, xq, weight, wq, bias, _io_attrs(xq, group), group.out_name)
+    return qnn_dense(cv, x, xq, weight, wq, bias, _io_attrs(xq, group.out, group.activation), group.out_name)
 
 
 def qnn_dense(
@@ -508,3 +517,54 @@ _FOLDS: dict[str, Callable[[_Converter, _QuantState, _Group], Value | None]] = {
     "Gemm": _fold_gemm,
     "Add": _fold_add,
 }
+
+
+# --- QLinearConv / QLinearMatMul: the quantized operators of the default domain --------------------------
+
+
+@_converts("QLinearConv")
+def _qlinear_conv(cv: _Converter, n: _OnnxNode) -> list[Value]:
+    """Inputs x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point [, int32 bias]."""
+    x, w = n.inputs[0], n.inputs[3]
+    xq = _qparams(cv, n, 1, "x", x.type.dtype, x)
+    wq = _weight_qparams(cv, n, 3, "w", axis=0)
+    out = _qparams(cv, n, 6, "y", None, None)
+    _require_per_tensor(cv, xq, "x")
+    bias = [v for v in n.inputs[8:9] if v is not None]
+    if bias and bias[0].type.dtype != "int32":
+        raise cv.fail(f"input 8 (B) is {bias[0].type.dtype}; the bias of QLinearConv is int32")
+    return [qnn_conv(cv, n, x, xq, w, wq, bias, _io_attrs(xq, out, "NONE"), n.outputs[0])]
+
+
+@_converts("QLinearMatMul")
+def _qlinear_matmul(cv: _Converter, n: _OnnxNode) -> list[Value]:
+    """Inputs a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point; b a constant
+    [K, N] matrix quantized per tensor or per column."""
+    a, b = n.inputs[0], n.inputs[3]
+    aq = _qparams(cv, n, 1, "a", a.type.dtype, a)
+    bq = _weight_qparams(cv, n, 3, "b", axis=-1)
+    out = _qparams(cv, n, 6, "y", None, None)
+    _require_per_tensor(cv, aq, "a")
+    if len(b.type.shape) != 2:
+        raise cv.fail(f"input 3 (b) must be a 2-D matrix, got {b.type}")
+    return [qnn_dense(cv, a, aq, b.data.T, bq, [], _io_attrs(aq, out, "NONE"), n.outputs[0])]
+
+
+def _weight_qparams(cv: _Converter, n: _OnnxNode, i: int, name: str, axis: int) -> QParams:
+    """The parameters of constant weight input `i`: per tensor or along `axis`, with one zero point."""
+    w = n.inputs[i]
+    q = _qparams(cv, n, i + 1, name, w.type.dtype, w, axis)
+    if not w.is_constant:
+        raise cv.fail(
+            f"input {i} ({name}) must be a constant: quantized weights are laid out at compile time"
+        )
+    if len(set(q.zero_points)) != 1:
+        raise cv.fail(
+            f"{name}_zero_point: per-channel zero points must all be equal, got {list(q.zero_points)}"
+        )
+    return q
+
+
+def _require_per_tensor(cv: _Converter, q: QParams, name: str) -> None:
+    if not q.per_tensor:
+        raise cv.fail(f"{name}_scale: {name} must be quantized per tensor, it has {len(q.scales)} scales")

@@ -334,16 +334,17 @@ def dense_head(
     return b.model("dense_head", [_float_input("input", (batch, features))], out)
 
 
-def quantize_qdq(
+def quantize(
     model: onnx.ModelProto,
     path: str | Path,
     per_channel: bool,
     activations: str = "uint8",
+    quant_format: str = "QDQ",
     samples: int = 4,
     seed: int = 0,
 ) -> Path:
-    """`model` quantized by onnxruntime's `quantize_static` (QDQ format, int8 weights, `activations` int8 or
-    uint8), calibrated on `samples` seeded standard-normal inputs, written to `path`."""
+    """`model` quantized by onnxruntime's `quantize_static` (`quant_format` QDQ or QOperator, int8 weights,
+    `activations` int8 or uint8), calibrated on `samples` seeded standard-normal inputs, written to `path`."""
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
     rng = np.random.default_rng(seed)
@@ -366,7 +367,7 @@ def quantize_qdq(
         str(source),
         str(path),
         Reader(),
-        quant_format=QuantFormat.QDQ,
+        quant_format=QuantFormat[quant_format],
         per_channel=per_channel,
         activation_type=QuantType.QInt8 if activations == "int8" else QuantType.QUInt8,
         weight_type=QuantType.QInt8,
