@@ -33,7 +33,14 @@ from aotc.topi.elemwise import broadcast_shape
 __all__ = [
     "OPSET_MAX",
     "OPSET_MIN",
+    "ConvWindow",
+    "OnnxConverter",
+    "OnnxNode",
+    "attr_value",
+    "conv_window",
+    "converts",
     "load_onnx",
+    "onnx_axis",
     "supported_operators",
 ]
 
@@ -66,7 +73,7 @@ def load_onnx(path_or_bytes: str | os.PathLike | bytes, input_shapes: InputShape
     model, source = _read(path_or_bytes)
     _check_opset(model, source)
     _check_operators(model.graph, source)
-    conv = _Converter(model.graph, source)
+    conv = OnnxConverter(model.graph, source)
     inputs = conv.bind_inputs(dict(input_shapes or {}))
     for i, proto in enumerate(model.graph.node):
         conv.convert(proto, i)
@@ -129,7 +136,7 @@ def _check_operators(graph: onnx.GraphProto, source: str) -> None:
 
 
 @dataclass
-class _OnnxNode:
+class OnnxNode:
     name: str
     op_type: str
     inputs: list[Value | None]
@@ -143,7 +150,7 @@ class _OnnxNode:
         return self.attrs.get(key, default)
 
 
-def _attr_value(a: onnx.AttributeProto) -> Any:
+def attr_value(a: onnx.AttributeProto) -> Any:
     v = onnx.helper.get_attribute_value(a)
     if isinstance(v, bytes):
         return v.decode()
@@ -152,7 +159,7 @@ def _attr_value(a: onnx.AttributeProto) -> Any:
     return v
 
 
-class _Converter:
+class OnnxConverter:
     def __init__(self, graph: onnx.GraphProto, source: str):
         self.graph = graph
         self.source = source
@@ -163,7 +170,7 @@ class _Converter:
         self.value_names = {o for p in graph.node for o in p.output} | {i.name for i in graph.input}
         self.value_names |= {t.name for t in graph.initializer}
         self.node_names: set[str] = set()
-        self.node: _OnnxNode | None = None
+        self.node: OnnxNode | None = None
         self.batch = BatchTracker(source)
         for t in graph.initializer:
             self.values[t.name] = self._constant_value(t.name, numpy_helper.to_array(t))
@@ -207,11 +214,11 @@ class _Converter:
             raise ConversionError(
                 f"{self.source}: node {name} ({proto.op_type}): inputs {missing} are not defined before it"
             )
-        self.node = _OnnxNode(
+        self.node = OnnxNode(
             name,
             proto.op_type,
             [self.values[v] if v else None for v in proto.input],
-            {a.name: _attr_value(a) for a in proto.attribute},
+            {a.name: attr_value(a) for a in proto.attribute},
             list(proto.output),
         )
         results = _CONVERTERS[_op_key(proto)](self, self.node)
@@ -254,7 +261,7 @@ class _Converter:
         name = out or unique_name(f"{self.node.name}/{hint}", self.value_names)
         return self._constant_value(name, np.asarray(data, dtype))
 
-    def const_input(self, n: _OnnxNode, i: int, what: str) -> np.ndarray | None:
+    def const_input(self, n: OnnxNode, i: int, what: str) -> np.ndarray | None:
         """The value of optional input `i`, which must be a constant (it sets an attribute)."""
         v = n.input(i)
         if v is None:
@@ -361,10 +368,10 @@ def _dims_str(dims: Sequence[int | str | None]) -> str:
 # ---------------------------------------------------------------------------------------------------------
 # Converters: one function per ONNX operator (or family), returning the values of the node's outputs.
 
-_CONVERTERS: dict[str, Callable[[_Converter, _OnnxNode], list[Value]]] = {}
+_CONVERTERS: dict[str, Callable[[OnnxConverter, OnnxNode], list[Value]]] = {}
 
 
-def _converts(*op_types: str):
+def converts(*op_types: str):
     def wrap(fn):
         for op_type in op_types:
             _CONVERTERS[op_type] = fn
@@ -412,15 +419,15 @@ _ELEMENTWISE: dict[str, tuple[str, dict[str, Any]]] = {
 """ONNX op -> (graph op, its attrs with ONNX defaults) for ops that map one to one on all inputs."""
 
 
-@_converts(*_ELEMENTWISE)
-def _elementwise(cv: _Converter, n: _OnnxNode) -> list[Value]:
+@converts(*_ELEMENTWISE)
+def _elementwise(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
     op, defaults = _ELEMENTWISE[n.op_type]
     attrs = {k: n.attr(k, d) for k, d in defaults.items()}
     return [cv.emit(op, n.inputs, attrs, n.outputs[0])]
 
 
-@_converts("Max", "Min", "Sum", "Mean")
-def _variadic(cv: _Converter, n: _OnnxNode) -> list[Value]:
+@converts("Max", "Min", "Sum", "Mean")
+def _variadic(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
     op = {"Max": "maximum", "Min": "minimum", "Sum": "add", "Mean": "add"}[n.op_type]
     acc = n.inputs[0]
     last = n.outputs[0] if n.op_type != "Mean" else None
@@ -432,8 +439,8 @@ def _variadic(cv: _Converter, n: _OnnxNode) -> list[Value]:
     return [acc]
 
 
-@_converts("Identity", "Dropout")
-def _identity(cv: _Converter, n: _OnnxNode) -> list[Value]:
+@converts("Identity", "Dropout")
+def _identity(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
     x = n.inputs[0]
     training = cv.const_input(n, 2, "training_mode") if n.op_type == "Dropout" else None
     if training is not None and training.item():
@@ -443,8 +450,8 @@ def _identity(cv: _Converter, n: _OnnxNode) -> list[Value]:
     return [x]
 
 
-@_converts("Cast")
-def _cast(cv: _Converter, n: _OnnxNode) -> list[Value]:
+@converts("Cast")
+def _cast(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
     to = n.attr("to")
     if to not in _DTYPES:
         raise cv.fail(f"cannot cast to element type {to}")
@@ -454,33 +461,33 @@ def _cast(cv: _Converter, n: _OnnxNode) -> list[Value]:
     return [cv.emit("cast", [x], {"dtype": _DTYPES[to]}, n.outputs[0])]
 
 
-@_converts("Clip")
-def _clip(cv: _Converter, n: _OnnxNode) -> list[Value]:
+@converts("Clip")
+def _clip(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
     lo, hi = cv.const_input(n, 1, "min"), cv.const_input(n, 2, "max")
     attrs = {"min": None if lo is None else lo.item(), "max": None if hi is None else hi.item()}
     return [cv.emit("clip", [n.inputs[0]], attrs, n.outputs[0])]
 
 
-@_converts("Softmax", "LogSoftmax")
-def _softmax(cv: _Converter, n: _OnnxNode) -> list[Value]:
+@converts("Softmax", "LogSoftmax")
+def _softmax(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
     x = n.inputs[0]
     op = "softmax" if n.op_type == "Softmax" else "log_softmax"
-    return [cv.emit(op, [x], {"axis": _axis(cv, n.attr("axis", -1), len(x.type.shape))}, n.outputs[0])]
+    return [cv.emit(op, [x], {"axis": onnx_axis(cv, n.attr("axis", -1), len(x.type.shape))}, n.outputs[0])]
 
 
-def _axis(cv: _Converter, axis: int, ndim: int) -> int:
+def onnx_axis(cv: OnnxConverter, axis: int, ndim: int) -> int:
     if not -ndim <= axis < max(ndim, 1):
         raise cv.fail(f"axis {axis} is out of range for rank {ndim}")
     return axis % max(ndim, 1)
 
 
-def _axes(cv: _Converter, n: _OnnxNode, ndim: int) -> list[int] | None:
+def _axes(cv: OnnxConverter, n: OnnxNode, ndim: int) -> list[int] | None:
     """Axes from input 1 (newer opsets) or the `axes` attribute (older ones); None if neither."""
     given = cv.const_input(n, 1, "axes")
     axes = given.tolist() if given is not None else n.attr("axes")
     if axes is None:
         return None
-    return [_axis(cv, int(a), ndim) for a in axes]
+    return [onnx_axis(cv, int(a), ndim) for a in axes]
 
 
 # --- convolution, matrix products, pooling ------------------------------------------------------------------
@@ -492,7 +499,7 @@ def _split_pads(totals: Sequence[int], auto_pad: str) -> list[int]:
     return begin + [t - b for t, b in zip(totals, begin)]
 
 
-def _window_pads(cv: _Converter, n: _OnnxNode, sizes, kernel, strides, dilations) -> list[int]:
+def _window_pads(cv: OnnxConverter, n: OnnxNode, sizes, kernel, strides, dilations) -> list[int]:
     """ONNX pads of a sliding window, resolving auto_pad."""
     rank = len(sizes)
     auto_pad = n.attr("auto_pad", "NOTSET")
@@ -509,7 +516,7 @@ def _window_pads(cv: _Converter, n: _OnnxNode, sizes, kernel, strides, dilations
     return _split_pads(totals, auto_pad)
 
 
-def _transposed_pads(cv: _Converter, n: _OnnxNode, sizes, kernel, strides, dilations) -> list[int]:
+def _transposed_pads(cv: OnnxConverter, n: OnnxNode, sizes, kernel, strides, dilations) -> list[int]:
     """ONNX pads of a ConvTranspose, from pads, auto_pad or output_shape."""
     rank = len(sizes)
     output_shape = n.attr("output_shape")
@@ -526,16 +533,16 @@ def _transposed_pads(cv: _Converter, n: _OnnxNode, sizes, kernel, strides, dilat
 
 
 @dataclass
-class _Window:
+class ConvWindow:
     """Sliding-window attributes of a Conv/ConvTranspose/Pool node as 2-D ones (1-D lifted to H=1)."""
 
     attrs: dict[str, tuple[int, ...]]
     lifted: bool
 
 
-def _window(
-    cv: _Converter, n: _OnnxNode, x: Value, kernel: Sequence[int], transposed: bool = False
-) -> _Window:
+def conv_window(
+    cv: OnnxConverter, n: OnnxNode, x: Value, kernel: Sequence[int], transposed: bool = False
+) -> ConvWindow:
     rank = len(x.type.shape) - 2
     if rank not in (1, 2):
         raise cv.fail(f"only 1-D and 2-D windows are supported, got a {rank}-D input {x.type}")
@@ -548,7 +555,7 @@ def _window(
     if transposed:
         attrs["output_padding"] = n.attr("output_padding", [0] * rank)
     attrs = {k: tuple(int(e) for e in v) for k, v in attrs.items()}
-    return _Window(_lift_attrs(attrs) if rank == 1 else attrs, rank == 1)
+    return ConvWindow(_lift_attrs(attrs) if rank == 1 else attrs, rank == 1)
 
 
 def _lift_attrs(attrs: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
@@ -560,13 +567,15 @@ def _lift_attrs(attrs: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]
     return lifted
 
 
-def _lift(cv: _Converter, v: Value) -> Value:
+def _lift(cv: OnnxConverter, v: Value) -> Value:
     """A 1-D window operand [N, C, L] as [N, C, 1, L]."""
     s = v.type.shape
     return cv.emit("reshape", [v], {"shape": (*s[:2], 1, *s[2:])})
 
 
-def _windowed(cv: _Converter, n: _OnnxNode, op: str, inputs: list[Value], attrs: dict, w: _Window) -> Value:
+def _windowed(
+    cv: OnnxConverter, n: OnnxNode, op: str, inputs: list[Value], attrs: dict, w: ConvWindow
+) -> Value:
     """Emit a 2-D window op, lifting 1-D operands to 2-D and the result back."""
     if not w.lifted:
         return cv.emit(op, inputs, attrs, n.outputs[0])
@@ -576,22 +585,22 @@ def _windowed(cv: _Converter, n: _OnnxNode, op: str, inputs: list[Value], attrs:
     return cv.emit("reshape", [out], {"shape": (*s[:2], s[3])}, n.outputs[0])
 
 
-@_converts("Conv", "ConvTranspose")
-def _conv(cv: _Converter, n: _OnnxNode) -> list[Value]:
+@converts("Conv", "ConvTranspose")
+def _conv(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
     x, weight, bias = n.input(0), n.input(1), n.input(2)
     transposed = n.op_type == "ConvTranspose"
-    w = _window(cv, n, x, weight.type.shape[2:], transposed)
+    w = conv_window(cv, n, x, weight.type.shape[2:], transposed)
     attrs = {k: v for k, v in w.attrs.items() if k != "kernel"} | {"groups": n.attr("group", 1)}
     inputs = [x, weight] + ([bias] if bias is not None else [])
     return [_windowed(cv, n, "conv2d_transpose" if transposed else "conv2d", inputs, attrs, w)]
 
 
-@_converts("MaxPool", "AveragePool")
-def _pool(cv: _Converter, n: _OnnxNode) -> list[Value]:
+@converts("MaxPool", "AveragePool")
+def _pool(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
     x = n.inputs[0]
     if n.attr("kernel_shape") is None:
         raise cv.fail("needs kernel_shape")
-    w = _window(cv, n, x, n.attr("kernel_shape"))
+    w = conv_window(cv, n, x, n.attr("kernel_shape"))
     attrs: dict[str, Any] = {**w.attrs, "ceil_mode": bool(n.attr("ceil_mode", 0))}
     if n.op_type == "AveragePool":
         attrs["count_include_pad"] = bool(n.attr("count_include_pad", 0))
@@ -599,21 +608,21 @@ def _pool(cv: _Converter, n: _OnnxNode) -> list[Value]:
     return [_windowed(cv, n, op, [x], attrs, w)]
 
 
-@_converts("GlobalAveragePool", "GlobalMaxPool")
-def _global_pool(cv: _Converter, n: _OnnxNode) -> list[Value]:
+@converts("GlobalAveragePool", "GlobalMaxPool")
+def _global_pool(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
     x = n.inputs[0]
     op = "reduce_mean" if n.op_type == "GlobalAveragePool" else "reduce_max"
     axes = tuple(range(2, len(x.type.shape)))
     return [cv.emit(op, [x], {"axes": axes, "keepdims": True}, n.outputs[0])]
 
 
-@_converts("MatMul")
-def _matmul(cv: _Converter, n: _OnnxNode) -> list[Value]:
+@converts("MatMul")
+def _matmul(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
     return [cv.emit("matmul", n.inputs[:2], out=n.outputs[0])]
 
 
-@_converts("Gemm")
-def _gemm(cv: _Converter, n: _OnnxNode) -> list[Value]:
+@converts("Gemm")
+def _gemm(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
     """alpha * A' B' + beta * C as dense(A', B'') with B'' in [N, K] layout, C as its bias when 1-D."""
     a, b, c = n.input(0), n.input(1), n.input(2)
     alpha, beta = n.attr("alpha", 1.0), n.attr("beta", 1.0)
@@ -638,23 +647,23 @@ def _gemm(cv: _Converter, n: _OnnxNode) -> list[Value]:
 # --- normalization and reductions ---------------------------------------------------------------------------
 
 
-@_converts("BatchNormalization")
-def _batch_norm(cv: _Converter, n: _OnnxNode) -> list[Value]:
+@converts("BatchNormalization")
+def _batch_norm(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
     if n.attr("training_mode", 0):
         raise cv.fail("training_mode=1 is not supported (inference only)")
     return [cv.emit("batch_norm", n.inputs[:5], {"epsilon": n.attr("epsilon", 1e-5)}, n.outputs[0])]
 
 
-@_converts("LayerNormalization")
-def _layer_norm(cv: _Converter, n: _OnnxNode) -> list[Value]:
+@converts("LayerNormalization")
+def _layer_norm(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
     x = n.inputs[0]
     inputs = [v for v in n.inputs[:3] if v is not None]
-    attrs = {"axis": _axis(cv, n.attr("axis", -1), len(x.type.shape)), "epsilon": n.attr("epsilon", 1e-5)}
+    attrs = {"axis": onnx_axis(cv, n.attr("axis", -1), len(x.type.shape)), "epsilon": n.attr("epsilon", 1e-5)}
     return [cv.emit("layer_norm", inputs, attrs, n.outputs[0])]
 
 
-@_converts("InstanceNormalization")
-def _instance_norm(cv: _Converter, n: _OnnxNode) -> list[Value]:
+@converts("InstanceNormalization")
+def _instance_norm(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
     return [cv.emit("instance_norm", n.inputs[:3], {"epsilon": n.attr("epsilon", 1e-5)}, n.outputs[0])]
 
 
@@ -666,8 +675,8 @@ _REDUCE = {
 }
 
 
-@_converts(*_REDUCE)
-def _reduce(cv: _Converter, n: _OnnxNode) -> list[Value]:
+@converts(*_REDUCE)
+def _reduce(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
     x = n.inputs[0]
     ndim = len(x.type.shape)
     axes = _axes(cv, n, ndim)
@@ -682,15 +691,15 @@ def _reduce(cv: _Converter, n: _OnnxNode) -> list[Value]:
 # --- shapes, layout, indexing -------------------------------------------------------------------------------
 
 
-def _reshape(cv: _Converter, x: Value, shape: Sequence[int], out: str) -> Value:
+def _reshape(cv: OnnxConverter, x: Value, shape: Sequence[int], out: str) -> Value:
     shape = tuple(int(s) for s in shape)
     if shape == x.type.shape:
         return x
     return cv.emit("reshape", [x], {"shape": shape}, out)
 
 
-@_converts("Reshape")
-def _reshape_op(cv: _Converter, n: _OnnxNode) -> list[Value]:
+@converts("Reshape")
+def _reshape_op(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
     x = n.inputs[0]
     spec = cv.const_input(n, 1, "shape")
     if spec is None:
@@ -710,8 +719,8 @@ def _reshape_op(cv: _Converter, n: _OnnxNode) -> list[Value]:
     return [_reshape(cv, x, shape, n.outputs[0])]
 
 
-@_converts("Flatten")
-def _flatten(cv: _Converter, n: _OnnxNode) -> list[Value]:
+@converts("Flatten")
+def _flatten(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
     x = n.inputs[0]
     shape = x.type.shape
     axis = n.attr("axis", 1)
@@ -719,8 +728,8 @@ def _flatten(cv: _Converter, n: _OnnxNode) -> list[Value]:
     return [_reshape(cv, x, (math.prod(shape[:axis]), math.prod(shape[axis:])), n.outputs[0])]
 
 
-@_converts("Squeeze")
-def _squeeze(cv: _Converter, n: _OnnxNode) -> list[Value]:
+@converts("Squeeze")
+def _squeeze(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
     x = n.inputs[0]
     shape = x.type.shape
     axes = _axes(cv, n, len(shape))
@@ -730,21 +739,21 @@ def _squeeze(cv: _Converter, n: _OnnxNode) -> list[Value]:
     return [_reshape(cv, x, [s for d, s in enumerate(shape) if d not in axes], n.outputs[0])]
 
 
-@_converts("Unsqueeze")
-def _unsqueeze(cv: _Converter, n: _OnnxNode) -> list[Value]:
+@converts("Unsqueeze")
+def _unsqueeze(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
     x = n.inputs[0]
     given = cv.const_input(n, 1, "axes")
     raw = given.tolist() if given is not None else n.attr("axes")
     if raw is None:
         raise cv.fail("needs axes")
     ndim = len(x.type.shape) + len(raw)
-    axes = {_axis(cv, int(a), ndim) for a in raw}
+    axes = {onnx_axis(cv, int(a), ndim) for a in raw}
     dims = iter(x.type.shape)
     return [_reshape(cv, x, [1 if d in axes else next(dims) for d in range(ndim)], n.outputs[0])]
 
 
-@_converts("Transpose")
-def _transpose(cv: _Converter, n: _OnnxNode) -> list[Value]:
+@converts("Transpose")
+def _transpose(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
     x = n.inputs[0]
     ndim = len(x.type.shape)
     perm = tuple(n.attr("perm", range(ndim - 1, -1, -1)))
@@ -753,18 +762,18 @@ def _transpose(cv: _Converter, n: _OnnxNode) -> list[Value]:
     return [cv.emit("transpose", [x], {"perm": perm}, n.outputs[0])]
 
 
-@_converts("Concat")
-def _concat(cv: _Converter, n: _OnnxNode) -> list[Value]:
+@converts("Concat")
+def _concat(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
     parts = [v for v in n.inputs if v is not None and v.type.num_elements > 0]
     if not parts:
         raise cv.fail("all inputs are empty")
     if len(parts) == 1:
         return parts
-    axis = _axis(cv, n.attr("axis"), len(parts[0].type.shape))
+    axis = onnx_axis(cv, n.attr("axis"), len(parts[0].type.shape))
     return [cv.emit("concat", parts, {"axis": axis}, n.outputs[0])]
 
 
-def _slice(cv: _Converter, x: Value, ranges: dict[int, range], out: str | None) -> Value:
+def _slice(cv: OnnxConverter, x: Value, ranges: dict[int, range], out: str | None) -> Value:
     """x restricted to `ranges` (axis -> picked indices); other axes whole."""
     full = [ranges.get(d, range(s)) for d, s in enumerate(x.type.shape)]
     if all(r == range(s) for r, s in zip(full, x.type.shape)):
@@ -779,14 +788,14 @@ def _slice(cv: _Converter, x: Value, ranges: dict[int, range], out: str | None) 
     return cv.emit("strided_slice", [x], attrs, out)
 
 
-@_converts("Slice")
-def _slice_op(cv: _Converter, n: _OnnxNode) -> list[Value]:
+@converts("Slice")
+def _slice_op(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
     x = n.inputs[0]
     shape = x.type.shape
     starts, ends = cv.const_input(n, 1, "starts"), cv.const_input(n, 2, "ends")
     axes = cv.const_input(n, 3, "axes")
     steps = cv.const_input(n, 4, "steps")
-    axes = list(range(len(starts))) if axes is None else [_axis(cv, int(a), len(shape)) for a in axes]
+    axes = list(range(len(starts))) if axes is None else [onnx_axis(cv, int(a), len(shape)) for a in axes]
     steps = [1] * len(axes) if steps is None else [int(s) for s in steps]
     if 0 in steps:
         raise cv.fail("slice steps must be nonzero")
@@ -796,10 +805,10 @@ def _slice_op(cv: _Converter, n: _OnnxNode) -> list[Value]:
     return [_slice(cv, x, ranges, n.outputs[0])]
 
 
-@_converts("Split")
-def _split(cv: _Converter, n: _OnnxNode) -> list[Value]:
+@converts("Split")
+def _split(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
     x = n.inputs[0]
-    axis = _axis(cv, n.attr("axis", 0), len(x.type.shape))
+    axis = onnx_axis(cv, n.attr("axis", 0), len(x.type.shape))
     extent = x.type.shape[axis]
     given = cv.const_input(n, 1, "split")
     if given is None and n.attr("split") is not None:
@@ -819,17 +828,17 @@ def _split(cv: _Converter, n: _OnnxNode) -> list[Value]:
     return outs
 
 
-@_converts("Gather")
-def _gather(cv: _Converter, n: _OnnxNode) -> list[Value]:
+@converts("Gather")
+def _gather(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
     data, indices = n.inputs[:2]
     if indices.type.dtype not in ("int32", "int64"):
         raise cv.fail(f"indices must be int32 or int64, got {indices.type.dtype}")
-    axis = _axis(cv, n.attr("axis", 0), len(data.type.shape))
+    axis = onnx_axis(cv, n.attr("axis", 0), len(data.type.shape))
     return [cv.emit("take", [data, indices], {"axis": axis}, n.outputs[0])]
 
 
-@_converts("Expand")
-def _expand(cv: _Converter, n: _OnnxNode) -> list[Value]:
+@converts("Expand")
+def _expand(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
     x = n.inputs[0]
     spec = cv.const_input(n, 1, "shape")
     try:
@@ -841,14 +850,14 @@ def _expand(cv: _Converter, n: _OnnxNode) -> list[Value]:
     return [cv.emit("broadcast_to", [x], {"shape": shape}, n.outputs[0])]
 
 
-@_converts("Pad")
-def _pad(cv: _Converter, n: _OnnxNode) -> list[Value]:
+@converts("Pad")
+def _pad(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
     x = n.inputs[0]
     ndim = len(x.type.shape)
     pads = cv.const_input(n, 1, "pads")
     value = cv.const_input(n, 2, "constant_value")
     axes = cv.const_input(n, 3, "axes")
-    axes = list(range(ndim)) if axes is None else [_axis(cv, int(a), ndim) for a in axes]
+    axes = list(range(ndim)) if axes is None else [onnx_axis(cv, int(a), ndim) for a in axes]
     mode = n.attr("mode", "constant")
     if mode not in ("constant", "reflect", "edge"):
         raise cv.fail(f"pad mode {mode!r} is not supported (constant, reflect, edge)")
@@ -866,8 +875,8 @@ def _pad(cv: _Converter, n: _OnnxNode) -> list[Value]:
     return [cv.emit("pad", [x], attrs, n.outputs[0])]
 
 
-@_converts("Resize")
-def _resize(cv: _Converter, n: _OnnxNode) -> list[Value]:
+@converts("Resize")
+def _resize(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
     x = n.inputs[0]
     shape = x.type.shape
     mode = n.attr("mode", "nearest")
@@ -876,7 +885,7 @@ def _resize(cv: _Converter, n: _OnnxNode) -> list[Value]:
         raise cv.fail(f"mode {mode!r} is not supported (nearest, linear)")
     if ctm == "tf_crop_and_resize" or n.attr("antialias", 0):
         raise cv.fail("tf_crop_and_resize and antialias are not supported")
-    axes = [_axis(cv, int(a), len(shape)) for a in n.attr("axes", range(len(shape)))]
+    axes = [onnx_axis(cv, int(a), len(shape)) for a in n.attr("axes", range(len(shape)))]
     scales, sizes = cv.const_input(n, 2, "scales"), cv.const_input(n, 3, "sizes")
     size, scale = list(shape), [1.0] * len(shape)
     if sizes is not None and sizes.size:
@@ -908,20 +917,20 @@ def _resize(cv: _Converter, n: _OnnxNode) -> list[Value]:
 # --- ops that always fold to constants ----------------------------------------------------------------------
 
 
-@_converts("Shape")
-def _shape(cv: _Converter, n: _OnnxNode) -> list[Value]:
+@converts("Shape")
+def _shape(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
     shape = n.inputs[0].type.shape
     start, end = n.attr("start", 0), n.attr("end", len(shape))
     return [cv.constant(np.array(shape[start:end], np.int64), "shape", out=n.outputs[0])]
 
 
-@_converts("Size")
-def _size(cv: _Converter, n: _OnnxNode) -> list[Value]:
+@converts("Size")
+def _size(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
     return [cv.constant(np.array(n.inputs[0].type.num_elements, np.int64), "size", out=n.outputs[0])]
 
 
-@_converts("Constant")
-def _constant(cv: _Converter, n: _OnnxNode) -> list[Value]:
+@converts("Constant")
+def _constant(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
     (key, value), *rest = n.attrs.items() if n.attrs else [(None, None)]
     if rest or key not in ("value", "value_float", "value_floats", "value_int", "value_ints"):
         raise cv.fail(f"unsupported constant attributes {sorted(n.attrs)}")
@@ -931,16 +940,16 @@ def _constant(cv: _Converter, n: _OnnxNode) -> list[Value]:
     return [cv.constant(value, "value", dtype, out=n.outputs[0])]
 
 
-@_converts("ConstantOfShape")
-def _constant_of_shape(cv: _Converter, n: _OnnxNode) -> list[Value]:
+@converts("ConstantOfShape")
+def _constant_of_shape(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
     shape = cv.const_input(n, 0, "shape")
     value = n.attr("value")
     fill = numpy_helper.to_array(value).reshape(-1) if value is not None else np.zeros(1, np.float32)
     return [cv.constant(np.full([int(s) for s in shape], fill[0], fill.dtype), "value", out=n.outputs[0])]
 
 
-@_converts("Range")
-def _range(cv: _Converter, n: _OnnxNode) -> list[Value]:
+@converts("Range")
+def _range(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
     start, limit, delta = (cv.const_input(n, i, what) for i, what in enumerate(("start", "limit", "delta")))
     count = max(math.ceil((limit.item() - start.item()) / delta.item()), 0)
     values = (start + np.arange(count, dtype=start.dtype) * delta).astype(start.dtype)

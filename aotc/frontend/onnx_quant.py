@@ -35,8 +35,8 @@ import onnx
 
 from aotc.frontend.errors import ConversionError
 
-# This module extends the ONNX frontend: it uses the converter's internals as its own converters do.
-from aotc.frontend.onnx import _attr_value, _axis, _Converter, _converts, _OnnxNode, _window
+# This module extends the ONNX frontend: its converters use the converter API that onnx.py defines.
+from aotc.frontend.onnx import OnnxConverter, OnnxNode, attr_value, conv_window, converts, onnx_axis
 from aotc.graph.ir import Value
 from aotc.topi.quantized import ACTIVATIONS
 
@@ -96,10 +96,10 @@ class _QuantState:
         return self.uses[name] == 1 and name not in self.outputs
 
 
-_STATES: weakref.WeakKeyDictionary[_Converter, _QuantState] = weakref.WeakKeyDictionary()
+_STATES: weakref.WeakKeyDictionary[OnnxConverter, _QuantState] = weakref.WeakKeyDictionary()
 
 
-def _state(cv: _Converter) -> _QuantState:
+def _state(cv: OnnxConverter) -> _QuantState:
     if cv not in _STATES:
         nodes = cv.graph.node
         _STATES[cv] = _QuantState(
@@ -114,8 +114,8 @@ def _state(cv: _Converter) -> _QuantState:
 
 
 def _qparams(
-    cv: _Converter,
-    n: _OnnxNode,
+    cv: OnnxConverter,
+    n: OnnxNode,
     scale_input: int,
     prefix: str,
     dtype: str | None,
@@ -151,7 +151,7 @@ def _qparams(
         )
     if scale.size == 1:  # a scalar, or [1] as quantizers write a per-tensor bias scale
         return QParams((float(scales[0]),), zeros[:1], dtype, None)
-    axis = _axis(cv, axis, len(data.type.shape))
+    axis = onnx_axis(cv, axis, len(data.type.shape))
     if scale.size != data.type.shape[axis]:
         raise cv.fail(
             f"{prefix}_scale has {scale.size} values; axis {axis} of {data.type} has {data.type.shape[axis]}"
@@ -159,7 +159,7 @@ def _qparams(
     return QParams(tuple(float(s) for s in scales), zeros, dtype, axis)
 
 
-def _output_dtype(cv: _Converter, n: _OnnxNode) -> str:
+def _output_dtype(cv: OnnxConverter, n: OnnxNode) -> str:
     """A QuantizeLinear's output type without a zero point: its output_dtype attribute, else uint8."""
     code = n.attr("output_dtype", 0)
     if not code:
@@ -169,15 +169,15 @@ def _output_dtype(cv: _Converter, n: _OnnxNode) -> str:
     return _ONNX_QUANT_DTYPES[code]
 
 
-@_converts("DequantizeLinear")
-def _dequantize_linear(cv: _Converter, n: _OnnxNode) -> list[Value]:
+@converts("DequantizeLinear")
+def _dequantize_linear(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
     x = n.inputs[0]
     q = _qparams(cv, n, 1, "x", x.type.dtype, x, n.attr("axis", 1))
     _state(cv).dequantized[n.outputs[0]] = (x, q)
     return [dequantize(cv, x, q, n.outputs[0])]
 
 
-def dequantize(cv: _Converter, x: Value, q: QParams, out: str | None = None) -> Value:
+def dequantize(cv: OnnxConverter, x: Value, q: QParams, out: str | None = None) -> Value:
     """(x - zero_point) * scale in float32, as the ONNX spec computes it."""
     rank = len(x.type.shape)
     zero = q.broadcast(q.zero_points, rank, "int32")
@@ -197,8 +197,8 @@ def dequantize(cv: _Converter, x: Value, q: QParams, out: str | None = None) -> 
     return cv.emit("multiply", [v, cv.constant(scale, "scale")], out=out)
 
 
-@_converts("QuantizeLinear")
-def _quantize_linear(cv: _Converter, n: _OnnxNode) -> list[Value]:
+@converts("QuantizeLinear")
+def _quantize_linear(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
     x = n.inputs[0]
     if x.type.dtype != "float32":
         raise cv.fail(f"input x is {x.type.dtype}; only float32 is supported")
@@ -209,7 +209,7 @@ def _quantize_linear(cv: _Converter, n: _OnnxNode) -> list[Value]:
     return [folded if folded is not None else quantize(cv, x, q, n.outputs[0])]
 
 
-def quantize(cv: _Converter, x: Value, q: QParams, out: str | None = None) -> Value:
+def quantize(cv: OnnxConverter, x: Value, q: QParams, out: str | None = None) -> Value:
     """saturate(round(x / scale) + zero_point), rounding half to even, as the ONNX spec computes it."""
     if q.per_tensor:
         attrs = {
@@ -235,13 +235,13 @@ def quantize(cv: _Converter, x: Value, q: QParams, out: str | None = None) -> Va
 class _Group:
     """A foldable group ending at a QuantizeLinear: its anchor node, the fused activation, the output."""
 
-    anchor: _OnnxNode
+    anchor: OnnxNode
     activation: str
     out: QParams
     out_name: str
 
 
-def _fold(cv: _Converter, n: _OnnxNode, out: QParams) -> Value | None:
+def _fold(cv: OnnxConverter, n: OnnxNode, out: QParams) -> Value | None:
     """The integer kernel computing QuantizeLinear `n` and the float group before it, or None (the group
     then stays as it is: dequantize, float ops, quantize)."""
     if not out.per_tensor:
@@ -259,7 +259,7 @@ def _fold(cv: _Converter, n: _OnnxNode, out: QParams) -> Value | None:
         return None
 
 
-def _match_group(cv: _Converter, st: _QuantState, name: str, out: QParams, out_name: str) -> _Group | None:
+def _match_group(cv: OnnxConverter, st: _QuantState, name: str, out: QParams, out_name: str) -> _Group | None:
     """anchor [-> Relu | Clip] -> the QuantizeLinear, each intermediate value used only there."""
     producer = st.producers.get(name)
     if producer is None or not st.single_use(name):
@@ -276,7 +276,7 @@ def _match_group(cv: _Converter, st: _QuantState, name: str, out: QParams, out_n
     return _Group(_onnx_node(cv, producer), activation, out, out_name)
 
 
-def _activation(cv: _Converter, proto: onnx.NodeProto) -> str | None:
+def _activation(cv: OnnxConverter, proto: onnx.NodeProto) -> str | None:
     """The qnn fused activation a Relu or Clip node is, or None for a Clip with other bounds."""
     if proto.op_type == "Relu":
         return "RELU"
@@ -292,12 +292,12 @@ def _activation(cv: _Converter, proto: onnx.NodeProto) -> str | None:
     return None
 
 
-def _onnx_node(cv: _Converter, proto: onnx.NodeProto) -> _OnnxNode:
-    return _OnnxNode(
+def _onnx_node(cv: OnnxConverter, proto: onnx.NodeProto) -> OnnxNode:
+    return OnnxNode(
         proto.name or proto.op_type,
         proto.op_type,
         [cv.values[i] if i else None for i in proto.input],
-        {a.name: _attr_value(a) for a in proto.attribute},
+        {a.name: attr_value(a) for a in proto.attribute},
         list(proto.output),
     )
 
@@ -310,7 +310,7 @@ def _dequantized_input(st: _QuantState, name: str) -> tuple[Value, QParams] | No
     return found
 
 
-def _input_names(st: _QuantState, n: _OnnxNode) -> list[str]:
+def _input_names(st: _QuantState, n: OnnxNode) -> list[str]:
     return list(st.producers[n.outputs[0]].input)
 
 
@@ -331,7 +331,7 @@ def _weight_attrs(w: QParams) -> dict:
 
 
 def _quantized_operands(
-    st: _QuantState, n: _OnnxNode, weight_axis: int
+    st: _QuantState, n: OnnxNode, weight_axis: int
 ) -> tuple[Value, QParams, Value, QParams] | None:
     """(x_q, x params, w_q, w params) of a Conv / MatMul / Gemm whose inputs 0 and 1 are dequantized, with
     x per tensor and w a constant quantized per tensor or along `weight_axis` with one zero point."""
@@ -347,7 +347,7 @@ def _quantized_operands(
     return xv, xq, wv, wq
 
 
-def _int32_bias(cv: _Converter, st: _QuantState, name: str, scales: np.ndarray) -> Value | None:
+def _int32_bias(cv: OnnxConverter, st: _QuantState, name: str, scales: np.ndarray) -> Value | None:
     """The bias as int32 at scale input_scale * weight_scale[c] (`scales`, one per output channel): the
     DequantizeLinear's int32 input when it has that scale, else a float constant quantized here; None if
     the bias is computed at run time or does not fit int32."""
@@ -378,7 +378,7 @@ def _bias_scales(x: QParams, w: QParams, channels: int) -> np.ndarray:
     return np.broadcast_to(product, (channels,)).astype(np.float64)
 
 
-def as_nhwc(cv: _Converter, v: Value) -> Value:
+def as_nhwc(cv: OnnxConverter, v: Value) -> Value:
     """The NHWC form of the NCHW value `v`: its twin, or a transpose (made once)."""
     st = _state(cv)
     if v not in st.nhwc:
@@ -386,14 +386,14 @@ def as_nhwc(cv: _Converter, v: Value) -> Value:
     return st.nhwc[v]
 
 
-def _as_nchw(cv: _Converter, y: Value, out: str) -> Value:
+def _as_nchw(cv: OnnxConverter, y: Value, out: str) -> Value:
     """The NCHW form of a folded op's NHWC result `y`, as ONNX value `out`; `y` becomes its twin."""
     v = cv.emit("transpose", [y], {"perm": TO_NCHW}, out)
     _state(cv).nhwc[v] = y
     return v
 
 
-def _fold_conv(cv: _Converter, st: _QuantState, group: _Group) -> Value | None:
+def _fold_conv(cv: OnnxConverter, st: _QuantState, group: _Group) -> Value | None:
     n = group.anchor
     operands = _quantized_operands(st, n, weight_axis=0)
     if operands is None or len(n.inputs[0].type.shape) != 4:
@@ -411,8 +411,8 @@ def _fold_conv(cv: _Converter, st: _QuantState, group: _Group) -> Value | None:
 
 
 def qnn_conv(
-    cv: _Converter,
-    n: _OnnxNode,
+    cv: OnnxConverter,
+    n: OnnxNode,
     x: Value,
     xq: QParams,
     w: Value,
@@ -425,7 +425,7 @@ def qnn_conv(
     convolution in NHWC (grouped ones too, the group count following from the shapes)."""
     if len(x.type.shape) != 4:
         raise cv.fail(f"only 2-D quantized convolutions are supported, got input {x.type}")
-    window = _window(cv, n, x, w.type.shape[2:])
+    window = conv_window(cv, n, x, w.type.shape[2:])
     channels, group = x.type.shape[1], int(n.attr("group", 1))
     out_channels = w.type.shape[0]
     if group < 1 or channels % group or out_channels % group or w.type.shape[1] != channels // group:
@@ -441,7 +441,7 @@ def qnn_conv(
     return _as_nchw(cv, y, out)
 
 
-def _fold_matmul(cv: _Converter, st: _QuantState, group: _Group) -> Value | None:
+def _fold_matmul(cv: OnnxConverter, st: _QuantState, group: _Group) -> Value | None:
     """MatMul(x [..., K], w [K, N]) with w per tensor or per column."""
     n = group.anchor
     operands = _quantized_operands(st, n, weight_axis=1)
@@ -451,7 +451,7 @@ def _fold_matmul(cv: _Converter, st: _QuantState, group: _Group) -> Value | None
     return qnn_dense(cv, x, xq, w.data.T, wq, [], _io_attrs(xq, group.out, group.activation), group.out_name)
 
 
-def _fold_gemm(cv: _Converter, st: _QuantState, group: _Group) -> Value | None:
+def _fold_gemm(cv: OnnxConverter, st: _QuantState, group: _Group) -> Value | None:
     """Gemm(x, w) + bias with alpha = beta = 1 and x not transposed."""
     n = group.anchor
     trans_b = bool(n.attr("transB", 0))
@@ -473,7 +473,7 @@ def _fold_gemm(cv: _Converter, st: _QuantState, group: _Group) -> Value | None:
 
 
 def qnn_dense(
-    cv: _Converter,
+    cv: OnnxConverter,
     x: Value,
     xq: QParams,
     weight: np.ndarray,
@@ -487,7 +487,7 @@ def qnn_dense(
     return cv.emit("qnn.dense", [x, w, *bias], attrs | _weight_attrs(wq), out)
 
 
-def _fold_add(cv: _Converter, st: _QuantState, group: _Group) -> Value | None:
+def _fold_add(cv: OnnxConverter, st: _QuantState, group: _Group) -> Value | None:
     """DQ(a_q) + DQ(b_q), both per tensor, as qnn.add; in NHWC when both operands have NHWC twins."""
     n = group.anchor
     names = _input_names(st, n)
@@ -511,7 +511,7 @@ def _fold_add(cv: _Converter, st: _QuantState, group: _Group) -> Value | None:
     return cv.emit("qnn.add", [av, bv], attrs, group.out_name)
 
 
-_FOLDS: dict[str, Callable[[_Converter, _QuantState, _Group], Value | None]] = {
+_FOLDS: dict[str, Callable[[OnnxConverter, _QuantState, _Group], Value | None]] = {
     "Conv": _fold_conv,
     "MatMul": _fold_matmul,
     "Gemm": _fold_gemm,
@@ -522,8 +522,8 @@ _FOLDS: dict[str, Callable[[_Converter, _QuantState, _Group], Value | None]] = {
 # --- QLinearConv / QLinearMatMul: the quantized operators of the default domain --------------------------
 
 
-@_converts("QLinearConv")
-def _qlinear_conv(cv: _Converter, n: _OnnxNode) -> list[Value]:
+@converts("QLinearConv")
+def _qlinear_conv(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
     """Inputs x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point [, int32 bias]."""
     x, w = n.inputs[0], n.inputs[3]
     xq = _qparams(cv, n, 1, "x", x.type.dtype, x)
@@ -536,8 +536,8 @@ def _qlinear_conv(cv: _Converter, n: _OnnxNode) -> list[Value]:
     return [qnn_conv(cv, n, x, xq, w, wq, bias, _io_attrs(xq, out, "NONE"), n.outputs[0])]
 
 
-@_converts("QLinearMatMul")
-def _qlinear_matmul(cv: _Converter, n: _OnnxNode) -> list[Value]:
+@converts("QLinearMatMul")
+def _qlinear_matmul(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
     """Inputs a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point; b a constant
     [K, N] matrix quantized per tensor or per column."""
     a, b = n.inputs[0], n.inputs[3]
@@ -550,7 +550,7 @@ def _qlinear_matmul(cv: _Converter, n: _OnnxNode) -> list[Value]:
     return [qnn_dense(cv, a, aq, b.data.T, bq, [], _io_attrs(aq, out, "NONE"), n.outputs[0])]
 
 
-def _weight_qparams(cv: _Converter, n: _OnnxNode, i: int, name: str, axis: int) -> QParams:
+def _weight_qparams(cv: OnnxConverter, n: OnnxNode, i: int, name: str, axis: int) -> QParams:
     """The parameters of constant weight input `i`: per tensor or along `axis`, with one zero point."""
     w = n.inputs[i]
     q = _qparams(cv, n, i + 1, name, w.type.dtype, w, axis)
@@ -565,6 +565,6 @@ def _weight_qparams(cv: _Converter, n: _OnnxNode, i: int, name: str, axis: int) 
     return q
 
 
-def _require_per_tensor(cv: _Converter, q: QParams, name: str) -> None:
+def _require_per_tensor(cv: OnnxConverter, q: QParams, name: str) -> None:
     if not q.per_tensor:
         raise cv.fail(f"{name}_scale: {name} must be quantized per tensor, it has {len(q.scales)} scales")
