@@ -21,6 +21,7 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 from aotc.search.model_tuning import (
     MAX_TRIALS,
     TuningOptions,
+    cluster_address_problem,
     duration_problem,
     parse_duration,
 )
@@ -426,9 +427,9 @@ class _Loader:
 
     def cluster_address(self, node: Node, key: str) -> str:
         value = self.string(node, key).strip()
-        host, _, port = value.rpartition(":")
-        if not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise self.fail(node, key, f"expected HOST:PORT of a Ray head (docs/cluster.md), got '{value}'")
+        problem = cluster_address_problem(value)
+        if problem:
+            raise self.fail(node, key, problem)
         return value
 
     def trials(self, node: Node, key: str) -> int:

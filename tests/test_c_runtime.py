@@ -889,31 +889,19 @@ int main(int argc, char **argv) {
 """
 
 
+def compile_c_program(program: Path, source: Path, *link: str) -> None:
+    """`source` compiled as strict C99 against the runtime's header and linked with `link`."""
+    cmd = ["cc", "-std=c99", "-Wall", "-Werror", "-I", str(C_RUNTIME), "-o", str(program), str(source)]
+    subprocess.run([*cmd, *link, "-ldl", "-lpthread"], check=True)
+
+
 def test_c_api(host, mlp, cnn, tmp_path):
     """The API's argument checks, concurrent runs of one model, and a model loaded while another
     package's library still holds the /proc/self/fd name its memfd gets; linked to the shared library."""
     source = tmp_path / "api_check.c"
     source.write_text(API_CHECK)
     program = tmp_path / "api_check"
-    subprocess.run(
-        [
-            "cc",
-            "-std=c99",
-            "-Wall",
-            "-Werror",
-            "-I",
-            str(C_RUNTIME),
-            "-o",
-            str(program),
-            str(source),
-            f"-L{host}",
-            "-laotc_runtime",
-            f"-Wl,-rpath,{host}",
-            "-ldl",
-            "-lpthread",
-        ],
-        check=True,
-    )
+    compile_c_program(program, source, f"-L{host}", "-laotc_runtime", f"-Wl,-rpath,{host}")
     x = mlp_input()
     cx = np.random.default_rng(1).standard_normal((1, 3, 16, 16)).astype("float32")
     files = []
@@ -940,23 +928,7 @@ def test_docs_example_compiles_and_runs(host, mlp, tmp_path):
     source = text.split("```c\n", 1)[1].split("```", 1)[0]
     (tmp_path / "classify.c").write_text(source)
     program = tmp_path / "classify"
-    subprocess.run(
-        [
-            "cc",
-            "-std=c99",
-            "-Wall",
-            "-Werror",
-            "-I",
-            str(C_RUNTIME),
-            str(tmp_path / "classify.c"),
-            str(host / "libaotc_runtime.a"),
-            "-ldl",
-            "-lpthread",
-            "-o",
-            str(program),
-        ],
-        check=True,
-    )
+    compile_c_program(program, tmp_path / "classify.c", str(host / "libaotc_runtime.a"))
     x = mlp_input()
     x.tofile(tmp_path / "x.bin")
     proc = subprocess.run([str(program), str(mlp), str(tmp_path / "x.bin")], capture_output=True, text=True)

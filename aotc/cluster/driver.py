@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, fields
 from aotc.cluster.keys import KEY_PREFIX, DeviceKey, device_key
 from aotc.cluster.ledger import LOST, DeviceLedger
 from aotc.search.common import ErrorCode
+from aotc.search.records import measured_by
 from aotc.search.workers import message_tail, serve
 
 __all__ = [
@@ -133,12 +134,6 @@ def pick_device_key(ray, target, address: str) -> DeviceKey:
 def plain_options(options) -> dict:
     """MeasureOptions as keyword arguments a device rebuilds them from; `runner` stays here."""
     return {f.name: getattr(options, f.name) for f in fields(options) if f.name != "runner"}
-
-
-def _host_words(host: dict) -> str:
-    from aotc.search.records import measured_by
-
-    return measured_by(host)
 
 
 def _error_text(err: BaseException) -> str:
@@ -500,7 +495,7 @@ class ClusterDriver:
         elif job.kind == "setup":
             d = job.worker
             host = answer.get("host", {})
-            self.ledger.add(d.name, _host_words(host))
+            self.ledger.add(d.name, measured_by(host))
             d.host = {**host, "device": d.name}  # in every record it measures
             if job.task == self.task:
                 d.task = self.task
@@ -621,10 +616,12 @@ class ClusterDriver:
 
 def driver_main(conn, env: dict[str, str], address: str) -> None:
     """The driver process: a `ClusterDriver` answering ("task", args) and ("measure", args) requests with
-    ("ok", answer) or ("error", message)."""
+    ("ok", answer) or ("error", message); asked to stop, it ends its actors and leaves the cluster."""
+    drivers: list[ClusterDriver] = []
 
     def setup():
         driver = ClusterDriver(address)
+        drivers.append(driver)
 
         def handle(request: tuple) -> tuple[str, object]:
             kind, args = request
@@ -640,3 +637,5 @@ def driver_main(conn, env: dict[str, str], address: str) -> None:
         return handle
 
     serve(conn, env, setup)
+    for driver in drivers:
+        driver.close()

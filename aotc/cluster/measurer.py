@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 from aotc.search.common import ErrorCode, MeasureResult, Noise
 from aotc.search.measure import BatchStats, MeasureError, MeasureOptions, Measurer
+from aotc.search.model_tuning import cluster_address_problem
 from aotc.search.workers import STARTUP_TIMEOUT, RunnerProcess, Worker, WorkerStartError
 from aotc.target import Target, as_target
 from aotc.te.dag import ComputeDAG
@@ -31,9 +32,9 @@ PER_CANDIDATE_SLACK = 10.0
 def check_address(address: str) -> str:
     """`address` stripped; ValueError unless it is HOST:PORT (of a Ray head)."""
     address = str(address).strip()
-    host, _, port = address.rpartition(":")
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"cluster address {address!r}: expected HOST:PORT of a Ray head (docs/cluster.md)")
+    problem = cluster_address_problem(address)
+    if problem:
+        raise ValueError(f"cluster address: {problem}")
     return address
 
 
@@ -142,7 +143,7 @@ class ClusterMeasurer(Measurer):
         self.cluster.current = self
 
     def close(self) -> None:
-        if getattr(self, "cluster", None) is not None and self.cluster.current is self:
+        if self.cluster.current is self:
             self.cluster.current = None
         super().close()
 

@@ -107,9 +107,9 @@ class TuningOptions:
             object.__setattr__(self, "tophub", [str(s) for s in self.tophub])
         if self.cluster is not None:
             address = str(self.cluster).strip()
-            host, _, port = address.rpartition(":")
-            if not host or not port.isdigit() or not 0 < int(port) < 65536:
-                raise ValueError(f"TuningOptions.cluster {self.cluster!r}: expected HOST:PORT of a Ray head")
+            problem = cluster_address_problem(address)
+            if problem:
+                raise ValueError(f"TuningOptions.cluster {self.cluster!r}: {problem}")
             object.__setattr__(self, "cluster", address)
         if not isinstance(self.search, SearchParams):
             raise TypeError(
@@ -146,6 +146,14 @@ class TuningOptions:
 
     def replace(self, **changes) -> TuningOptions:
         return replace(self, **changes)
+
+
+def cluster_address_problem(address: str) -> str:
+    """Why `address` is not HOST:PORT of a Ray head, or ""."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        return f"expected HOST:PORT of a Ray head (docs/cluster.md), got '{address}'"
+    return ""
 
 
 def runs_here(target: Target) -> bool:
