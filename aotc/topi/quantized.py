@@ -46,8 +46,12 @@ from aotc.topi.registry import OpPattern, register
 QUANT_DTYPES = ("int8", "uint8")
 QUANTIZE_ROUNDING = ("half_away", "half_even")
 REQUANTIZE_MODES = ("fixed_point", "float")
-"""How conv, dense and add requantize: TFLite's fixed-point multipliers (the default), or onnxruntime's
-float32 multiply rounded half to even (MlasRequantizeOutput, MlasQLinearAdd), for ONNX models."""
+"""How conv, dense, add and mean requantize: TFLite's fixed-point multipliers (the default), or onnxruntime's
+float32 multiply rounded half to even (MlasRequantizeOutput, MlasQLinearAdd, MlasQLinearGlobalAveragePool on
+x86), for ONNX models."""
+ACCUMULATOR_DTYPE = "int32"
+"""The out_dtype of conv and dense that skips requantization: their result is the int32 accumulator (plus the
+bias), as ONNX's ConvInteger and MatMulInteger compute it; no scales are read."""
 ACTIVATIONS: dict[str, tuple[float | None, float | None]] = {
     "NONE": (None, None),
     "RELU": (0.0, None),
@@ -245,6 +249,18 @@ def _output_stage(
     return te.compute(acc.shape, body, name, tag="requantize")
 
 
+def _accumulator_output(acc: Operation, attrs: dict, name: str, bias: Operation | None) -> Operation:
+    """The int32 accumulator as the result (out_dtype int32), the bias [C] added along the last axis."""
+    activation = attrs.get("activation", "NONE")
+    if activation != "NONE":
+        raise te.TEError(f"{name}: out_dtype int32 has no fused activation, got {activation!r}")
+    if bias is None:
+        return acc
+    if bias.dtype != ACCUMULATOR_DTYPE:
+        raise te.TEError(f"{name}: the bias must be int32, got {bias.dtype}")
+    return te.compute(acc.shape, lambda *i: acc[i] + bias[i[-1]], f"{name}_bias", tag="elemwise")
+
+
 def _conv_scales(attrs: dict, out_channels: int, per_tensor_in_float: bool) -> list[float]:
     """Effective scales input_scale * weight_scale[c] / output_scale, as TFLite's Prepare computes them:
     in double, except the legacy per-tensor path that multiplies input and weight scales in float32."""
@@ -275,10 +291,19 @@ def _quantized_term(in_zp: int, w_zp: int) -> Callable[[Expr, Expr], Expr]:
     return term
 
 
-def _mac_input_zero_point(attrs: dict) -> int:
-    """The input zero point the multiply-accumulate subtracts: none when the graph folded
-    -input_zero_point * sum(weight) into the bias (`input_zero_point_in_bias`)."""
-    return 0 if attrs.get("input_zero_point_in_bias") else int(attrs["input_zero_point"])
+def mac_zero_point(op: str, dtype: str) -> int:
+    """The zero point a conv or dense layer with `input_zero_point_in_bias` still subtracts from its
+    `dtype` input: -128 for int8 convs and dense layers, whose factor x + 128 is then the uint8 that a
+    dot-product instruction reads (vpdpbusd: uint8 x int8; docs/int8.md), else 0."""
+    return -128 if dtype == "int8" and op in ("qnn.conv2d_nhwc", "qnn.dense") else 0
+
+
+def _mac_input_zero_point(attrs: dict, op: str, dtype: str) -> int:
+    """The input zero point the multiply-accumulate subtracts: `mac_zero_point` when the graph folded
+    -(input_zero_point - mac_zero_point) * sum(weight) into the bias (`input_zero_point_in_bias`)."""
+    return (
+        mac_zero_point(op, dtype) if attrs.get("input_zero_point_in_bias") else int(attrs["input_zero_point"])
+    )
 
 
 def _weight_zero_point(attrs: dict, what: str) -> int:
@@ -295,7 +320,7 @@ def qnn_conv(inputs: Sequence[Operation], attrs: dict, depthwise: bool) -> Opera
     _check_quantized(weight, what)
     in_zp = int(attrs["input_zero_point"])
     out_channels = weight.shape[3] if depthwise else weight.shape[0]
-    term = _quantized_term(_mac_input_zero_point(attrs), _weight_zero_point(attrs, what))
+    term = _quantized_term(_mac_input_zero_point(attrs, what, data.dtype), _weight_zero_point(attrs, what))
     name = what.replace(".", "_")
     if depthwise:
         acc = depthwise_conv2d_nhwc(
@@ -320,8 +345,10 @@ def qnn_conv(inputs: Sequence[Operation], attrs: dict, depthwise: bool) -> Opera
             term=term,
             name=f"{name}_acc",
         )
-    scales = _conv_scales(attrs, out_channels, per_tensor_in_float=data.dtype == "uint8")
     bias = inputs[2] if len(inputs) > 2 else None
+    if attrs.get("out_dtype") == ACCUMULATOR_DTYPE:
+        return _accumulator_output(acc, attrs, name, bias)
+    scales = _conv_scales(attrs, out_channels, per_tensor_in_float=data.dtype == "uint8")
     return _output_stage(acc, attrs, scales, 3, name, bias, half_up=not depthwise)
 
 
@@ -331,7 +358,8 @@ def _qnn_conv2d(inputs, attrs):
     input_scale, input_zero_point, weight_scales, weight_zero_points, output_scale, output_zero_point,
     activation, out_dtype; input_zero_point_in_bias (the bias already holds -input_zero_point * sum(w),
     so the multiply-accumulate skips the subtraction; padding still reads input_zero_point); requantize
-    (one of REQUANTIZE_MODES)."""
+    (one of REQUANTIZE_MODES). out_dtype int32 (ACCUMULATOR_DTYPE) skips requantization: the result is the
+    int32 accumulator plus the bias, and the scales and output zero point are not read."""
     return [qnn_conv(inputs, attrs, depthwise=False)]
 
 
@@ -351,7 +379,9 @@ def _qnn_dense(inputs, attrs):
     n, k = weight.shape
     if data.shape[-1] != k:
         raise te.TEError(f"qnn.dense: input {list(data.shape)} does not fit weight {list(weight.shape)}")
-    term = _quantized_term(_mac_input_zero_point(attrs), _weight_zero_point(attrs, "qnn.dense"))
+    term = _quantized_term(
+        _mac_input_zero_point(attrs, "qnn.dense", data.dtype), _weight_zero_point(attrs, "qnn.dense")
+    )
     rk = te.reduce_axis(k, "k")
     lead = data.shape[:-1]
 
@@ -359,8 +389,10 @@ def _qnn_dense(inputs, attrs):
         return te.sum(term(data[(*i[:-1], rk.var)], weight[i[-1], rk.var]), rk)
 
     acc = te.compute((*lead, n), body, "qnn_dense_acc", tag="dense")
-    scales = _conv_scales(attrs, n, per_tensor_in_float=True)
     bias = inputs[2] if len(inputs) > 2 else None
+    if attrs.get("out_dtype") == ACCUMULATOR_DTYPE:
+        return [_accumulator_output(acc, attrs, "qnn_dense", bias)]
+    scales = _conv_scales(attrs, n, per_tensor_in_float=True)
     return [_output_stage(acc, attrs, scales, acc.ndim - 1, "qnn_dense", bias, half_up=True)]
 
 
@@ -548,14 +580,15 @@ def _qnn_max_pool(inputs, attrs):
 @register("qnn.mean", OpPattern.COMM_REDUCE)
 def _qnn_mean(inputs, attrs):
     """TFLite's integer MEAN (reference_integer_ops::Mean): sum(x - input_zero_point) rescaled by
-    input_scale / output_scale, divided by the count rounding half away from zero, + output_zero_point."""
+    input_scale / output_scale, divided by the count rounding half away from zero, + output_zero_point.
+    `requantize: float`: onnxruntime's QLinearGlobalAveragePool (x86) instead, the sum times the float32
+    input_scale / (output_scale * count) rounded half to even."""
     x = inputs[0]
     _check_quantized(x, "qnn.mean")
     out_dtype = _out_dtype({"out_dtype": attrs.get("out_dtype", x.dtype)}, "qnn.mean")
     axes = sorted({int(a) % x.ndim for a in _as_tuple(attrs["axes"])})
     keepdims = bool(attrs.get("keepdims", False))
     in_zp, out_zp = int(attrs["input_zero_point"]), int(attrs["output_zero_point"])
-    mult = FixedPointMultiplier([f32(attrs["input_scale"]) / f32(attrs["output_scale"])], "qnn_mean")
     count = math.prod(x.shape[a] for a in axes)
     raxes = {a: te.reduce_axis(x.shape[a], f"k{a}") for a in axes}
     kept = [d for d in range(x.ndim) if d not in raxes]
@@ -574,13 +607,22 @@ def _qnn_mean(inputs, attrs):
         "qnn_mean_sum",
         tag="reduce_sum",
     )
-    half = const(count // 2, "int32")
-    n = const(count, "int32")
+    lo, hi = int(dtype_min(out_dtype)), int(dtype_max(out_dtype))
+    if requantize_mode(attrs, "qnn.mean") == "float":
+        in_scale, out_scale = np.float32(attrs["input_scale"]), np.float32(attrs["output_scale"])
+        scale = f32(in_scale / (out_scale * np.float32(count)))
 
-    def body(*i):
-        v = mult.apply(total[i])
-        q = select(v > 0, _trunc_div(v + half, n), _trunc_div(v - half, n))
-        return clamp_cast(q + out_zp, int(dtype_min(out_dtype)), int(dtype_max(out_dtype)), out_dtype)
+        def body(*i):
+            return clamp_cast(round_(cast("float32", total[i]) * scale) + float(out_zp), lo, hi, out_dtype)
+    else:
+        mult = FixedPointMultiplier([f32(attrs["input_scale"]) / f32(attrs["output_scale"])], "qnn_mean")
+        half = const(count // 2, "int32")
+        n = const(count, "int32")
+
+        def body(*i):
+            v = mult.apply(total[i])
+            q = select(v > 0, _trunc_div(v + half, n), _trunc_div(v - half, n))
+            return clamp_cast(q + out_zp, lo, hi, out_dtype)
 
     return [te.compute(out_shape, body, "qnn_mean", tag="elemwise")]
 
