@@ -1,5 +1,6 @@
-"""ONNX quantized models: QuantizeLinear / DequantizeLinear, QDQ groups folded into integer kernels, and
-QLinearConv / QLinearMatMul.
+"""ONNX quantized models: QuantizeLinear / DequantizeLinear, QDQ groups folded into integer kernels,
+QLinearConv / QLinearMatMul, ConvInteger / MatMulInteger (int32 results), and the com.microsoft operators
+onnxruntime's QOperator format writes (QLinearAdd, QGemm, QLinearGlobalAveragePool).
 
 A QDQ model (what `onnxruntime.quantization.quantize_static` writes with QuantFormat.QDQ) keeps its float
 operators and brackets them: DQ(x_q), DQ(w_q) [, DQ(bias_int32)] -> Conv [-> Relu] -> Q. Read literally
@@ -21,6 +22,11 @@ Arithmetic: the folded kernels accumulate in int32 exactly and requantize as onn
 do (`requantize: float`: a float32 multiply by input_scale * weight_scale / output_scale, rounded half to
 even), not in TFLite's fixed point, whose 31-bit multiplier is off by up to 1/2^(shift+1) LSB and so
 disagreed in 1 LSB on ~4% of a small ResNet block's outputs (float requantization: see the tests).
+ConvInteger and MatMulInteger return the int32 accumulator itself (the qnn kernels' out_dtype int32).
+
+Weights: the qnn kernels take one weight zero point. Constant weights whose per-channel zero points differ
+are re-encoded at import, w - zero_point[c] + z for one z (`one_zero_point`), which is exact whenever the
+centered values fit one 8-bit type.
 """
 
 from __future__ import annotations
@@ -480,9 +486,9 @@ def qnn_dense(
     wq: QParams,
     bias: list[Value],
     attrs: dict,
-    out: str,
+    out: str | None,
 ) -> Value:
-    """qnn.dense of x_q [..., K] and a constant weight [N, K]."""
+    """qnn.dense of x_q [..., K] and a constant weight [N, K]; `out` None: an intermediate."""
     w = cv.constant(np.ascontiguousarray(weight), "weight_nk")
     return cv.emit("qnn.dense", [x, w, *bias], attrs | _weight_attrs(wq), out)
 
@@ -495,20 +501,29 @@ def _fold_add(cv: OnnxConverter, st: _QuantState, group: _Group) -> Value | None
     if a is None or b is None or not (a[1].per_tensor and b[1].per_tensor):
         return None
     (av, aq), (bv, bq) = a, b
-    attrs = {
-        "a_scale": aq.scale,
-        "a_zero_point": aq.zero_point,
-        "b_scale": bq.scale,
-        "b_zero_point": bq.zero_point,
-        "output_scale": group.out.scale,
-        "output_zero_point": group.out.zero_point,
-        "activation": group.activation,
-        "out_dtype": group.out.dtype,
+    return qnn_add(cv, av, bv, _add_attrs(aq, bq, group.out, group.activation), group.out_name)
+
+
+def _add_attrs(a: QParams, b: QParams, out: QParams, activation: str) -> dict:
+    return {
+        "a_scale": a.scale,
+        "a_zero_point": a.zero_point,
+        "b_scale": b.scale,
+        "b_zero_point": b.zero_point,
+        "output_scale": out.scale,
+        "output_zero_point": out.zero_point,
+        "activation": activation,
+        "out_dtype": out.dtype,
         "requantize": "float",
     }
-    if av in st.nhwc and bv in st.nhwc and av.type.shape == bv.type.shape:
-        return _as_nchw(cv, cv.emit("qnn.add", [st.nhwc[av], st.nhwc[bv]], attrs), group.out_name)
-    return cv.emit("qnn.add", [av, bv], attrs, group.out_name)
+
+
+def qnn_add(cv: OnnxConverter, a: Value, b: Value, attrs: dict, out: str) -> Value:
+    """qnn.add of a_q and b_q (numpy broadcasting); in NHWC when both have NHWC twins of one shape."""
+    st = _state(cv)
+    if a in st.nhwc and b in st.nhwc and a.type.shape == b.type.shape:
+        return _as_nchw(cv, cv.emit("qnn.add", [st.nhwc[a], st.nhwc[b]], attrs), out)
+    return cv.emit("qnn.add", [a, b], attrs, out)
 
 
 _FOLDS: dict[str, Callable[[OnnxConverter, _QuantState, _Group], Value | None]] = {
@@ -525,9 +540,9 @@ _FOLDS: dict[str, Callable[[OnnxConverter, _QuantState, _Group], Value | None]] 
 @converts("QLinearConv")
 def _qlinear_conv(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
     """Inputs x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point [, int32 bias]."""
-    x, w = n.inputs[0], n.inputs[3]
+    x = n.inputs[0]
     xq = _qparams(cv, n, 1, "x", x.type.dtype, x)
-    wq = _weight_qparams(cv, n, 3, "w", axis=0)
+    w, wq = _weight_qparams(cv, n, 3, "w", axis=0)
     out = _qparams(cv, n, 6, "y", None, None)
     _require_per_tensor(cv, xq, "x")
     bias = [v for v in n.inputs[8:9] if v is not None]
@@ -542,29 +557,218 @@ def _qlinear_matmul(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
     [K, N] matrix quantized per tensor or per column."""
     a, b = n.inputs[0], n.inputs[3]
     aq = _qparams(cv, n, 1, "a", a.type.dtype, a)
-    bq = _weight_qparams(cv, n, 3, "b", axis=-1)
-    out = _qparams(cv, n, 6, "y", None, None)
-    _require_per_tensor(cv, aq, "a")
     if len(b.type.shape) != 2:
         raise cv.fail(f"input 3 (b) must be a 2-D matrix, got {b.type}")
+    b, bq = _weight_qparams(cv, n, 3, "b", axis=-1)
+    out = _qparams(cv, n, 6, "y", None, None)
+    _require_per_tensor(cv, aq, "a")
     return [qnn_dense(cv, a, aq, b.data.T, bq, [], _io_attrs(aq, out, "NONE"), n.outputs[0])]
 
 
-def _weight_qparams(cv: OnnxConverter, n: OnnxNode, i: int, name: str, axis: int) -> QParams:
-    """The parameters of constant weight input `i`: per tensor or along `axis`, with one zero point."""
+def _weight_qparams(cv: OnnxConverter, n: OnnxNode, i: int, name: str, axis: int) -> tuple[Value, QParams]:
+    """Constant weight input `i` and its parameters (per tensor or along `axis`), with one zero point."""
     w = n.inputs[i]
     q = _qparams(cv, n, i + 1, name, w.type.dtype, w, axis)
+    return _constant_weight(cv, n, i, name, q)
+
+
+def _constant_weight(cv: OnnxConverter, n: OnnxNode, i: int, name: str, q: QParams) -> tuple[Value, QParams]:
+    """Weight input `i` (spec name `name`), which must be a constant, with one zero point (`one_zero_point`)."""
+    w = n.inputs[i]
     if not w.is_constant:
         raise cv.fail(
-            f"input {i} ({name}) must be a constant: quantized weights are laid out at compile time"
+            f"input {i} ({name}, value {w.name}) must be a constant: quantized weights are laid out at "
+            f"compile time, and a product of two run-time tensors has no qnn kernel"
         )
-    if len(set(q.zero_points)) != 1:
-        raise cv.fail(
-            f"{name}_zero_point: per-channel zero points must all be equal, got {list(q.zero_points)}"
-        )
-    return q
+    data, one = one_zero_point(cv, name, w.data, q)
+    return (w if one is q else cv.constant(data, f"{name}_recoded")), one
+
+
+def one_zero_point(cv: OnnxConverter, name: str, data: np.ndarray, q: QParams) -> tuple[np.ndarray, QParams]:
+    """Constant quantized `data` with parameters `q` re-encoded with a single zero point: the values
+    data - zero_point[c] + z for one z, in int8 or uint8 (q's type first), z as close to 0 as the values
+    allow; exact, and refused when the centered values span more than one 8-bit type holds."""
+    if len(set(q.zero_points)) == 1:
+        return data, q
+    centered = data.astype(np.int32) - q.broadcast(q.zero_points, data.ndim, "int32")
+    lo, hi = int(centered.min()), int(centered.max())
+    for dtype in sorted(QUANT_DTYPES, key=lambda d: d != q.dtype):
+        info = np.iinfo(dtype)
+        z_lo, z_hi = max(int(info.min) - lo, int(info.min)), min(int(info.max) - hi, int(info.max))
+        if z_lo <= z_hi:
+            z = min(max(0, z_lo), z_hi)
+            one = QParams(q.scales, (z,) * len(q.zero_points), dtype, q.axis)
+            return (centered + z).astype(dtype), one
+    zero = f"{name.lower()}_zero_point"
+    raise cv.fail(
+        f"{zero}: the per-channel zero points {list(q.zero_points)} differ and leave {name} - {zero} from "
+        f"{lo} to {hi}, more values than one 8-bit zero point can encode (the qnn kernels take one weight "
+        f"zero point)"
+    )
 
 
 def _require_per_tensor(cv: OnnxConverter, q: QParams, name: str) -> None:
     if not q.per_tensor:
         raise cv.fail(f"{name}_scale: {name} must be quantized per tensor, it has {len(q.scales)} scales")
+
+
+# --- ConvInteger / MatMulInteger: int32 results of 8-bit operands ------------------------------------------
+
+
+def _require_8bit(cv: OnnxConverter, n: OnnxNode, i: int, name: str) -> Value:
+    v = n.input(i)
+    if v is None:
+        raise cv.fail(f"needs input {i} ({name})")
+    if v.type.dtype not in QUANT_DTYPES:
+        raise cv.fail(f"input {i} ({name}) is {v.type.dtype}; only int8 and uint8 are supported")
+    return v
+
+
+def _integer_operand(
+    cv: OnnxConverter, n: OnnxNode, i: int, name: str, zero_input: int, axis: int | None = None
+) -> QParams:
+    """Type and zero point of the 8-bit input `i` (spec name `name`) of ConvInteger / MatMulInteger, whose
+    zero point (input `zero_input`, 0 when absent) is a scalar or, with `axis`, one value per entry of that
+    axis. These operators have no scales: QParams' scales are 1."""
+    v = _require_8bit(cv, n, i, name)
+    prefix = name.lower()
+    zero = cv.const_input(n, zero_input, f"{prefix}_zero_point")
+    if zero is None:
+        return QParams((1.0,), (0,), v.type.dtype, None)
+    if str(zero.dtype) != v.type.dtype:
+        raise cv.fail(f"{prefix}_zero_point is {zero.dtype}, {name} {v.type.dtype}; they must be of one type")
+    zeros = tuple(int(z) for z in zero.reshape(-1))
+    if zero.size == 1:
+        return QParams((1.0,), zeros, v.type.dtype, None)
+    if axis is None or zero.ndim != 1 or zero.size != v.type.shape[axis]:
+        allowed = (
+            "a scalar" if axis is None else f"a scalar or one value per entry of axis {axis} of {v.type}"
+        )
+        raise cv.fail(f"{prefix}_zero_point has shape {list(zero.shape)}; only {allowed} is supported")
+    return QParams((1.0,) * len(zeros), zeros, v.type.dtype, axis)
+
+
+@converts("ConvInteger")
+def _conv_integer(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
+    """Inputs x, w [, x_zero_point, w_zero_point]: the int32 convolution of x - x_zero_point and a constant
+    w - w_zero_point (per tensor or per output channel), the qnn convolution's accumulator (out_dtype int32;
+    padding reads x_zero_point, so padded taps add 0)."""
+    xq = _integer_operand(cv, n, 0, "x", 2)
+    w, wq = _constant_weight(cv, n, 1, "w", _integer_operand(cv, n, 1, "w", 3, axis=0))
+    attrs = {"input_zero_point": xq.zero_point, "out_dtype": "int32"}
+    return [qnn_conv(cv, n, n.inputs[0], xq, w, wq, [], attrs, n.outputs[0])]
+
+
+@converts("MatMulInteger")
+def _matmul_integer(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
+    """Inputs A, B [, a_zero_point, b_zero_point]: the int32 product of A - a_zero_point [..., K] (a per
+    tensor zero point) and a constant matrix B - b_zero_point [K, N] (per tensor or per column), qnn.dense's
+    accumulator (out_dtype int32)."""
+    aq = _integer_operand(cv, n, 0, "A", 2)
+    b = _require_8bit(cv, n, 1, "B")
+    if len(b.type.shape) != 2:
+        raise cv.fail(f"input 1 (B) must be a 2-D matrix, got {b.type}")
+    b, bq = _constant_weight(cv, n, 1, "B", _integer_operand(cv, n, 1, "B", 3, axis=1))
+    attrs = {"input_zero_point": aq.zero_point, "out_dtype": "int32"}
+    return [qnn_dense(cv, n.inputs[0], aq, b.data.T, bq, [], attrs, n.outputs[0])]
+
+
+# --- com.microsoft: QLinearAdd, QGemm, QLinearGlobalAveragePool (onnxruntime's QOperator format) ----------
+
+
+@converts("com.microsoft.QLinearAdd")
+def _qlinear_add(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
+    """Inputs A, A_scale, A_zero_point, B, B_scale, B_zero_point, C_scale, C_zero_point, all per tensor,
+    numpy broadcasting: qnn.add as onnxruntime's MlasQLinearAdd computes it."""
+    a, b = _require_8bit(cv, n, 0, "A"), _require_8bit(cv, n, 3, "B")
+    if a.type.dtype != b.type.dtype:
+        raise cv.fail(f"input 0 (A) is {a.type.dtype}, input 3 (B) {b.type.dtype}; they must be of one type")
+    aq = _qparams(cv, n, 1, "A", a.type.dtype, a)
+    bq = _qparams(cv, n, 4, "B", b.type.dtype, b)
+    out = _qparams(cv, n, 6, "C", a.type.dtype, None)
+    _require_per_tensor(cv, aq, "A")
+    _require_per_tensor(cv, bq, "B")
+    return [qnn_add(cv, a, b, _add_attrs(aq, bq, out, "NONE"), n.outputs[0])]
+
+
+@converts("com.microsoft.QGemm")
+def _qgemm(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
+    """Inputs A, a_scale, a_zero_point, B, b_scale, b_zero_point [, C] [, y_scale, y_zero_point]; attrs
+    alpha, transA, transB. The int32 product of A - a_zero_point [M, K] (per tensor) and a constant
+    B - b_zero_point (per tensor or per column), plus the int32 bias C, times alpha * a_scale * b_scale[n]:
+    requantized with y_scale / y_zero_point (qnn.dense, `requantize: float`), or as float32 without them
+    (qnn.dense's int32 accumulator, cast and scaled as onnxruntime's output processor does)."""
+    a = _require_8bit(cv, n, 0, "A")
+    b = _require_8bit(cv, n, 3, "B")
+    if len(a.type.shape) != 2 or len(b.type.shape) != 2:
+        raise cv.fail(f"A and B must be 2-D matrices, got {a.type} and {b.type}")
+    aq = _qparams(cv, n, 1, "a", a.type.dtype, a)
+    _require_per_tensor(cv, aq, "a")
+    trans_b = bool(n.attr("transB", 0))
+    b, bq = _weight_qparams(cv, n, 3, "b", axis=0 if trans_b else 1)
+    if n.attr("transA", 0):
+        a = cv.emit("transpose", [a], {"perm": (1, 0)})
+    weight = b.data if trans_b else b.data.T  # [N, K]
+    units = weight.shape[0]
+    bias = _qgemm_bias(cv, n, units)
+    # onnxruntime scales by alpha * a_scale * b_scale[n] in float32, in that order: alpha joins a_scale
+    alpha = np.float32(n.attr("alpha", 1.0))
+    scaled = QParams((float(alpha * np.float32(aq.scale)),), aq.zero_points, aq.dtype, None)
+    if (n.input(7) is None) != (n.input(8) is None):
+        raise cv.fail("y_scale and y_zero_point must be given together (a quantized output) or not at all")
+    if n.input(7) is not None:
+        out = _qparams(cv, n, 7, "y", a.type.dtype, None)
+        return [qnn_dense(cv, a, aq, weight, bq, bias, _io_attrs(scaled, out, "NONE"), n.outputs[0])]
+    acc = qnn_dense(
+        cv, a, aq, weight, bq, bias, {"input_zero_point": aq.zero_point, "out_dtype": "int32"}, None
+    )
+    scales = np.float32(scaled.scale) * np.asarray(bq.scales, np.float32)
+    acc = cv.emit("cast", [acc], {"dtype": "float32"})
+    return [cv.emit("multiply", [acc, cv.constant(scales, "scale")], out=n.outputs[0])]
+
+
+def _qgemm_bias(cv: OnnxConverter, n: OnnxNode, units: int) -> list[Value]:
+    """QGemm's input C as qnn.dense's int32 bias [N]: a constant of shape [], [1], [N] or [1, N], or a
+    run-time [N]; [] when absent."""
+    c = n.input(6)
+    if c is None:
+        return []
+    if c.type.dtype != "int32":
+        raise cv.fail(f"input 6 (C) is {c.type.dtype}; the bias of QGemm is int32")
+    if c.is_constant and c.type.shape in ((), (1,), (units,), (1, units)):
+        return [cv.constant(np.broadcast_to(c.data.reshape(-1), (units,)).astype(np.int32), "bias")]
+    if c.type.shape == (units,):
+        return [c]
+    raise cv.fail(
+        f"input 6 (C) is {c.type}; only a bias per column ([N] = [{units}], a constant [1, N] or scalar) "
+        f"is supported"
+    )
+
+
+@converts("com.microsoft.QLinearGlobalAveragePool")
+def _qlinear_global_average_pool(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
+    """Inputs X, x_scale, x_zero_point, y_scale, y_zero_point, per tensor; attr channels_last: the mean
+    over the spatial axes, qnn.mean with onnxruntime's float requantization (`requantize: float`); in NHWC
+    when X has an NHWC twin."""
+    x = _require_8bit(cv, n, 0, "X")
+    rank = len(x.type.shape)
+    if rank < 3:
+        raise cv.fail(f"input 0 (X) must have a batch, a channel and spatial axes, got {x.type}")
+    xq = _qparams(cv, n, 1, "x", x.type.dtype, x)
+    _require_per_tensor(cv, xq, "x")
+    out = _qparams(cv, n, 3, "y", x.type.dtype, None)
+    attrs = {
+        "input_scale": xq.scale,
+        "input_zero_point": xq.zero_point,
+        "output_scale": out.scale,
+        "output_zero_point": out.zero_point,
+        "out_dtype": out.dtype,
+        "keepdims": True,
+        "requantize": "float",
+    }
+    st = _state(cv)
+    channels_last = bool(n.attr("channels_last", 0))
+    if not channels_last and rank == 4 and x in st.nhwc:
+        return [_as_nchw(cv, cv.emit("qnn.mean", [st.nhwc[x]], attrs | {"axes": (1, 2)}), n.outputs[0])]
+    axes = tuple(range(1, rank - 1)) if channels_last else tuple(range(2, rank))
+    return [cv.emit("qnn.mean", [x], attrs | {"axes": axes}, n.outputs[0])]
