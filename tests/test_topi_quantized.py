@@ -416,11 +416,13 @@ def test_integer_quantized_ops_match_tflite_reference_exactly(tmp_path):
 
 
 def test_input_zero_point_folded_into_the_bias_gives_identical_results():
-    """The graph pass moves -zx * sum(w) into the int32 bias of int8 convs, depthwise convs and dense
-    layers with constant weights (created when there is none); every result stays bit-exact."""
+    """The graph pass moves -(zx - m) * sum(w) into the int32 bias of convs, depthwise convs and dense
+    layers with constant weights (created when there is none), m = -128 for int8 convs and dense layers
+    (their factor x + 128 is a uint8), else 0; every result stays bit-exact."""
     from aotc.graph.interpret import evaluate_node
     from aotc.graph.ir import Graph, Value
     from aotc.graph.passes import fold_input_zero_point
+    from aotc.topi.quantized import mac_zero_point
 
     folded_ops = set()
     for name, op, inputs, attrs, expected in integer_cases(np.random.default_rng(0)):
@@ -431,7 +433,8 @@ def test_input_zero_point_folded_into_the_bias_gives_identical_results():
         out = Value("y", TensorType(expected.shape, str(expected.dtype)))
         node = Node(op, [x, *consts], [out], dict(attrs), name=name)
         fold_input_zero_point(Graph([x], [out], [node]))
-        if inputs[0].dtype == np.int8 and attrs["input_zero_point"] != 0:
+        w_zps = np.asarray(attrs.get("weight_zero_points", 0))
+        if attrs["input_zero_point"] != mac_zero_point(op, str(inputs[0].dtype)) and not w_zps.any():
             assert node.attrs.get("input_zero_point_in_bias") and len(node.inputs) == 3, name
             folded_ops.add((op, len(inputs) == 2))
         else:

@@ -21,6 +21,7 @@ import threading
 
 import llvmlite.binding as llvm
 
+from aotc.codegen.dot import dot_forms
 from aotc.codegen.irbuilder import CodegenError, FunctionBuilder, ModuleBuilder, string_const
 from aotc.codegen.stmtgen import StmtGen, all_buffers
 from aotc.codegen.threadpool import emit_thread_pool
@@ -29,7 +30,14 @@ from aotc.ir.expr import Buffer
 from aotc.ir.stmt import PrimFunc
 from aotc.target import Target, TargetError, check_llvm_names
 
-__all__ = ["CodegenError", "build_llvm_ir", "compile_to_object", "link_shared", "META_PREFIX"]
+__all__ = [
+    "CodegenError",
+    "build_llvm_ir",
+    "compile_to_assembly",
+    "compile_to_object",
+    "link_shared",
+    "META_PREFIX",
+]
 
 META_PREFIX = "__aotc_meta_"
 _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -40,7 +48,7 @@ def build_llvm_ir(funcs: list[PrimFunc], target: Target) -> str:
     """Textual LLVM IR of a module holding one exported kernel per PrimFunc."""
     if not target.is_cpu:
         raise CodegenError(f"the LLVM CPU code generator cannot compile for target {target}")
-    mod = ModuleBuilder(size_type="i32" if target.isa == "arm" else "i64")
+    mod = ModuleBuilder(size_type="i32" if target.isa == "arm" else "i64", dot_forms=dot_forms(target))
     veclib = veclib_for(target)
     for func in funcs:
         _check_name(func.name, mod)
@@ -150,6 +158,15 @@ def _target_machine(target: Target, opt_level: int) -> llvm.TargetMachine:
 
 def compile_to_object(ir_text: str, target: Target, opt_level: int = 3) -> bytes:
     """Parse and verify `ir_text`, optimize it (new pass manager) and emit an ELF object."""
+    return _compile(ir_text, target, opt_level, assembly=False)  # type: ignore[return-value]
+
+
+def compile_to_assembly(ir_text: str, target: Target, opt_level: int = 3) -> str:
+    """The assembly `compile_to_object` would assemble (to see which instructions a kernel uses)."""
+    return _compile(ir_text, target, opt_level, assembly=True)  # type: ignore[return-value]
+
+
+def _compile(ir_text: str, target: Target, opt_level: int, assembly: bool) -> bytes | str:
     with _LOCK:
         tm = _target_machine(target, opt_level)
         try:
@@ -167,7 +184,7 @@ def compile_to_object(ir_text: str, target: Target, opt_level: int = 3) -> bytes
             pto.loop_interleaving = True
             pb = llvm.create_pass_builder(tm, pto)
             pb.getModulePassManager().run(mod, pb)
-        return tm.emit_object(mod)
+        return tm.emit_assembly(mod) if assembly else tm.emit_object(mod)
 
 
 # ----------------------------------------------------------------------------- linking

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+from aotc.codegen.dot import DotForm, Operand, affine_offset, form_error, match_dot
 from aotc.codegen.exprgen import BufInfo, ExprGen, Ramp, VecCtx
 from aotc.codegen.irbuilder import (
     CodegenError,
@@ -15,6 +16,7 @@ from aotc.codegen.irbuilder import (
     elem_bytes,
     mem_type,
     vector_const_text,
+    vtype,
 )
 from aotc.codegen.threadpool import MAX_TEAM, PARALLEL, TEAM_SIZE
 from aotc.codegen.vecmath import VecLib
@@ -232,7 +234,9 @@ class StmtGen(ExprGen):
             raise CodegenError(f"extent of loop {s.var.name!r} varies across the lanes of a vectorized loop")
         if ext.const is not None and ext.const <= 0:
             return
-        if kind == ForKind.VECTORIZED and s.max_extent > 1:
+        if kind == ForKind.TENSORIZED:
+            self._tensorized(s)
+        elif kind == ForKind.VECTORIZED and s.max_extent > 1:
             self._vectorized(s, ext)
         elif kind == ForKind.UNROLLED:
             self._unrolled(s, ext)
@@ -314,6 +318,89 @@ class StmtGen(ExprGen):
                 self.stmt(s.body)
         finally:
             self.vec = None
+
+    # ----------------------------------------------------------- dot products
+
+    def _tensorized(self, s: For) -> None:
+        """`acc += u * s` over the loop's `depth` products per lane as one dot-product instruction."""
+        if self.vec is None:
+            raise CodegenError(f"tensorized loop {s.var.name!r} is not inside a vectorized loop")
+        dot = match_dot(s, self.vec.var)
+        if isinstance(dot, str):
+            raise CodegenError(dot)
+        lanes, depth = self.vec.lanes, s.max_extent
+        form = next((f for f in self.mod.dot_forms if f.lanes == lanes and f.depth == depth), None)
+        err = form_error(dot.u, dot.s, form, lanes, depth, "the target")
+        if err:
+            raise CodegenError(f"tensorized loop {s.var.name!r}: {err}")
+        assert form is not None
+        off = self.flat_offset(dot.acc, dot.indices)
+        if not isinstance(off, Ramp):
+            raise CodegenError(f"tensorized loop {s.var.name!r}: {dot.acc.name} does not vary with the lanes")
+        u = self._dot_operand(dot.u, s.var, form)
+        w = self._dot_operand(dot.s, s.var, form)
+        acc = self.load(dot.acc, off)
+        vt = vtype("i32", lanes)
+        ops = form.operand_type
+        if form.name == "vnni":
+            fn = self.mod.intrinsic(form.intrinsic, vt, [vt, ops, ops])
+            total = self.fb.op(f"call {vt} {fn}({acc.typed}, {ops} {u}, {ops} {w})")
+        else:
+            fn = self.mod.intrinsic(form.intrinsic, vt, [ops, ops])
+            pairs = self.fb.op(f"call {vt} {fn}({ops} {u}, {ops} {w})")
+            total = self.fb.op(f"add {vt} {acc.ref}, {pairs}")
+        self.store(dot.acc, off, Val(total, "int32", lanes))
+
+    def _dot_operand(self, op: Operand, r: Var, form: DotForm) -> str:
+        """The operand as the instruction reads it: element `lane * depth + j` holds the factor of lane
+        `lane` at `r = j`; bytes for vpdpbusd (int8 + 128 as x ^ 0x80), 16-bit values for vpmaddwd."""
+        raw = self._dot_bytes(op.value, r, form.lanes, form.depth)
+        n = form.lanes * form.depth
+        if op.offset:
+            raw = self.fb.op(f"xor <{n} x i8> {raw}, splat (i8 -128)")
+        if form.name == "vnni":
+            return raw
+        widen = "zext" if op.unsigned else "sext"
+        return self.fb.op(f"{widen} <{n} x i8> {raw} to <{n} x i16>")
+
+    def _dot_bytes(self, value: Expr, r: Var, lanes: int, depth: int) -> str:
+        """`<lanes * depth x i8>` of an 8-bit value: one load where it is a broadcast run of `depth`
+        bytes or a packed [lanes][depth] block (the weight layout the tiles give), else per-`j` values
+        interleaved."""
+        assert self.vec is not None
+        n = lanes * depth
+        if isinstance(value, Load) and self.vec.mask is None:
+            coef = affine_offset(value.buffer, value.indices, self.vec.var, r)
+            if coef in ((0, 1), (depth, 1)):
+                with self.bind(r, const_val(0, "int64")):
+                    off = self.flat_offset(value.buffer, value.indices)
+                base = off.base if isinstance(off, Ramp) else off
+                info = self.buffer(value.buffer)
+                width = depth if coef == (0, 1) else n
+                p = self._gep(info, "i8", base)
+                raw = self.fb.op(f"load <{width} x i8>, ptr {p}, align 1{info.md}")
+                if width == n:
+                    return raw
+                picks = ", ".join(f"i32 {j}" for _ in range(lanes) for j in range(depth))
+                return self.fb.op(
+                    f"shufflevector <{depth} x i8> {raw}, <{depth} x i8> poison, <{n} x i32> <{picks}>"
+                )
+        parts = []
+        for j in range(depth):
+            with self.bind(r, const_val(j, "int64")):
+                parts.append(self.bcast(self.value(value), lanes).ref)
+        width = lanes
+        while len(parts) > 1:  # concatenate pairwise into [v0 v1 ... v(depth-1)]
+            pairs = ", ".join(f"i32 {i}" for i in range(2 * width))
+            parts = [
+                self.fb.op(
+                    f"shufflevector <{width} x i8> {a}, <{width} x i8> {b}, <{2 * width} x i32> <{pairs}>"
+                )
+                for a, b in zip(parts[::2], parts[1::2])
+            ]
+            width *= 2
+        picks = ", ".join(f"i32 {j * lanes + lane}" for lane in range(lanes) for j in range(depth))
+        return self.fb.op(f"shufflevector <{n} x i8> {parts[0]}, <{n} x i8> poison, <{n} x i32> <{picks}>")
 
     # -------------------------------------------------------------- parallel
 

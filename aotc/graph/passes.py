@@ -8,6 +8,7 @@ import numpy as np
 from aotc.graph.ir import Derivation, Graph, Node, TensorType, Value
 from aotc.graph.layout import TO_NCHW, to_nhwc
 from aotc.topi import winograd
+from aotc.topi.quantized import mac_zero_point
 
 IDENTITY_OPS = frozenset({"identity"})
 
@@ -122,18 +123,22 @@ _WEIGHT_CHANNEL_AXIS = {
 
 
 def fold_input_zero_point(graph: Graph) -> Graph:
-    """sum((x - zx) * w) = sum(x * w) - zx * sum(w): with a constant weight whose zero point is 0 (int8
-    TFLite), the second term joins the int32 bias at build time, so the kernel's multiply-accumulate
-    skips one subtraction per product. Padding still reads zx, which the folded term cancels exactly."""
+    """sum((x - zx) * w) = sum((x - m) * w) - (zx - m) * sum(w): with a constant weight whose zero point is
+    0, the second term joins the int32 bias at build time. m is `mac_zero_point`: 0, so the kernel's
+    multiply-accumulate skips one subtraction per product, or -128 for int8 convs and dense layers, whose
+    factor x + 128 is then a uint8 (what a dot-product instruction reads). Padding still reads zx, which
+    the folded term cancels exactly."""
     for node in graph.nodes:
         axis = _WEIGHT_CHANNEL_AXIS.get(node.op)
         if axis is None or node.attrs.get("input_zero_point_in_bias") or len(node.inputs) < 2:
             continue
         weight = node.inputs[1]
-        zx = int(node.attrs.get("input_zero_point", 0))
+        shift = int(node.attrs.get("input_zero_point", 0)) - mac_zero_point(
+            node.op, node.inputs[0].type.dtype
+        )
         w_zps = node.attrs.get("weight_zero_points", (0,))
         w_zps = w_zps if isinstance(w_zps, (tuple, list)) else (w_zps,)
-        if zx == 0 or not weight.is_constant or any(int(z) for z in w_zps):
+        if shift == 0 or not weight.is_constant or any(int(z) for z in w_zps):
             continue
         channels = weight.type.shape[axis]
         bias = node.inputs[2] if len(node.inputs) > 2 else None
@@ -142,7 +147,7 @@ def fold_input_zero_point(graph: Graph) -> Graph:
         b0 = (
             bias.data.astype(np.int64).reshape(channels) if bias is not None else np.zeros(channels, np.int64)
         )
-        folded = b0 - zx * weight.data.astype(np.int64).sum(
+        folded = b0 - shift * weight.data.astype(np.int64).sum(
             axis=tuple(a for a in range(weight.data.ndim) if a != axis)
         )
         if folded.min() < np.iinfo(np.int32).min or folded.max() > np.iinfo(np.int32).max:

@@ -72,6 +72,7 @@ _FOR_KIND = {
     Annotation.PARALLEL: ForKind.PARALLEL,
     Annotation.VECTORIZE: ForKind.VECTORIZED,
     Annotation.UNROLL: ForKind.UNROLLED,
+    Annotation.TENSORIZE: ForKind.TENSORIZED,
 }
 
 
@@ -710,6 +711,8 @@ def _auto_unroll(s: Stmt, max_step: int) -> tuple[Stmt, float]:
         b, n = _auto_unroll(s.body, max_step)
         constant = isinstance(s.extent, Const)
         if s.kind == ForKind.VECTORIZED:
+            return replace(s, body=b), n
+        if s.kind == ForKind.TENSORIZED:  # one instruction, unrolled by nature
             return replace(s, body=b), n
         if s.kind in (ForKind.SERIAL, ForKind.UNROLLED) and constant and s.max_extent * n <= max_step:
             return replace(s, body=b, kind=ForKind.UNROLLED), s.max_extent * n

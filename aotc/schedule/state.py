@@ -327,6 +327,10 @@ class State:
     def unroll(self, stage, iter_id: int) -> State:
         return self.annotate(stage, iter_id, Annotation.UNROLL)
 
+    def tensorize(self, stage, iter_id: int) -> State:
+        """A reduce iterator right inside the vectorized one, run as a dot-product instruction."""
+        return self.annotate(stage, iter_id, Annotation.TENSORIZE)
+
     def bind(self, stage, iter_id: int, annotation: Annotation) -> State:
         return self.annotate(stage, iter_id, annotation)
 

@@ -19,14 +19,19 @@ def multi_level_tile(
     stage_id: int,
     structure: str = "SSRSRS",
     lengths: Mapping[str, Sequence[int | None]] | None = None,
+    innermost: Mapping[str, int] | None = None,
 ) -> tuple[State, list[int]]:
     """Split every iterator of a fresh stage into the levels of `structure` and reorder by it.
 
     `lengths[iterator name]` gives the inner lengths of that iterator's split (one fewer than its
-    number of levels); missing ones are undefined. Returns the new state and the ids of the spatial
+    number of levels); missing ones are undefined. `innermost[iterator name]` splits one more part of
+    that fixed length off the iterator and puts it after all levels (the spatial ones, then the reduce
+    ones: a dot product's vector and reduce loops). Returns the new state and the ids of the spatial
     split steps (for `follow_tiling`).
     """
     lengths = lengths or {}
+    innermost = innermost or {}
+    tail: list[int] = []
     n_s, n_r = structure.count("S"), structure.count("R")
     stage = state.stages[stage_id]
     if stage.compute_at == ComputeAtKind.INLINED:
@@ -46,15 +51,17 @@ def multi_level_tile(
         given = list(lengths.get(name, [None] * (levels - 1)))
         if len(given) != levels - 1:
             raise ScheduleError(f"multi-level tiling: {name} needs {levels - 1} lengths, got {len(given)}")
-        if levels == 1:
+        extra = [innermost[name]] if name in innermost else []
+        if levels == 1 and not extra:
             parts.append((kind, [pos]))
             pos += 1
             continue
         if kind == IterKind.SPATIAL:
             spatial_steps.append(len(state.steps))
-        state = state.split(stage_id, pos, given)
+        state = state.split(stage_id, pos, given + extra)
         parts.append((kind, list(range(pos, pos + levels))))
-        pos += levels
+        tail.extend(range(pos + levels, pos + levels + len(extra)))
+        pos += levels + len(extra)
     order: list[int] = []
     seen = {IterKind.SPATIAL: 0, IterKind.REDUCE: 0}
     for ch in structure:
@@ -62,7 +69,7 @@ def multi_level_tile(
         level = seen[kind]
         seen[kind] += 1
         order.extend(p[level] for k, p in parts if k == kind)
-    return state.reorder(stage_id, order), spatial_steps
+    return state.reorder(stage_id, order + tail), spatial_steps
 
 
 def follow_tiling(

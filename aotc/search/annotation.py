@@ -97,7 +97,11 @@ def fill_tile_sizes(ctx: SearchContext, state: State, rng: random.Random) -> Sta
         if step.extent is None:
             return None
         lanes = ctx.lanes(dtypes.get(names[i], "float32"))
-        lengths = sample_split_lengths(step.extent, len(step.lengths), lanes, rng, params)
+        # lengths a sketch fixed (a dot product's vector and depth) stay; the others share what is left
+        fixed = math.prod(v for v in step.lengths if v is not None)
+        free = sum(v is None for v in step.lengths)
+        sampled = iter(sample_split_lengths(-(-step.extent // fixed), free, lanes, rng, params))
+        lengths = tuple(v if v is not None else next(sampled) for v in step.lengths)
         steps[i] = replace(step, lengths=lengths)
         changed = True
     if not changed:

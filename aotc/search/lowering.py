@@ -12,6 +12,7 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Iterable
 
+from aotc.codegen.dot import dot_form, form_error, match_dot
 from aotc.ir.expr import free_vars
 from aotc.ir.printer import func_str
 from aotc.ir.stmt import Allocate, For, ForKind, IfThenElse, LetStmt, PrimFunc, Seq, Stmt, walk_stmts
@@ -48,15 +49,34 @@ def loop_error(func: PrimFunc, target: Target | None = None) -> str | None:
         except GPUCodegenError as err:
             return str(err)
         return None
-    return _loop_error(func.body, None, False)
+    return _loop_error(func.body, None, False, target)
+
+
+def _tensorize_error(s: For, vec: For | None, target: Target | None) -> str | None:
+    if vec is None or vec.body is not s:
+        return f"tensorized loop {s.var.name} is not the body of a vectorized loop"
+    dot = match_dot(s, vec.var)
+    if isinstance(dot, str):
+        return dot
+    if target is None:
+        return None
+    return form_error(
+        dot.u,
+        dot.s,
+        dot_form(target, vec.max_extent, s.max_extent),
+        vec.max_extent,
+        s.max_extent,
+        str(target),
+    )
 
 
 def bind_target(dag: ComputeDAG, target: Target) -> None:
-    """The target whose limits `lowered`, `state_key` and `is_valid` check `dag`'s GPU programs against."""
+    """The target whose limits `lowered`, `state_key` and `is_valid` check `dag`'s programs against (a GPU's
+    thread limits, a CPU's dot-product instructions)."""
     _cache_of(dag).target = target
 
 
-def _loop_error(s: Stmt, vec: For | None, par: bool) -> str | None:
+def _loop_error(s: Stmt, vec: For | None, par: bool, target: Target | None) -> str | None:
     if isinstance(s, For):
         if s.kind == ForKind.THREAD_BINDING:
             return f"thread binding {s.thread_tag} on a CPU"
@@ -65,32 +85,34 @@ def _loop_error(s: Stmt, vec: For | None, par: bool) -> str | None:
                 return f"parallel loop {s.var.name} inside vectorized loop {vec.var.name}"
             if par:
                 return f"nested parallel loop {s.var.name}"
-            return _loop_error(s.body, vec, True)
+            return _loop_error(s.body, vec, True, target)
         if vec is not None and vec.var in free_vars(s.extent):
             return f"extent of {s.var.name} varies across the lanes of {vec.var.name}"
+        if s.kind == ForKind.TENSORIZED:
+            return _tensorize_error(s, vec, target)
         if s.kind == ForKind.VECTORIZED and s.max_extent > 1:
             if vec is not None:
                 return f"vectorized loop {s.var.name} inside vectorized loop {vec.var.name}"
             if s.max_extent > MAX_LANES:
                 return f"vectorized loop {s.var.name} has {s.max_extent} lanes"
-            return _loop_error(s.body, s, par)
-        return _loop_error(s.body, vec, par)
+            return _loop_error(s.body, s, par, target)
+        return _loop_error(s.body, vec, par, target)
     if isinstance(s, Allocate):
         if vec is not None:
             return f"allocation of {s.buffer.name} inside vectorized loop {vec.var.name}"
-        return _loop_error(s.body, vec, par)
+        return _loop_error(s.body, vec, par, target)
     if isinstance(s, Seq):
         for c in s.stmts:
-            err = _loop_error(c, vec, par)
+            err = _loop_error(c, vec, par, target)
             if err:
                 return err
         return None
     if isinstance(s, IfThenElse):
-        return _loop_error(s.then_case, vec, par) or (
-            _loop_error(s.else_case, vec, par) if s.else_case is not None else None
+        return _loop_error(s.then_case, vec, par, target) or (
+            _loop_error(s.else_case, vec, par, target) if s.else_case is not None else None
         )
     if isinstance(s, LetStmt):
-        return _loop_error(s.body, vec, par)
+        return _loop_error(s.body, vec, par, target)
     return None
 
 

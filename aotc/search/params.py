@@ -16,18 +16,20 @@ STRATEGIES = ("gradient", "round-robin")
 @dataclass(frozen=True)
 class SearchParams:
     """The search policy. Sketches: `structure` (multi-level tiling, S spatial / R reduce levels),
-    `fusion_levels` (tile levels a consumer may fuse at); on GPU targets `gpu_structure` and
-    `gpu_fusion_levels` (Ansor's block / vthread / thread levels first). Annotation: `max_innermost_split_factor`,
-    `non_divisor_prob` (a split padded past the extent), `innermost_reorder_prob`, `unroll_steps`
-    (auto-unroll choices; `gpu_unroll_steps` on GPU), `parallel_per_core` (parallel iterations per core at most). Evolution:
-    `population`, `generations`, `mutation_prob`, `crossover_prob`. Each round: `per_round` candidates
-    measured, `eps_greedy` of them random rather than the model's best. Task scheduler: `strategy`
-    ("gradient" or "round-robin"). `seed`: every random choice (task i's search uses seed + i)."""
+        `fusion_levels` (tile levels a consumer may fuse at); on GPU targets `gpu_structure` and
+        `gpu_fusion_levels` (Ansor's block / vthread / thread levels first); `dot_products`: 8-bit reductions also
+    get sketches with the target's dot-product instructions (docs/int8.md). Annotation: `max_innermost_split_factor`,
+        `non_divisor_prob` (a split padded past the extent), `innermost_reorder_prob`, `unroll_steps`
+        (auto-unroll choices; `gpu_unroll_steps` on GPU), `parallel_per_core` (parallel iterations per core at most). Evolution:
+        `population`, `generations`, `mutation_prob`, `crossover_prob`. Each round: `per_round` candidates
+        measured, `eps_greedy` of them random rather than the model's best. Task scheduler: `strategy`
+        ("gradient" or "round-robin"). `seed`: every random choice (task i's search uses seed + i)."""
 
     structure: str = "SSRSRS"
     fusion_levels: tuple[int, ...] = (1, 2)
     gpu_structure: str = "SSSRRSRS"
     gpu_fusion_levels: tuple[int, ...] = (3,)
+    dot_products: bool = True
     max_innermost_split_factor: int = 64
     non_divisor_prob: float = 0.2
     innermost_reorder_prob: float = 0.5
@@ -58,6 +60,7 @@ class SearchParams:
             "an int >= 0",
         )
         _check("seed", self.seed, _is_int(self.seed), "an int")
+        _check("dot_products", self.dot_products, isinstance(self.dot_products, bool), "true or false")
         for name in (
             "non_divisor_prob",
             "innermost_reorder_prob",

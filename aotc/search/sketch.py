@@ -13,6 +13,8 @@ from enum import Enum
 
 import numpy as np
 
+from aotc.codegen.dot import DotForm, dot_forms, dot_operands, form_error
+from aotc.ir.expr import Reduce, TensorRead, Var, free_vars
 from aotc.schedule.default_gpu import CROSS_THREAD_WIDTH, bind_reduction_to_threads
 from aotc.schedule.state import Annotation, ComputeAtKind, IterKind, SplitRel, State
 from aotc.schedule.steps import RfactorStep, SplitStep, effective_consumers, replay
@@ -36,13 +38,14 @@ class SearchContext:
     target: Target
     params: SearchParams = field(default_factory=SearchParams)
     _analyses: dict = field(default_factory=dict, repr=False)
+    dot_forms: tuple[DotForm, ...] = field(default=(), init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.target = as_target(self.target)
-        if self.target.is_gpu:
-            from aotc.search.lowering import bind_target  # lowering imports this module
+        from aotc.search.lowering import bind_target  # lowering imports this module
 
-            bind_target(self.dag, self.target)
+        bind_target(self.dag, self.target)
+        self.dot_forms = dot_forms(self.target) if self.params.dot_products else ()
 
     @property
     def structure(self) -> str:
@@ -277,6 +280,72 @@ class AddCacheWrite(SketchRule):
         return [(state.cache_write(stage_id, "local"), stage_id)]
 
 
+# ---- dot-product micro-kernels (docs/int8.md#dot-product-micro-kernels) ------------------------------
+
+
+@dataclass(frozen=True)
+class DotTiling:
+    """A stage's dot-product variant: `lane` (a spatial iterator) vectorized by `form.lanes`, inside
+    it `depth` (a reduce iterator) split by `form.depth` and tensorized."""
+
+    lane: str
+    depth: str
+    form: DotForm
+
+
+def dot_tilings(ctx: SearchContext, state: State, stage_id: int) -> list[DotTiling]:
+    """The dot-product variants of a fresh stage that sums products of two 8-bit values, one per vector
+    width the target has a form for (the deepest form of each width that fits the operands).
+
+    The lane axis indexes the second factor (the weight) but not the first; the depth axis is the first
+    factor's last index and indexes the weight too, so both read contiguously once the weight is laid
+    out by the tiles. Both extents must divide by the form's."""
+    st = state.stages[stage_id]
+    op = st.op
+    if not isinstance(op, ComputeOp) or not isinstance(op.body, Reduce) or op.body.combiner != "sum":
+        return []
+    if op.dtype != "int32" or op.body.condition is not None or is_tiled(state, stage_id):
+        return []
+    operands = dot_operands(op.body.source)
+    if operands is None:
+        return []
+    u, w = operands
+    if not (isinstance(u.value, TensorRead) and isinstance(w.value, TensorRead)) or not u.value.indices:
+        return []
+    axes = op.all_axes
+    last = u.value.indices[-1]
+    depth = next((k for k, a in enumerate(axes) if a.var is last and a.kind != "spatial"), None)
+    w_vars = [i for i in w.value.indices if isinstance(i, Var)]
+    if depth is None or last not in w_vars:
+        return []
+    u_vars = set().union(*(free_vars(i) for i in u.value.indices))
+    lanes = [k for k, a in enumerate(op.axes) if a.var in w_vars and a.var not in u_vars]
+    if not lanes:
+        return []
+    lane = lanes[-1]
+    out: dict[int, DotTiling] = {}
+    for form in ctx.dot_forms:
+        if form.lanes in out or form_error(u, w, form, form.lanes, form.depth, str(ctx.target)):
+            continue
+        if axes[lane].extent % form.lanes or axes[depth].extent % form.depth:
+            continue
+        out[form.lanes] = DotTiling(st.iters[lane].name, st.iters[depth].name, form)
+    return list(out.values())
+
+
+def tilings(ctx: SearchContext, state: State, stage_id: int) -> list[tuple[State, list[int]]]:
+    """The multi-level tilings of a stage: the plain one, then each dot-product variant with its vector
+    and tensorized loops innermost (their lengths fixed)."""
+    out = [multi_level_tile(state, stage_id, ctx.structure)]
+    for dot in dot_tilings(ctx, state, stage_id):
+        s, spatial = multi_level_tile(
+            state, stage_id, ctx.structure, innermost={dot.lane: dot.form.lanes, dot.depth: dot.form.depth}
+        )
+        n = len(s.stages[stage_id].iters)
+        out.append((s.vectorize(stage_id, n - 2).tensorize(stage_id, n - 1), spatial))
+    return out
+
+
 class MultiLevelTilingWithFusion(SketchRule):
     """Tile the stage and compute it at tiling level L of its single element-wise consumer."""
 
@@ -294,14 +363,13 @@ class MultiLevelTilingWithFusion(SketchRule):
     def apply(self, ctx, state, stage_id):
         cid = single_elementwise_consumer(state, stage_id)
         assert cid is not None
-        structure = ctx.structure
-        base, spatial = multi_level_tile(state, stage_id, structure)
         out = []
-        for level in ctx.fusion_levels:
-            if structure[level - 1] != "S":
-                continue
-            s, at = follow_tiling(base, cid, spatial, level)
-            out.append((s.compute_at(stage_id, cid, at), stage_id - 1))
+        for base, spatial in tilings(ctx, state, stage_id):
+            for level in ctx.fusion_levels:
+                if ctx.structure[level - 1] != "S":
+                    continue
+                s, at = follow_tiling(base, cid, spatial, level)
+                out.append((s.compute_at(stage_id, cid, at), stage_id - 1))
         return out
 
 
@@ -314,8 +382,7 @@ class MultiLevelTiling(SketchRule):
         return Condition.SKIP
 
     def apply(self, ctx, state, stage_id):
-        s, _ = multi_level_tile(state, stage_id, ctx.structure)
-        return [(s, stage_id - 1)]
+        return [(s, stage_id - 1) for s, _ in tilings(ctx, state, stage_id)]
 
 
 # ---- GPU rules (docs/search.md#gpu-sketches) -------------------------------------------------------
@@ -538,7 +605,7 @@ def generate_sketches(
     """All sketches of `dag` for the target (CPU or GPU rules), cached per (workload key, target, the policy's sketch settings)."""
     ctx = SearchContext(dag, target, params or SearchParams())
     target = ctx.target
-    sketch_policy = (ctx.structure, ctx.fusion_levels, ctx.params.parallel_per_core)
+    sketch_policy = (ctx.structure, ctx.fusion_levels, ctx.params.parallel_per_core, ctx.params.dot_products)
     key = (dag.workload_key, f"{target}|{target.hw}|{sketch_policy}")
     hit = _SKETCH_CACHE.get(key)
     if hit is not None and hit[0] is dag:

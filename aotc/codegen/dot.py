@@ -1,0 +1,171 @@
+"""Dot-product micro-kernels: 8-bit products summed `depth` at a time into each 32-bit lane
+(docs/int8.md#dot-product-micro-kernels).
+
+A TENSORIZED loop of extent `depth` placed right inside a vectorized loop of `lanes` lanes, whose body
+is `acc[i] = acc[i] + u * s` with `u` and `s` 32-bit widenings of 8-bit values, runs as one instruction
+of a form the target has:
+
+- `vnni`: AVX-512 VNNI / AVX-VNNI `vpdpbusd`, 4 unsigned x signed byte products per lane. `u` is a uint8
+  value, or an int8 value plus 128 (read as `x ^ 0x80`: the graph moved 128 * sum(w) into the bias,
+  so the sum stays exact); `s` is int8.
+- `maddwd`: AVX2 / AVX-512BW `vpmaddwd` on values widened to 16 bits, 2 products per lane; any 8-bit
+  `u` and `s` (each product and the pair's sum fit 32 bits exactly).
+
+The plain widening code stays the fallback: a schedule without the annotation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aotc.ir.expr import Binary, Buffer, Cast, Const, Expr, Load, Var, free_vars
+from aotc.ir.simplify import linear_terms
+from aotc.ir.stmt import BufferStore, For
+from aotc.target import Target, cpu_features
+
+BYTE_DTYPES = ("int8", "uint8")
+INT8_OFFSET = 128  # int8 + 128 is the uint8 that vpdpbusd reads
+
+
+@dataclass(frozen=True)
+class DotForm:
+    """One dot-product instruction: `depth` products per 32-bit lane, `lanes` lanes."""
+
+    name: str  # "vnni" or "maddwd"
+    lanes: int
+    depth: int
+    intrinsic: str
+    unsigned_u: bool  # the first operand must be unsigned (vpdpbusd reads u8 x s8)
+
+    @property
+    def operand_type(self) -> str:
+        """The LLVM type of the intrinsic's two product operands."""
+        if self.name == "vnni":
+            return f"<{self.lanes * self.depth} x i8>"
+        return f"<{self.lanes * self.depth} x i16>"
+
+
+_FORMS = (
+    # (required features, form), widest first
+    (("avx512vnni",), DotForm("vnni", 16, 4, "llvm.x86.avx512.vpdpbusd.512", True)),
+    (("avx512vnni", "avx512vl"), DotForm("vnni", 8, 4, "llvm.x86.avx512.vpdpbusd.256", True)),
+    (("avxvnni",), DotForm("vnni", 8, 4, "llvm.x86.avx512.vpdpbusd.256", True)),
+    (("avx512bw",), DotForm("maddwd", 16, 2, "llvm.x86.avx512.pmaddw.d.512", False)),
+    (("avx2",), DotForm("maddwd", 8, 2, "llvm.x86.avx2.pmadd.wd", False)),
+)
+
+
+def dot_forms(target: Target) -> tuple[DotForm, ...]:
+    """The dot-product forms `target`'s code may use (none off x86), each (name, lanes) once."""
+    if not target.is_cpu or target.isa != "x86_64":
+        return ()
+    feats = set(cpu_features(target))
+    out: dict[tuple[str, int], DotForm] = {}
+    for required, form in _FORMS:
+        if set(required) <= feats:
+            out.setdefault((form.name, form.lanes), form)
+    return tuple(out.values())
+
+
+def dot_form(target: Target, lanes: int, depth: int) -> DotForm | None:
+    """The form for a tensorized loop of `depth` inside `lanes` lanes on `target`, if it has one."""
+    return next((f for f in dot_forms(target) if f.lanes == lanes and f.depth == depth), None)
+
+
+@dataclass(frozen=True)
+class Operand:
+    """An 8-bit value read as an int32 factor: `value` (int8/uint8), plus 128 where `offset`."""
+
+    value: Expr
+    offset: bool
+
+    @property
+    def unsigned(self) -> bool:
+        """The factor is a uint8 value (vpdpbusd's unsigned side)."""
+        return self.value.dtype == "uint8" or self.offset
+
+
+@dataclass(frozen=True)
+class DotBody:
+    """`acc[indices] += u * s` of a tensorized loop."""
+
+    acc: Buffer
+    indices: tuple[Expr, ...]
+    u: Operand
+    s: Operand
+
+
+def byte_operand(e: Expr) -> Operand | None:
+    """`int32(x)` or `int32(x) + 128` (as `- (-128)` too) with x 8-bit; None otherwise."""
+    if isinstance(e, Cast) and e.dtype == "int32" and e.value.dtype in BYTE_DTYPES:
+        return Operand(e.value, False)
+    if isinstance(e, Binary) and e.op in ("add", "sub") and isinstance(e.b, Const):
+        inner = byte_operand(e.a)
+        shift = e.b.value if e.op == "add" else -e.b.value
+        if inner is not None and not inner.offset and inner.value.dtype == "int8" and shift == INT8_OFFSET:
+            return Operand(inner.value, True)
+    return None
+
+
+def dot_operands(product: Expr) -> tuple[Operand, Operand] | None:
+    """(u, s) of an int32 product of two 8-bit factors, the unsigned-capable one first."""
+    if not (isinstance(product, Binary) and product.op == "mul" and product.dtype == "int32"):
+        return None
+    a, b = byte_operand(product.a), byte_operand(product.b)
+    if a is None or b is None:
+        return None
+    if b.unsigned and not a.unsigned:
+        a, b = b, a
+    return a, b
+
+
+def match_dot(loop: For, lane: Var) -> DotBody | str:
+    """The dot product a tensorized `loop` (right inside the vector loop over `lane`) computes, or why
+    it is none."""
+    body = loop.body
+    what = f"tensorized loop {loop.var.name}"
+    if not isinstance(loop.extent, Const) or loop.extent.value != loop.max_extent:
+        return f"{what} has no constant extent"
+    if not isinstance(body, BufferStore):
+        return f"{what}: its body is not one store (a guard or a nested loop)"
+    value = body.value
+    if body.buffer.dtype != "int32" or not (isinstance(value, Binary) and value.op == "add"):
+        return f"{what}: its body is not an int32 accumulation"
+    acc, product = value.a, value.b
+    if not _is_acc(acc, body):
+        acc, product = product, acc
+    if not _is_acc(acc, body):
+        return f"{what}: its body does not add to {body.buffer.name}"
+    if any(loop.var in free_vars(i) for i in body.indices):
+        return f"{what}: the accumulator {body.buffer.name} varies with the reduction"
+    ops = dot_operands(product)
+    if ops is None:
+        return f"{what}: the product is not two widened 8-bit values"
+    return DotBody(body.buffer, body.indices, *ops)
+
+
+def _is_acc(e: Expr, store: BufferStore) -> bool:
+    return isinstance(e, Load) and e.buffer is store.buffer and e.indices == store.indices
+
+
+def form_error(
+    u: Operand, s: Operand, form: DotForm | None, lanes: int, depth: int, target_name: str
+) -> str | None:
+    """Why `form` cannot sum the products `u * s`, or None."""
+    if form is None:
+        return f"{target_name} has no dot-product instruction for {lanes} lanes of {depth} products"
+    if form.unsigned_u and not u.unsigned:
+        return "vpdpbusd needs one unsigned factor (uint8, or int8 + 128)"
+    if form.unsigned_u and s.value.dtype != "int8":
+        return "vpdpbusd needs a signed int8 second factor"
+    return None
+
+
+def affine_offset(buf: Buffer, indices: tuple[Expr, ...], lane: Var, r: Var) -> tuple[int, int] | None:
+    """(lane coefficient, r coefficient) of the flat offset of `buf[indices]` when it is affine in them
+    with nothing else depending on them; None otherwise."""
+    terms, _ = linear_terms(buf.flat_index(indices))
+    cl, cr = terms.pop(lane, 0), terms.pop(r, 0)
+    if any(lane in free_vars(a) or r in free_vars(a) for a in terms):
+        return None
+    return cl, cr
