@@ -216,7 +216,7 @@ class ModuleBuilder:
 
     def __init__(self, size_type: str = "i64", dot_forms: tuple = ()) -> None:
         self.size_type = size_type  # C's size_t on the target
-        self.dot_forms = dot_forms  # the target's dot-product instructions (codegen/dot.py's DotForm)
+        self.dot_forms = dot_forms  # the target's dot-product instructions (ir/dot.py's DotForm)
         self.decls: dict[str, str] = {}
         self.globals: list[str] = []
         self.functions: list[str] = []

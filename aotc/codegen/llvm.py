@@ -21,11 +21,11 @@ import threading
 
 import llvmlite.binding as llvm
 
-from aotc.codegen.dot import dot_forms
 from aotc.codegen.irbuilder import CodegenError, FunctionBuilder, ModuleBuilder, string_const
 from aotc.codegen.stmtgen import StmtGen, all_buffers
 from aotc.codegen.threadpool import emit_thread_pool
 from aotc.codegen.vecmath import LIBMVEC_PATH, VecLib, veclib_for
+from aotc.ir.dot import dot_forms
 from aotc.ir.expr import Buffer
 from aotc.ir.stmt import PrimFunc
 from aotc.target import Target, TargetError, check_llvm_names

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from aotc.codegen.dot import DotForm, Operand, affine_offset, form_error, match_dot
 from aotc.codegen.exprgen import BufInfo, ExprGen, Ramp, VecCtx
 from aotc.codegen.irbuilder import (
     CodegenError,
@@ -20,6 +19,7 @@ from aotc.codegen.irbuilder import (
 )
 from aotc.codegen.threadpool import MAX_TEAM, PARALLEL, TEAM_SIZE
 from aotc.codegen.vecmath import VecLib
+from aotc.ir.dot import DotForm, Operand, affine_offset, form_error, match_dot
 from aotc.ir.expr import Buffer, Expr, Load, Var, walk
 from aotc.ir.stmt import (
     Allocate,

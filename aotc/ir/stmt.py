@@ -13,7 +13,7 @@ class ForKind(StrEnum):
     PARALLEL = "parallel"
     VECTORIZED = "vectorized"
     UNROLLED = "unrolled"
-    TENSORIZED = "tensorized"  # a dot-product instruction (codegen/dot.py), right inside a vectorized loop
+    TENSORIZED = "tensorized"  # a dot-product instruction (ir/dot.py), right inside a vectorized loop
     THREAD_BINDING = "thread_binding"
 
 

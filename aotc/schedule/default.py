@@ -1,7 +1,8 @@
 """A deterministic rule-based schedule for any DAG: what an untuned build compiles.
 
 Strictly inlineable stages are inlined. Stages that need multi-level tiling (conv, matmul, ...) get
-SSRSRS tiles with a register block of up to 16 vector accumulators (12 where the target has 16 vector
+SSRSRS tiles (8-bit sums of products with the target's dot-product instruction innermost, docs/int8.md)
+with a register block of up to 16 vector accumulators (12 where the target has 16 vector
 registers, as AVX2 has: 16 accumulators would spill their loads and broadcasts), fused into their single
 element-wise consumer or else through a cache_write stage; their outer loops run in parallel and
 their inner loops are vectorized and unrolled. Every other stage runs its outer loops in parallel
@@ -12,12 +13,16 @@ from __future__ import annotations
 
 import numpy as np
 
+from aotc.ir.dot import dot_forms
 from aotc.ir.expr import free_vars
 from aotc.schedule.lower import infer_bound
 from aotc.schedule.state import ComputeAtKind, IterKind, State
 from aotc.schedule.steps import effective_consumers
 from aotc.schedule.tiling import (
+    DotTiling,
     const_index_vector_axes,
+    dot_tile,
+    dot_tilings,
     follow_tiling,
     multi_level_tile,
     reads_contiguously,
@@ -136,15 +141,19 @@ def _vector_axis(op: ComputeOp) -> IterVar | None:
 
 
 def _tile_lengths(
-    op: ComputeOp, target: Target, vec_axis: IterVar | None
+    op: ComputeOp, target: Target, vec_axis: IterVar | None, dot: DotTiling | None = None
 ) -> tuple[dict[str, list[int]], int]:
-    """Inner lengths per iterator name, and the vector tile of `vec_axis`."""
+    """Inner lengths per iterator name, and the vector tile of `vec_axis` (a dot product's lanes, which
+    `dot_tile` splits off innermost, beside these lengths)."""
     lanes = _lanes(op.dtype, target)
     spatial = list(op.axes)
     lengths = {a.name: [1, 1, 1] for a in spatial}
     vec = 1
     regs = 1
-    if vec_axis is not None:
+    if dot is not None:
+        vec = dot.form.lanes
+        regs = -(-vec // lanes)
+    elif vec_axis is not None:
         vec = _vector_tile(vec_axis.extent, lanes)
         lengths[vec_axis.name] = [1, 1, vec]
         regs = -(-vec // lanes)
@@ -165,8 +174,9 @@ def _tile_lengths(
         b = _block(a.extent, min(8, room))
         lengths[a.name] = [1, 1, b]
         regs *= b
-    for a in op.reduce_axes:
-        lengths[a.name] = [_reduce_tile(a.extent)]
+    for k, a in enumerate(op.reduce_axes, start=len(op.axes)):
+        depth = dot.form.depth if dot is not None and k == dot.depth else 1
+        lengths[a.name] = [_reduce_tile(a.extent // depth)]
     return lengths, vec
 
 
@@ -188,14 +198,19 @@ def _tile_anchor(
     else:
         s = s.cache_write(sid)
         anchor, out = s.stages[sid].name, op.name
-    vec_axis = _vector_axis(op)
-    lengths, vec = _tile_lengths(op, target, vec_axis)
+    dots = dot_tilings(op, dot_forms(target))
+    dot = dots[0] if dots else None  # the widest vectors
+    vec_axis = op.axes[dot.lane] if dot is not None else _vector_axis(op)
+    lengths, vec = _tile_lengths(op, target, vec_axis, dot)
     window = _window_producer(s, dag, op) if pad_per_tile else None
     if window is not None and not _tile_by_window_rows(op, window, lengths, vec_axis, target.hw.num_cores):
         window = None
     a_id = s.stage_id(anchor)
-    s, spatial = multi_level_tile(s, a_id, "SSRSRS", lengths)
-    if vec_axis is not None and vec_axis is not op.axes[-1]:
+    if dot is not None:
+        s, spatial = dot_tile(s, a_id, "SSRSRS", dot, lengths)
+    else:
+        s, spatial = multi_level_tile(s, a_id, "SSRSRS", lengths)
+    if dot is None and vec_axis is not None and vec_axis is not op.axes[-1]:
         n, k = len(s.stages[a_id].iters), list(op.axes).index(vec_axis)
         inner = n - len(op.axes) + k
         s = s.reorder(a_id, [p for p in range(n) if p != inner] + [inner])
@@ -211,7 +226,8 @@ def _tile_anchor(
         s = s.parallel(o_id, 0)
     if vec > 1:
         s = s.vectorize(o_id, len(s.stages[o_id].iters) - 1)
-        s = s.vectorize(a_id, len(s.stages[a_id].iters) - 1)
+        if dot is None:  # dot_tile vectorized it
+            s = s.vectorize(a_id, len(s.stages[a_id].iters) - 1)
     s = s.pragma(a_id, 0, f"auto_unroll_max_step${AUTO_UNROLL}")
     if window is None:
         return s, {anchor, out}

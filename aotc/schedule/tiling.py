@@ -6,8 +6,10 @@ Lengths may be None (a sketch); the search fills them later.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
-from aotc.ir.expr import free_vars
+from aotc.ir.dot import DotForm, dot_operands, form_error
+from aotc.ir.expr import Reduce, TensorRead, Var, free_vars
 from aotc.ir.simplify import linear_terms
 from aotc.schedule.state import ComputeAtKind, IterKind, ScheduleError, State
 from aotc.te.dag import reads_of
@@ -70,6 +72,70 @@ def multi_level_tile(
         seen[kind] += 1
         order.extend(p[level] for k, p in parts if k == kind)
     return state.reorder(stage_id, order + tail), spatial_steps
+
+
+@dataclass(frozen=True)
+class DotTiling:
+    """An op's dot-product tiling: spatial axis `lane` vectorized by `form.lanes`, inside it reduce axis
+    `depth` split by `form.depth` and tensorized (positions in the op's `all_axes`)."""
+
+    lane: int
+    depth: int
+    form: DotForm
+
+
+def dot_tilings(op, forms: Sequence[DotForm]) -> list[DotTiling]:
+    """The dot-product tilings of an op that sums products of two 8-bit values, one per vector width
+    among `forms` (the first form of each width that fits the operands; docs/int8.md).
+
+    The lane axis indexes the second factor (the weight) but not the first; the depth axis is the first
+    factor's last index and indexes the weight too, so both read contiguously once the weight is laid
+    out by the tiles. Both extents must divide by the form's."""
+    if not forms or not isinstance(op, ComputeOp) or not isinstance(op.body, Reduce):
+        return []
+    if op.body.combiner != "sum" or op.dtype != "int32" or op.body.condition is not None:
+        return []
+    operands = dot_operands(op.body.source)
+    if operands is None:
+        return []
+    u, w = operands
+    if not (isinstance(u.value, TensorRead) and isinstance(w.value, TensorRead)) or not u.value.indices:
+        return []
+    axes = op.all_axes
+    last = u.value.indices[-1]
+    depth = next((k for k, a in enumerate(axes) if a.var is last and a.kind != "spatial"), None)
+    w_vars = [i for i in w.value.indices if isinstance(i, Var)]
+    if depth is None or last not in w_vars:
+        return []
+    u_vars = set().union(*(free_vars(i) for i in u.value.indices))
+    lanes = [k for k, a in enumerate(op.axes) if a.var in w_vars and a.var not in u_vars]
+    if not lanes:
+        return []
+    lane = lanes[-1]
+    out: dict[int, DotTiling] = {}
+    for form in forms:
+        if form.lanes in out or form_error(u, w, form, form.lanes, form.depth, ""):
+            continue
+        if axes[lane].extent % form.lanes or axes[depth].extent % form.depth:
+            continue
+        out[form.lanes] = DotTiling(lane, depth, form)
+    return list(out.values())
+
+
+def dot_tile(
+    state: State,
+    stage_id: int,
+    structure: str,
+    dot: DotTiling,
+    lengths: Mapping[str, Sequence[int | None]] | None = None,
+) -> tuple[State, list[int]]:
+    """`multi_level_tile` with the dot product innermost: the lane axis's last part (`form.lanes`)
+    vectorized and, inside it, the depth axis's last part (`form.depth`) tensorized."""
+    iters = state.stages[stage_id].iters
+    inner = {iters[dot.lane].name: dot.form.lanes, iters[dot.depth].name: dot.form.depth}
+    s, spatial = multi_level_tile(state, stage_id, structure, lengths, innermost=inner)
+    n = len(s.stages[stage_id].iters)
+    return s.vectorize(stage_id, n - 2).tensorize(stage_id, n - 1), spatial
 
 
 def follow_tiling(

@@ -12,7 +12,7 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Iterable
 
-from aotc.codegen.dot import dot_form, form_error, match_dot
+from aotc.ir.dot import dot_form, form_error, match_dot
 from aotc.ir.expr import free_vars
 from aotc.ir.printer import func_str
 from aotc.ir.stmt import Allocate, For, ForKind, IfThenElse, LetStmt, PrimFunc, Seq, Stmt, walk_stmts

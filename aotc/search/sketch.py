@@ -13,13 +13,14 @@ from enum import Enum
 
 import numpy as np
 
-from aotc.codegen.dot import DotForm, dot_forms, dot_operands, form_error
-from aotc.ir.expr import Reduce, TensorRead, Var, free_vars
+from aotc.ir.dot import DotForm, dot_forms
 from aotc.schedule.default_gpu import CROSS_THREAD_WIDTH, bind_reduction_to_threads
 from aotc.schedule.state import Annotation, ComputeAtKind, IterKind, SplitRel, State
 from aotc.schedule.steps import RfactorStep, SplitStep, effective_consumers, replay
 from aotc.schedule.tiling import (
     const_index_vector_axes,
+    dot_tile,
+    dot_tilings,
     follow_tiling,
     multi_level_tile,
     unroll_const_indices,
@@ -283,66 +284,14 @@ class AddCacheWrite(SketchRule):
 # ---- dot-product micro-kernels (docs/int8.md#dot-product-micro-kernels) ------------------------------
 
 
-@dataclass(frozen=True)
-class DotTiling:
-    """A stage's dot-product variant: `lane` (a spatial iterator) vectorized by `form.lanes`, inside
-    it `depth` (a reduce iterator) split by `form.depth` and tensorized."""
-
-    lane: str
-    depth: str
-    form: DotForm
-
-
-def dot_tilings(ctx: SearchContext, state: State, stage_id: int) -> list[DotTiling]:
-    """The dot-product variants of a fresh stage that sums products of two 8-bit values, one per vector
-    width the target has a form for (the deepest form of each width that fits the operands).
-
-    The lane axis indexes the second factor (the weight) but not the first; the depth axis is the first
-    factor's last index and indexes the weight too, so both read contiguously once the weight is laid
-    out by the tiles. Both extents must divide by the form's."""
-    st = state.stages[stage_id]
-    op = st.op
-    if not isinstance(op, ComputeOp) or not isinstance(op.body, Reduce) or op.body.combiner != "sum":
-        return []
-    if op.dtype != "int32" or op.body.condition is not None or is_tiled(state, stage_id):
-        return []
-    operands = dot_operands(op.body.source)
-    if operands is None:
-        return []
-    u, w = operands
-    if not (isinstance(u.value, TensorRead) and isinstance(w.value, TensorRead)) or not u.value.indices:
-        return []
-    axes = op.all_axes
-    last = u.value.indices[-1]
-    depth = next((k for k, a in enumerate(axes) if a.var is last and a.kind != "spatial"), None)
-    w_vars = [i for i in w.value.indices if isinstance(i, Var)]
-    if depth is None or last not in w_vars:
-        return []
-    u_vars = set().union(*(free_vars(i) for i in u.value.indices))
-    lanes = [k for k, a in enumerate(op.axes) if a.var in w_vars and a.var not in u_vars]
-    if not lanes:
-        return []
-    lane = lanes[-1]
-    out: dict[int, DotTiling] = {}
-    for form in ctx.dot_forms:
-        if form.lanes in out or form_error(u, w, form, form.lanes, form.depth, str(ctx.target)):
-            continue
-        if axes[lane].extent % form.lanes or axes[depth].extent % form.depth:
-            continue
-        out[form.lanes] = DotTiling(st.iters[lane].name, st.iters[depth].name, form)
-    return list(out.values())
-
-
 def tilings(ctx: SearchContext, state: State, stage_id: int) -> list[tuple[State, list[int]]]:
     """The multi-level tilings of a stage: the plain one, then each dot-product variant with its vector
     and tensorized loops innermost (their lengths fixed)."""
     out = [multi_level_tile(state, stage_id, ctx.structure)]
-    for dot in dot_tilings(ctx, state, stage_id):
-        s, spatial = multi_level_tile(
-            state, stage_id, ctx.structure, innermost={dot.lane: dot.form.lanes, dot.depth: dot.form.depth}
-        )
-        n = len(s.stages[stage_id].iters)
-        out.append((s.vectorize(stage_id, n - 2).tensorize(stage_id, n - 1), spatial))
+    if is_tiled(state, stage_id):
+        return out
+    for dot in dot_tilings(state.stages[stage_id].op, ctx.dot_forms):
+        out.append(dot_tile(state, stage_id, ctx.structure, dot))
     return out
 
 
