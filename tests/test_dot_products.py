@@ -1,0 +1,261 @@
+"""int8 dot-product micro-kernels (docs/int8.md): each form (vpdpbusd, vpmaddwd, the plain widening code)
+bit-exact against the numpy reference evaluator on int8/uint8 convs and dense layers with per-tensor and
+per-channel weights and nonzero zero points; the instruction in the assembly of the CPUs that have it
+(compile-only where this machine lacks the CPU's features); the search space and its legality checks."""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from aotc.codegen.irbuilder import CodegenError
+from aotc.codegen.llvm import build_llvm_ir, compile_to_assembly
+from aotc.codegen.module import build_module, load_library
+from aotc.ir.dot import dot_forms
+from aotc.ir.stmt import For, ForKind, walk_stmts
+from aotc.schedule.default import default_schedule
+from aotc.schedule.layout import apply_layouts, rewrite_layout
+from aotc.schedule.lower import lower
+from aotc.schedule.state import Annotation
+from aotc.schedule.steps import SplitStep
+from aotc.search.annotation import sample_state
+from aotc.search.lowering import loop_error, lowered
+from aotc.search.params import SearchParams
+from aotc.search.sketch import SearchContext, generate_sketches
+from aotc.target import cpu_features, host_target, parse_target
+from aotc.te.dag import ComputeDAG
+from aotc.te.reference import evaluate
+from aotc.te.tensor import LAYOUT_FREE, placeholder
+from aotc.topi.registry import get_op
+
+ZNVER4 = "llvm -mcpu=znver4 -num-cores=1"
+TARGETS = {
+    "vnni": ZNVER4,  # vpdpbusd: 4 products per lane, 16 and 8 lanes
+    "avx512bw": "llvm -mcpu=znver4 -mattr=-avx512vnni -num-cores=1",  # vpmaddwd on zmm and ymm
+    "avx2": "llvm -mcpu=znver3 -num-cores=1",  # vpmaddwd on ymm
+}
+INSTRUCTION = {"vnni": "vpdpbusd", "avx512bw": "vpmaddwd", "avx2": "vpmaddwd"}
+PLAIN = "llvm -mcpu=znver4 -num-cores=1"  # with SearchParams(dot_products=False): the widening code
+
+
+def quantized_dag(
+    op: str, x_shape: tuple, w_shape: tuple, x_dtype: str, zx: int, per_channel: bool, folded: bool = True
+) -> ComputeDAG:
+    """A qnn conv (3x3, pad 1) or dense layer with a constant (layout-free) weight and bias, its input zero
+    point folded into the bias as the graph pass leaves it (`folded`)."""
+    out_c = w_shape[0]
+    attrs = {
+        "input_scale": 0.02,
+        "input_zero_point": zx,
+        "output_scale": 0.1,
+        "output_zero_point": -5,
+        "weight_scales": tuple(0.001 * (1 + c % 7) for c in range(out_c)) if per_channel else (0.003,),
+        "weight_zero_points": (0,),
+        "activation": "RELU6",
+        "out_dtype": "int8",
+        "input_zero_point_in_bias": folded,
+    }
+    if op == "qnn.conv2d_nhwc":
+        attrs |= {"strides": (1, 1), "pads": (1, 1, 1, 1), "dilations": (1, 1)}
+    x = placeholder(x_shape, x_dtype, name="x")
+    w = placeholder(w_shape, "int8", name="w", tag=LAYOUT_FREE)
+    b = placeholder((out_c,), "int32", name="b", tag=LAYOUT_FREE)
+    return ComputeDAG(get_op(op).compute([x, w, b], attrs))
+
+
+CASES = {
+    "conv_int8_per_channel": ("qnn.conv2d_nhwc", (1, 6, 5, 32), (32, 3, 3, 32), "int8", 3, True),
+    "conv_uint8_per_tensor": ("qnn.conv2d_nhwc", (1, 5, 6, 16), (48, 3, 3, 16), "uint8", 100, False),
+    "dense_int8": ("qnn.dense", (3, 64), (32, 64), "int8", -7, True),
+}
+
+
+def feed_for(dag: ComputeDAG, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    out = {}
+    for p in dag.placeholders:
+        if p.dtype == "int32":
+            out[p.name] = rng.integers(-5000, 5000, p.shape).astype(np.int32)
+        else:
+            info = np.iinfo(p.dtype)
+            out[p.name] = rng.integers(info.min, info.max + 1, p.shape).astype(p.dtype)
+    return out
+
+
+def runs_here(target) -> bool:
+    return set(cpu_features(target)) <= set(cpu_features(host_target()))
+
+
+def tensorized(func) -> list[For]:
+    return [s for s in walk_stmts(func.body) if isinstance(s, For) and s.kind == ForKind.TENSORIZED]
+
+
+def sampled_states(dag: ComputeDAG, target, n: int, seed: int = 0, params: SearchParams | None = None):
+    """`n` valid sampled programs with a tensorized loop (all valid ones without `params.dot_products`)."""
+    params = params or SearchParams()
+    ctx = SearchContext(dag, target, params)
+    sketches = generate_sketches(dag, target, params)
+    rng = random.Random(seed)
+    out = []
+    for _ in range(400):
+        s = sample_state(ctx, sketches[rng.randrange(len(sketches))], rng)
+        func = None if s is None else lowered(s)
+        if func is not None and (bool(tensorized(func)) == params.dot_products):
+            out.append(s)
+            if len(out) == n:
+                break
+    assert len(out) == n, f"only {len(out)} of {n} samples"
+    return out
+
+
+def check_exact(dag: ComputeDAG, state, target, tmp_path, name: str) -> str:
+    """Build `state` with its weights laid out; run and compare bit for bit where it runs here.
+    Returns the kernel's assembly."""
+    rewritten, layouts = rewrite_layout(state)
+    func = lower(rewritten, name)
+    asm = compile_to_assembly(build_llvm_ir([func], target), target)
+    if not runs_here(target):
+        return asm
+    feed = feed_for(dag)
+    (expected,) = evaluate(dag, feed)
+    library = load_library(build_module([func], target, str(tmp_path / f"{name}.so")))
+    got = np.zeros(expected.shape, expected.dtype)
+    library.kernel(name)(*apply_layouts([feed[p.name] for p in dag.placeholders], layouts), got)
+    np.testing.assert_array_equal(got, expected, err_msg=f"{name} on {target}")
+    return asm
+
+
+@pytest.mark.parametrize("form", sorted(TARGETS))
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_sampled_dot_product_programs_are_exact_and_use_the_instruction(form, case, tmp_path):
+    target = parse_target(TARGETS[form])
+    dag = quantized_dag(*CASES[case])
+    for i, state in enumerate(sampled_states(dag, target, 3, seed=sorted(CASES).index(case))):
+        asm = check_exact(dag, state, target, tmp_path, f"k{i}")
+        assert INSTRUCTION[form] in asm, f"{case} sample {i}: no {INSTRUCTION[form]} for {target}"
+
+
+@pytest.mark.parametrize("form", sorted(TARGETS))
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_default_schedule_uses_the_widest_dot_product(form, case, tmp_path):
+    target = parse_target(TARGETS[form])
+    dag = quantized_dag(*CASES[case])
+    state = default_schedule(dag, target)
+    func = lower(state)
+    (loop,) = tensorized(func)
+    widest = max(f.lanes for f in dot_forms(target) if CASES[case][2][0] % f.lanes == 0)
+    assert loop.max_extent == (4 if form == "vnni" else 2)
+    vector = [s for s in walk_stmts(func.body) if isinstance(s, For) and s.body is loop]
+    assert vector and vector[0].kind == ForKind.VECTORIZED and vector[0].max_extent == widest
+    asm = check_exact(dag, state, target, tmp_path, "k")
+    assert INSTRUCTION[form] in asm
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_plain_widening_programs_stay_exact(case, tmp_path):
+    """dot_products off: the search's programs widen each product (no dot-product instruction)."""
+    target = parse_target(PLAIN)
+    dag = quantized_dag(*CASES[case])
+    for i, state in enumerate(sampled_states(dag, target, 2, params=SearchParams(dot_products=False))):
+        asm = check_exact(dag, state, target, tmp_path, f"p{i}")
+        assert "vpdpbusd" not in asm
+
+
+def test_int8_input_at_zero_point_minus_128_needs_no_fold(tmp_path):
+    """zx = -128: the multiply-accumulate reads x + 128 directly, nothing folded into the bias."""
+    target = parse_target(PLAIN)
+    dag = quantized_dag("qnn.conv2d_nhwc", (1, 4, 4, 16), (16, 3, 3, 16), "int8", -128, True, folded=False)
+    state = default_schedule(dag, target)
+    assert tensorized(lower(state))
+    check_exact(dag, state, target, tmp_path, "z")
+
+
+def test_dot_forms_follow_the_cpu_features():
+    def forms(text: str) -> set[tuple[str, int, int]]:
+        return {(f.name, f.lanes, f.depth) for f in dot_forms(parse_target(text))}
+
+    assert forms(ZNVER4) == {("vnni", 16, 4), ("vnni", 8, 4), ("maddwd", 16, 2), ("maddwd", 8, 2)}
+    assert forms("llvm -mcpu=znver3") == {("maddwd", 8, 2)}
+    assert forms("llvm -mcpu=skylake-avx512") == {("maddwd", 16, 2), ("maddwd", 8, 2)}
+    assert forms("llvm -mcpu=sierraforest") >= {("vnni", 8, 4)}  # AVX-VNNI without AVX-512
+    assert forms("llvm -mtriple=aarch64-linux-gnu") == set()
+
+
+def test_sketches_offer_a_dot_product_variant_only_where_it_fits():
+    target = parse_target(ZNVER4)
+
+    def n_dot(dag: ComputeDAG, params: SearchParams | None = None) -> int:
+        sketches = generate_sketches(dag, target, params)
+        return sum(
+            any(it.annotation == Annotation.TENSORIZE for st in s.stages for it in st.iters) for s in sketches
+        )
+
+    conv = quantized_dag(*CASES["conv_int8_per_channel"])
+    assert n_dot(conv) > 0
+    assert n_dot(conv, SearchParams(dot_products=False)) == 0
+    # 3 input channels do not split into groups of 4 (or 2); a depthwise conv sums over its window only
+    assert n_dot(quantized_dag("qnn.conv2d_nhwc", (1, 8, 8, 3), (16, 3, 3, 3), "int8", 3, True)) == 0
+    assert n_dot(quantized_dag("qnn.conv2d_nhwc", (1, 8, 8, 16), (18, 3, 3, 16), "int8", 3, True)) == 0
+    x = placeholder((1, 8, 8, 16), "int8", name="x")
+    w = placeholder((1, 3, 3, 16), "int8", name="w", tag=LAYOUT_FREE)
+    attrs = {"strides": (1, 1), "pads": (1, 1, 1, 1), "dilations": (1, 1), "input_scale": 0.02}
+    attrs |= {"input_zero_point": 3, "weight_scales": (0.01,), "output_scale": 0.1, "output_zero_point": 0}
+    depthwise = ComputeDAG(get_op("qnn.depthwise_conv2d_nhwc").compute([x, w], attrs))
+    assert n_dot(depthwise) == 0
+
+
+def test_sampling_keeps_the_forms_lengths_and_a_broken_form_is_invalid():
+    """fill_tile_sizes samples around the fixed vector and depth lengths; a program whose vector no longer
+    matches a form (a mutated tile size) is rejected before it is ever built."""
+    target = parse_target(ZNVER4)
+    dag = quantized_dag(*CASES["conv_int8_per_channel"])
+    for state in sampled_states(dag, target, 4, seed=3):
+        func = lowered(state)
+        (loop,) = tensorized(func)
+        assert loop.max_extent == 4
+        steps = list(state.steps)
+        i, split = next(
+            (i, s) for i, s in enumerate(steps) if isinstance(s, SplitStep) and s.lengths[-1] in (8, 16)
+        )
+        steps[i] = replace(split, lengths=(*split.lengths[:-1], 4))
+        from aotc.schedule.steps import replay
+
+        broken = lower(replay(state.dag, steps))
+        err = loop_error(broken, target)
+        assert err and "no dot-product instruction for 4 lanes" in err, err
+
+
+def test_codegen_refuses_a_tensorized_loop_outside_a_vector_loop():
+    target = parse_target(ZNVER4)
+    dag = quantized_dag(*CASES["dense_int8"])
+    func = lower(default_schedule(dag, target), "k")
+    (loop,) = tensorized(func)
+    broken = replace(func, body=_unvectorized(func.body, loop))
+    assert "not the body of a vectorized loop" in loop_error(broken, target)
+    with pytest.raises(CodegenError, match="not inside a vectorized loop"):
+        build_llvm_ir([broken], target)
+
+
+def _unvectorized(s, loop: For):
+    """`s` with the vectorized loop around `loop` made serial."""
+    if isinstance(s, For):
+        kind = ForKind.SERIAL if s.body is loop else s.kind
+        return replace(s, kind=kind, body=_unvectorized(s.body, loop))
+    if hasattr(s, "stmts"):
+        return replace(s, stmts=tuple(_unvectorized(c, loop) for c in s.stmts))
+    for name in ("body", "then_case"):
+        if getattr(s, name, None) is not None:
+            s = replace(s, **{name: _unvectorized(getattr(s, name), loop)})
+    return s
+
+
+def test_ir_shows_one_dot_product_call_per_vector_of_products():
+    target = parse_target(ZNVER4)
+    dag = quantized_dag(*CASES["conv_int8_per_channel"])
+    ir = build_llvm_ir([lower(rewrite_layout(default_schedule(dag, target))[0], "k")], target)
+    calls = re.findall(r"call <(\d+) x i32> @llvm\.x86\.avx512\.vpdpbusd\.(\d+)", ir)
+    assert calls and all(int(lanes) * 32 == int(bits) for lanes, bits in calls)
