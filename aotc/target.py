@@ -498,8 +498,9 @@ def check_llvm_names(target: Target) -> None:
 # ----------------------------------------------------------------------------- CPU features
 
 CPU_FEATURES = CPU_FLAGS  # one table: the runtime checks a package's `requires` with it
-"""Per architecture: the instruction-set extensions LLVM may select from the plain IR aotc emits (no
-target intrinsics beside x86's `pause`), in LLVM's spelling, each with the flag Linux shows for it in
+"""Per architecture: the instruction-set extensions LLVM may select from the IR aotc emits (plain IR, x86's
+`pause`, and the dot-product intrinsics of aotc/ir/dot.py, whose features avx512vnni, avxvnni, avx512bw and
+avx2 are listed), in LLVM's spelling, each with the flag Linux shows for it in
 /proc/cpuinfo ("flags" on x86, "Features" on ARM). Extensions only intrinsics reach (AES, SHA, AMX,
 CRC32, RDRAND, ...) and the baseline of each architecture (x86-64's SSE2) are not listed: code from
 aotc cannot fault for their lack."""
