@@ -4,8 +4,9 @@
 
 ONNX models (mlp, small_cnn, resnet18, mobilenet_v2, transformer) run next to onnxruntime; the TFLite
 models (`tfl_*`: the tests' MobileNetV2-style block stack, small CNN and transformer block in float32,
-and the block stack and small CNN quantized to int8) next to the LiteRT interpreter with its default
-XNNPACK delegate. `--tflite` selects just the TFLite models. Each runtime runs at 1 and 2 threads; the
+the block stack and small CNN quantized to int8, and MobileNetV2 itself at 224x224 in int8 with
+per-channel weights, `tfl_mobilenet_v2_int8`) next to the LiteRT interpreter with its default XNNPACK
+delegate. `--tflite` selects just the TFLite models. Each runtime runs at 1 and 2 threads; the
 timed call includes setting the inputs and fetching the outputs on both sides; aotc and the peer take
 turns, each latency the best of 3 medians (1 with `--quick`). Ratios are peer latency / aotc latency at
 the same thread count (> 1: aotc is faster). Packages are built with `validate: true`.
@@ -44,6 +45,7 @@ TFLITE = {
     "tfl_transformer": _tflite(lambda tb: tb.transformer_block()),
     "tfl_mobilenet_int8": _tflite(lambda tb: tb.int8_model(tb.mobilenet_blocks())),
     "tfl_small_cnn_int8": _tflite(lambda tb: tb.int8_model(tb.small_cnn())),
+    "tfl_mobilenet_v2_int8": _tflite(lambda tb: tb.int8_model(tb.mobilenet_v2())),
 }
 MODELS = {
     "mlp": lambda: models.mlp(),
@@ -97,7 +99,7 @@ def bench_model(
             ours = min(ours, median_seconds(lambda: compiled.run(inputs)))
             peer = min(peer, median_seconds(run_peer))
         rows.append(
-            f"{name:<18} {t:>2}  {ours * 1e3:9.3f}  {peer_name:<11} {peer * 1e3:9.3f}  {peer / ours:6.2f}x  "
+            f"{name:<21} {t:>2}  {ours * 1e3:9.3f}  {peer_name:<11} {peer * 1e3:9.3f}  {peer / ours:6.2f}x  "
             f"{result.seconds:7.1f} s  {len(result.tasks):>3}"
         )
     return rows
@@ -123,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"unknown models: {', '.join(unknown)}; known: {', '.join(table)}")
     threads = [1, 2]
     print(
-        f"{'model':<18} {'th':>2}  {'aotc ms':>9}  {'peer':<6} {'peer ms':>9}  {'ratio':>7}  {'build':>9}  tasks"
+        f"{'model':<21} {'th':>2}  {'aotc ms':>9}  {'peer':<6} {'peer ms':>9}  {'ratio':>7}  {'build':>9}  tasks"
     )
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:

@@ -25,6 +25,8 @@ import numpy as np
 import tflite
 from tflite.utils import BUILTIN_OPCODE2NAME
 
+from .onnx_models import MOBILENET_V2_STAGES
+
 OPCODES = {name: code for code, name in BUILTIN_OPCODE2NAME.items()}
 
 TENSOR_TYPES = {
@@ -510,9 +512,17 @@ def _weights(rng: np.random.Generator, *shape: int, fan_in: int) -> np.ndarray:
 
 
 def _conv(
-    mb: ModelBuilder, rng, x: int, cin: int, cout: int, k: int = 1, stride: int = 1, act: str = "RELU6"
+    mb: ModelBuilder,
+    rng,
+    x: int,
+    cin: int,
+    cout: int,
+    k: int = 1,
+    stride: int = 1,
+    act: str = "RELU6",
+    gain: float = 1.0,
 ) -> int:
-    w = mb.const(_weights(rng, cout, k, k, cin, fan_in=k * k * cin))
+    w = mb.const(_weights(rng, cout, k, k, cin, fan_in=k * k * cin) * np.float32(gain))
     b = mb.const((rng.standard_normal(cout) * 0.1).astype(np.float32))
     return mb.op("CONV_2D", [x, w, b], conv_options(SAME, (stride, stride), act=act))
 
@@ -553,6 +563,48 @@ def mobilenet_blocks(
     y = _conv(mb, rng, y, channels, 64)
     y = mb.op("MEAN", [y, mb.const(np.array([1, 2], np.int32))], ("ReducerOptions", {"KeepDims": False}))
     y = _dense(mb, rng, y, 64, classes)
+    mb.output(mb.op("SOFTMAX", [y], ("SoftmaxOptions", {"Beta": 1.0}), out_name="probabilities"))
+    mb.build()
+    return mb
+
+
+def _make_divisible(v: float, divisor: int = 8) -> int:
+    """Channels rounded to a multiple of `divisor`, never below 90% of `v` (the MobileNetV2 reference's
+    rule, as onnx_models.mobilenet_v2 rounds them)."""
+    rounded = max(divisor, int(v + divisor / 2) // divisor * divisor)
+    return rounded + divisor if rounded < 0.9 * v else rounded
+
+
+def mobilenet_v2(
+    size: int = 224, classes: int = 1000, width_mult: float = 1.0, seed: int = 0
+) -> ModelBuilder:
+    """MobileNetV2 (the reference architecture, onnx_models.MOBILENET_V2_STAGES): 3x3/2 stem conv with
+    RELU6, inverted residual stages (t, c, n, s) of blocks expand 1x1 + RELU6 (none when t == 1), depthwise
+    3x3 + RELU6, linear project 1x1, residual ADD where stride 1 keeps the channels; 1x1 conv to 1280 +
+    RELU6, global MEAN, FULLY_CONNECTED to `classes`, SOFTMAX. The linear projections are drawn at 1/sqrt(2)
+    of the He scale (no activation follows them), those feeding a residual ADD at 1/2, so activations stay
+    O(1) through the 17 blocks (std 0.3 to 2 on uniform [-1, 1) images, few at the RELU6 bound)."""
+    rng = np.random.default_rng(seed)
+    mb = ModelBuilder()
+    x = mb.input((1, size, size, 3), name="image")
+    channels = _make_divisible(32 * width_mult)
+    y = _conv(mb, rng, x, 3, channels, k=3, stride=2)
+    for expand, c, repeats, first_stride in MOBILENET_V2_STAGES:
+        cout = _make_divisible(c * width_mult)
+        for i in range(repeats):
+            stride = first_stride if i == 0 else 1
+            residual = stride == 1 and cout == channels
+            hidden = channels * expand
+            h = y if expand == 1 else _conv(mb, rng, y, channels, hidden)
+            h = _depthwise(mb, rng, h, hidden, stride)
+            h = _conv(mb, rng, h, hidden, cout, act="NONE", gain=0.5 if residual else 0.5**0.5)
+            if residual:
+                h = mb.op("ADD", [y, h], act_options("AddOptions"))
+            y, channels = h, cout
+    last = _make_divisible(1280 * max(1.0, width_mult))
+    y = _conv(mb, rng, y, channels, last)
+    y = mb.op("MEAN", [y, mb.const(np.array([1, 2], np.int32))], ("ReducerOptions", {"KeepDims": False}))
+    y = _dense(mb, rng, y, last, classes)
     mb.output(mb.op("SOFTMAX", [y], ("SoftmaxOptions", {"Beta": 1.0}), out_name="probabilities"))
     mb.build()
     return mb
