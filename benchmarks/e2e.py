@@ -25,7 +25,7 @@ from zoo import onnx_models as models
 from zoo import tflite_models
 
 from aotc.benchmark import peer_calls
-from aotc.build import build
+from aotc.build import BuildResult, build
 from aotc.recipe import load_recipe
 from aotc.validate import random_inputs
 
@@ -75,29 +75,44 @@ def write_model(name: str, make: Callable, workdir: Path) -> Path:
     return models.save(model, workdir / f"{name}.onnx")
 
 
+def build_package(
+    name: str, model_path: Path, workdir: Path, trials: int = 0, validate: bool = True
+) -> BuildResult:
+    """Build `model_path` into `workdir/<name>.aotc`: untuned, or tuned with `trials` trials (records in
+    `workdir/<name>.jsonl`); `validate` checks the package against the model's runtime at build time."""
+    recipe_path = workdir / f"{name}.yaml"
+    tuning = f"tuning: {{trials: {trials}, records: {workdir / (name + '.jsonl')}}}\n" if trials else ""
+    recipe_path.write_text(
+        f"model: {model_path}\noutput: {workdir / (name + '.aotc')}\n"
+        f"validate: {str(validate).lower()}\n{tuning}"
+    )
+    return build(load_recipe(recipe_path), log=lambda _: None)
+
+
+def best_of_turns(run_ours: Callable, run_peer: Callable, rounds: int) -> tuple[float, float]:
+    """Seconds per call of aotc and of the peer, taking turns: each the best of `rounds` medians."""
+    ours = peer = float("inf")
+    for _ in range(rounds):
+        ours = min(ours, median_seconds(run_ours))
+        peer = min(peer, median_seconds(run_peer))
+    return ours, peer
+
+
 def bench_model(
     name: str, make, workdir: Path, threads: list[int], trials: int = 0, rounds: int = 3
 ) -> list[str]:
     import aotc_runtime
 
     model_path = write_model(name, make, workdir)
-    recipe_path = workdir / f"{name}.yaml"
-    tuning = f"tuning: {{trials: {trials}, records: {workdir / (name + '.jsonl')}}}\n" if trials else ""
-    recipe_path.write_text(
-        f"model: {model_path}\noutput: {workdir / (name + '.aotc')}\nvalidate: true\n{tuning}"
-    )
-    result = build(load_recipe(recipe_path), log=lambda _: None)
+    result = build_package(name, model_path, workdir, trials)
     compiled = aotc_runtime.load(str(result.package))
     inputs = random_inputs({t.name: (tuple(t.shape), t.dtype) for t in compiled.inputs}, seed=0)
     rows = []
     for t in threads:
         peer_name, (run_peer,) = peer_calls(model_path, inputs, 1, t)
         peer_name = peer_name.split()[0].lower()  # "onnxruntime" / "litert", without the version
-        ours = peer = float("inf")
-        for _ in range(rounds):
-            compiled.num_threads = t
-            ours = min(ours, median_seconds(lambda: compiled.run(inputs)))
-            peer = min(peer, median_seconds(run_peer))
+        compiled.num_threads = t
+        ours, peer = best_of_turns(lambda: compiled.run(inputs), run_peer, rounds)
         rows.append(
             f"{name:<21} {t:>2}  {ours * 1e3:9.3f}  {peer_name:<11} {peer * 1e3:9.3f}  {peer / ours:6.2f}x  "
             f"{result.seconds:7.1f} s  {len(result.tasks):>3}"

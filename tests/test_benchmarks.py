@@ -106,3 +106,23 @@ def test_footprint_benchmark_quick_run(capsys):
     assert [r[1] for r in rows] == ["onnxruntime", "aotc", "aotc"]
     assert [r[2] for r in rows[1:]] == ["compact", "prepacked"]
     assert all(float(r[-1].rstrip("x")) > 0 for r in rows)
+
+
+def test_qdq_benchmark_quantizes_builds_and_matches_onnxruntime(capsys):
+    """benchmarks/qdq.py on e2e's small CNN: quant_pre_process and quantize_static (QDQ), an untuned
+    package, the accuracy check against onnxruntime and one timing round at 1 and 2 threads."""
+    assert _import("qdq").main(["--quick", "--models", "small_cnn", "--samples", "2"]) == 0
+    out = capsys.readouterr().out
+    rows = [line.split() for line in out.splitlines() if line.startswith("small_cnn ")]
+    assert [(r[1], r[2]) for r in rows] == [("uint8", "1"), ("uint8", "2")]
+    assert all(r[-1] == "2/2" and float(r[-2]) <= 1.0 for r in rows)  # argmax agreement, max diff in LSB
+    assert "cores)" in out and "load average before" in out and "load average after" in out
+
+
+def test_qdq_benchmark_model_is_qdq_with_batch_norms_folded(tmp_path):
+    import onnx
+
+    qdq = _import("qdq")
+    path = qdq.quantized_model("small_cnn", qdq.QUICK["small_cnn"], tmp_path, "int8", calibration=2)
+    ops = {n.op_type for n in onnx.load(str(path)).graph.node}
+    assert {"QuantizeLinear", "DequantizeLinear", "Conv"} <= ops and "BatchNormalization" not in ops
