@@ -445,6 +445,34 @@ def test_input_zero_point_folded_into_the_bias_gives_identical_results():
     assert ("qnn.dense", True) in folded_ops, "a layer without a bias gets one"
 
 
+def test_per_channel_requantize_tables_become_constant_inputs_with_identical_results():
+    """The graph pass computes the per-channel multipliers once (constant inputs 3...) instead of the
+    kernel's select trees; layers whose channels share one scale are left alone; results stay bit-exact."""
+    from aotc.graph.interpret import evaluate_node
+    from aotc.graph.ir import Graph, Value
+    from aotc.graph.passes import constant_requantize_tables
+
+    seen = set()
+    for name, op, inputs, attrs, expected in integer_cases(np.random.default_rng(1)):
+        if op not in ("qnn.conv2d_nhwc", "qnn.depthwise_conv2d_nhwc", "qnn.dense"):
+            continue
+        x = Value("x", TensorType(inputs[0].shape, str(inputs[0].dtype)))
+        consts = [Value(f"c{i}", TensorType(a.shape, str(a.dtype)), data=a) for i, a in enumerate(inputs[1:])]
+        out = Value("y", TensorType(expected.shape, str(expected.dtype)))
+        node = Node(op, [x, *consts], [out], dict(attrs), name=name)
+        constant_requantize_tables(Graph([x], [out], [node]))
+        scales = np.atleast_1d(attrs["weight_scales"])
+        if (scales != scales[0]).any():
+            assert node.attrs.get("requantize_tables") and len(node.inputs) > 3, name
+            assert all(v.is_constant for v in node.inputs[2:]), name
+            seen.add(op)
+        else:
+            assert "requantize_tables" not in node.attrs, name
+        (got,) = evaluate_node(node, [inputs[0], *(v.data for v in node.inputs[1:])])
+        np.testing.assert_array_equal(got, expected, err_msg=name)
+    assert seen == {"qnn.conv2d_nhwc", "qnn.depthwise_conv2d_nhwc", "qnn.dense"}
+
+
 # ----------------------------------------------------------------------------- float-based kernels
 
 

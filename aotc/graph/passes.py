@@ -1,5 +1,5 @@
 """Graph-level rewrites before partitioning: identities, dead code, batch-norm folding, quantized
-zero points folded into biases, Winograd convolutions with their weights transformed at build time."""
+zero points folded into biases, per-channel requantization tables as constants, Winograd convolutions with their weights transformed at build time."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 from aotc.graph.ir import Derivation, Graph, Node, TensorType, Value
 from aotc.graph.layout import TO_NCHW, to_nhwc
 from aotc.topi import winograd
-from aotc.topi.quantized import mac_zero_point
+from aotc.topi.quantized import mac_zero_point, requantize_tables
 
 IDENTITY_OPS = frozenset({"identity"})
 
@@ -31,6 +31,7 @@ def optimize(graph: Graph, winograd: bool = True, nhwc: bool = True) -> Graph:
     if nhwc:
         graph = to_nhwc(eliminate_dead_code(graph))
     graph = fold_input_zero_point(graph)
+    graph = constant_requantize_tables(graph)
     if winograd:
         graph = winograd_convolutions(graph)
     graph = dense_to_matmul(graph)
@@ -158,6 +159,35 @@ def fold_input_zero_point(graph: Graph) -> Graph:
             Value(name, TensorType((channels,), "int32"), data=folded.astype(np.int32)),
         ]
         node.attrs = {**node.attrs, "input_zero_point_in_bias": True}
+    return graph
+
+
+def constant_requantize_tables(graph: Graph) -> Graph:
+    """Per-channel requantization constants of quantized convs and dense layers become constant inputs
+    (`requantize_tables`): computed here once, where the kernel would otherwise rebuild them as select
+    trees on every call. A layer without a bias gets a zero one, so the tables are inputs 3 onward."""
+    for node in graph.nodes:
+        if node.op not in _WEIGHT_CHANNEL_AXIS or node.attrs.get("requantize_tables") or len(node.inputs) < 2:
+            continue
+        if node.attrs.get("out_dtype") == "int32" or len(node.outputs) != 1:
+            continue
+        channels = node.outputs[0].type.shape[-1]
+        tables = requantize_tables(node.op, node.attrs, channels, node.inputs[0].type.dtype)
+        if not tables:
+            continue
+        name = node.name or node.outputs[0].name
+        bias = node.inputs[2] if len(node.inputs) > 2 else None
+        if bias is None:
+            bias = Value(f"{name}_bias", TensorType((channels,), "int32"), data=np.zeros(channels, np.int32))
+        node.inputs = [
+            *node.inputs[:2],
+            bias,
+            *(
+                Value(f"{name}_requant{i}", TensorType(t.shape, str(t.dtype)), data=t)
+                for i, t in enumerate(tables)
+            ),
+        ]
+        node.attrs = {**node.attrs, "requantize_tables": True}
     return graph
 
 

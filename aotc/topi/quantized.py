@@ -117,17 +117,44 @@ def const_table(values: Sequence[int | float], dtype: str, name: str) -> Operati
     return te.compute((len(values),), lambda c: tree(c, 0, len(values)), name, tag="const_table")
 
 
+class Tables:
+    """Where per-channel tables come from: `given` inputs of the node (taken in order: a graph pass made
+    them constants, `requantize_tables`), else select trees; `made` collects the values of each table."""
+
+    def __init__(self, given: Sequence[Operation] = ()):
+        self.given = list(given)
+        self.made: list[np.ndarray] = []
+
+    def table(self, values: list, dtype: str, name: str) -> Operation:
+        self.made.append(np.asarray(values, dtype))
+        if not self.given:
+            return const_table(values, dtype, name)
+        t = self.given.pop(0)
+        if tuple(t.shape) != (len(values),) or t.dtype != dtype:
+            raise te.TEError(
+                f"{name}: expected a [{len(values)}] {dtype} table, got {list(t.shape)} {t.dtype}"
+            )
+        return t
+
+
 class PerChannel:
     """Constants that are either one value or one per channel (a table read at the channel index)."""
 
-    def __init__(self, values: Sequence[int | float], dtype: str, name: str, channels: int | None = None):
+    def __init__(
+        self,
+        values: Sequence[int | float],
+        dtype: str,
+        name: str,
+        channels: int | None = None,
+        tables: Tables | None = None,
+    ):
         values = list(values)
         if channels is not None and len(values) not in (1, channels):
             raise te.TEError(f"{name}: expected 1 or {channels} values, got {len(values)}")
         self.dtype = dtype
         self.uniform = all(v == values[0] for v in values)
         self.value = values[0]
-        self.table = None if self.uniform else const_table(values, dtype, name)
+        self.table = None if self.uniform else (tables or Tables()).table(values, dtype, name)
 
     def at(self, channel: Expr | None) -> Expr:
         if self.table is None:
@@ -138,12 +165,17 @@ class PerChannel:
 class FixedPointMultiplier:
     """MultiplyByQuantizedMultiplier(x, QuantizeMultiplier(scale[c])) for one scale or one per channel."""
 
-    def __init__(self, scales: Sequence[float], name: str, channels: int | None = None):
+    def __init__(
+        self, scales: Sequence[float], name: str, channels: int | None = None, tables: Tables | None = None
+    ):
         pairs = [quantize_multiplier(s) for s in scales]
         rights = [max(-shift, 0) for _, shift in pairs]
         self.shift = max(rights)
-        self.mult = PerChannel([m << max(shift, 0) for m, shift in pairs], "int64", f"{name}_mult", channels)
-        self.post = PerChannel([1 << (self.shift - r) for r in rights], "int64", f"{name}_post", channels)
+        mults = [m << max(shift, 0) for m, shift in pairs]
+        self.mult = PerChannel(mults, "int64", f"{name}_mult", channels, tables)
+        self.post = PerChannel(
+            [1 << (self.shift - r) for r in rights], "int64", f"{name}_post", channels, tables
+        )
 
     def apply(self, x: Expr, channel: Expr | None = None, half_up: bool = False) -> Expr:
         """int32 result of the int32 (or narrower) value `x`.
@@ -167,8 +199,10 @@ class FloatMultiplier:
     """round_half_even(float32(x) * scale[c]) for one scale or one per channel: onnxruntime's requantization
     (`requantize: float`), whose result is a float holding an integer."""
 
-    def __init__(self, scales: Sequence[float], name: str, channels: int | None = None):
-        self.scale = PerChannel([f32(s) for s in scales], "float32", f"{name}_scale", channels)
+    def __init__(
+        self, scales: Sequence[float], name: str, channels: int | None = None, tables: Tables | None = None
+    ):
+        self.scale = PerChannel([f32(s) for s in scales], "float32", f"{name}_scale", channels, tables)
 
     def apply(self, x: Expr, channel: Expr | None = None) -> Expr:
         return round_(cast("float32", x) * self.scale.at(channel))
@@ -221,6 +255,7 @@ def _output_stage(
     name: str,
     bias: Operation | None = None,
     half_up: bool = False,
+    tables: Tables | None = None,
 ) -> Operation:
     """requantize an int32 accumulator: (acc + bias[c]) * scale[c] + output_zero_point, clamped to the
     activation's range, cast to out_dtype (the multiply as `requantize` says)."""
@@ -229,12 +264,12 @@ def _output_stage(
     channels = acc.shape[channel_axis] if channel_axis is not None else None
     lo, hi = activation_range(attrs.get("activation", "NONE"), out_scale, out_zp, out_dtype)
     if requantize_mode(attrs, name) == "float":
-        mult = FloatMultiplier(scales, f"{name}_requant", channels)
+        mult = FloatMultiplier(scales, f"{name}_requant", channels, tables)
 
         def rescale(v: Expr, c: Expr | None) -> Expr:
             return clamp_cast(mult.apply(v, c) + float(out_zp), lo, hi, out_dtype)
     else:
-        mult = FixedPointMultiplier(scales, f"{name}_requant", channels)
+        mult = FixedPointMultiplier(scales, f"{name}_requant", channels, tables)
 
         def rescale(v: Expr, c: Expr | None) -> Expr:
             return clamp_cast(mult.apply(v, c, half_up) + out_zp, lo, hi, out_dtype)
@@ -349,7 +384,8 @@ def qnn_conv(inputs: Sequence[Operation], attrs: dict, depthwise: bool) -> Opera
     if attrs.get("out_dtype") == ACCUMULATOR_DTYPE:
         return _accumulator_output(acc, attrs, name, bias)
     scales = _conv_scales(attrs, out_channels, per_tensor_in_float=data.dtype == "uint8")
-    return _output_stage(acc, attrs, scales, 3, name, bias, half_up=not depthwise)
+    tables = Tables(inputs[3:]) if attrs.get("requantize_tables") else None
+    return _output_stage(acc, attrs, scales, 3, name, bias, half_up=not depthwise, tables=tables)
 
 
 @register("qnn.conv2d_nhwc", OpPattern.OUT_ELEMWISE_FUSABLE)
@@ -393,7 +429,23 @@ def _qnn_dense(inputs, attrs):
     if attrs.get("out_dtype") == ACCUMULATOR_DTYPE:
         return [_accumulator_output(acc, attrs, "qnn_dense", bias)]
     scales = _conv_scales(attrs, n, per_tensor_in_float=True)
-    return [_output_stage(acc, attrs, scales, acc.ndim - 1, "qnn_dense", bias, half_up=True)]
+    tables = Tables(inputs[3:]) if attrs.get("requantize_tables") else None
+    return [_output_stage(acc, attrs, scales, acc.ndim - 1, "qnn_dense", bias, half_up=True, tables=tables)]
+
+
+def requantize_tables(op: str, attrs: dict, out_channels: int, data_dtype: str) -> list[np.ndarray]:
+    """The per-channel tables (multipliers, shifts' factors or float scales) that the requantization of a
+    conv or dense `op` reads, in the order it takes them as inputs 3... under `requantize_tables: true`;
+    empty where every channel shares its constants. A graph pass makes them constants: as select trees
+    each kernel call would rebuild them, one compare per tree level and lane (on a 960-channel depthwise
+    conv, most of its time)."""
+    scales = _conv_scales(attrs, out_channels, per_tensor_in_float=op == "qnn.dense" or data_dtype == "uint8")
+    tables = Tables()
+    if requantize_mode(attrs, op) == "float":
+        FloatMultiplier(scales, op, out_channels, tables)
+    else:
+        FixedPointMultiplier(scales, op, out_channels, tables)
+    return tables.made
 
 
 def _requantize(x: Operation, attrs: dict, name: str) -> Operation:
