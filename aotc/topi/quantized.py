@@ -172,10 +172,11 @@ class FixedPointMultiplier:
         rights = [max(-shift, 0) for _, shift in pairs]
         self.shift = max(rights)
         mults = [m << max(shift, 0) for m, shift in pairs]
-        self.mult = PerChannel(mults, "int64", f"{name}_mult", channels, tables)
-        self.post = PerChannel(
-            [1 << (self.shift - r) for r in rights], "int64", f"{name}_post", channels, tables
-        )
+        posts = [1 << (self.shift - r) for r in rights]
+        # 32-bit factors where they fit: a product of two sign-extended int32 values is one vpmuldq, where a
+        # general int64 product takes vpmullq (several times the cost, in every requantizing kernel)
+        self.mult = PerChannel(mults, _int_dtype(mults), f"{name}_mult", channels, tables)
+        self.post = PerChannel(posts, _int_dtype(posts), f"{name}_post", channels, tables)
 
     def apply(self, x: Expr, channel: Expr | None = None, half_up: bool = False) -> Expr:
         """int32 result of the int32 (or narrower) value `x`.
@@ -183,16 +184,24 @@ class FixedPointMultiplier:
         The final shift rounds half away from zero (TFLite's reference kernels), or half up where
         LiteRT's builtin kernel runs on ruy (`half_up`: conv and fully connected on x86).
         """
-        y = (cast("int64", x) * self.mult.at(channel) + (1 << 30)) // (1 << 31)
+        y = (cast("int64", x) * cast("int64", self.mult.at(channel)) + (1 << 30)) // (1 << 31)
         if self.shift == 0:
             return cast("int32", y)
+        if self.mult.dtype == "int32":
+            # |x * m| < 2^62 with m < 2^31: the high half fits int32, and the next product is 32 x 32 bits
+            y = cast("int64", cast("int32", y))
         if not self.post.uniform or self.post.value != 1:
-            y = y * self.post.at(channel)
+            y = y * cast("int64", self.post.at(channel))
         half = const(1 << (self.shift - 1), "int64")
         if not half_up:
             half = half - select(y < 0, const(1, "int64"), const(0, "int64"))
         rounded = (y + half) // (1 << self.shift)
         return cast("int32", rounded)
+
+
+def _int_dtype(values: Sequence[int]) -> str:
+    """int32 where every value fits it, else int64."""
+    return "int32" if all(-(1 << 31) <= v < (1 << 31) for v in values) else "int64"
 
 
 class FloatMultiplier:
