@@ -473,6 +473,32 @@ def test_per_channel_requantize_tables_become_constant_inputs_with_identical_res
     assert seen == {"qnn.conv2d_nhwc", "qnn.depthwise_conv2d_nhwc", "qnn.dense"}
 
 
+def test_conv_channels_padded_to_the_dot_product_depth_give_identical_results():
+    """An RGB stem's 3 input channels become 4 (a zero weight channel, the input padded with its zero
+    point) so the conv runs on dot-product instructions; the graph computes the same, bit for bit."""
+    from aotc.graph.interpret import run_graph
+    from aotc.graph.ir import Graph, Value
+    from aotc.graph.passes import fold_input_zero_point, pad_conv_channels
+
+    checked = 0
+    for name, op, inputs, attrs, expected in integer_cases(np.random.default_rng(2)):
+        if op != "qnn.conv2d_nhwc" or inputs[0].shape[3] % 4 == 0 or inputs[1].shape[3] != inputs[0].shape[3]:
+            continue
+        x = Value("x", TensorType(inputs[0].shape, str(inputs[0].dtype)))
+        consts = [Value(f"c{i}", TensorType(a.shape, str(a.dtype)), data=a) for i, a in enumerate(inputs[1:])]
+        out = Value("y", TensorType(expected.shape, str(expected.dtype)))
+        node = Node(op, [x, *consts], [out], dict(attrs), name=name)
+        out.producer = node
+        graph = pad_conv_channels(Graph([x], [out], [node]))
+        assert [n.op for n in graph.nodes] == ["pad", op], name
+        assert node.inputs[0].type.shape[3] % 4 == 0 and node.inputs[1].type.shape[3] % 4 == 0
+        np.testing.assert_array_equal(run_graph(graph, {"x": inputs[0]})["y"], expected, err_msg=name)
+        graph = fold_input_zero_point(graph)
+        np.testing.assert_array_equal(run_graph(graph, {"x": inputs[0]})["y"], expected, err_msg=name)
+        checked += 1
+    assert checked >= 2  # int8 and uint8 convs of 5 and 3 channels
+
+
 # ----------------------------------------------------------------------------- float-based kernels
 
 

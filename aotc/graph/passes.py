@@ -30,6 +30,7 @@ def optimize(graph: Graph, winograd: bool = True, nhwc: bool = True) -> Graph:
     graph = fold_batch_norm(graph)
     if nhwc:
         graph = to_nhwc(eliminate_dead_code(graph))
+    graph = pad_conv_channels(graph)
     graph = fold_input_zero_point(graph)
     graph = constant_requantize_tables(graph)
     if winograd:
@@ -159,6 +160,54 @@ def fold_input_zero_point(graph: Graph) -> Graph:
             Value(name, TensorType((channels,), "int32"), data=folded.astype(np.int32)),
         ]
         node.attrs = {**node.attrs, "input_zero_point_in_bias": True}
+    return graph
+
+
+DOT_DEPTH = 4  # input channels a dot-product instruction sums per lane (vpdpbusd; docs/int8.md)
+
+
+def pad_conv_channels(graph: Graph) -> Graph:
+    """A quantized conv whose input channels do not divide by DOT_DEPTH (an RGB stem: 3) gets zero weights
+    for the missing channels and an input padded to match (with its zero point; any value would do, the
+    weights there are 0), so it runs on dot-product instructions: the pad fuses into the conv's kernel."""
+    nodes = []
+    for node in graph.nodes:
+        nodes.append(node)
+        if node.op != "qnn.conv2d_nhwc" or len(node.inputs) < 2 or not node.inputs[1].is_constant:
+            continue
+        x, weight = node.inputs[:2]
+        channels = x.type.shape[-1]
+        if (
+            weight.type.shape[3] != channels
+            or channels % DOT_DEPTH == 0
+            or x.type.dtype not in ("int8", "uint8")
+        ):
+            continue
+        extra = -channels % DOT_DEPTH
+        name = node.name or node.outputs[0].name
+        pad = Node(
+            "pad",
+            [x],
+            [],
+            {
+                "before": (0,) * len(x.type.shape),
+                "after": (0,) * (len(x.type.shape) - 1) + (extra,),
+                "value": float(node.attrs.get("input_zero_point", 0)),
+            },
+            name=f"{name}_channel_pad",
+        )
+        padded = Value(
+            f"{name}_channels", TensorType((*x.type.shape[:-1], channels + extra), x.type.dtype), producer=pad
+        )
+        pad.outputs = [padded]
+        w = np.pad(weight.data, ((0, 0),) * (weight.data.ndim - 1) + ((0, extra),))
+        node.inputs = [
+            padded,
+            Value(f"{weight.name}_channels", TensorType(w.shape, weight.type.dtype), data=w),
+            *node.inputs[2:],
+        ]
+        nodes.insert(len(nodes) - 1, pad)
+    graph.nodes = nodes
     return graph
 
 
