@@ -415,12 +415,24 @@ def test_integer_quantized_ops_match_tflite_reference_exactly(tmp_path):
         np.testing.assert_array_equal(got, expected, err_msg=f"{name} (compiled)")
 
 
+def one_node_graph(name: str, op: str, inputs: list, attrs: dict, expected: np.ndarray):
+    """(input value, node, output value) of a graph computing `op` on runtime input 0 and constant others."""
+    from aotc.graph.ir import Value
+
+    x = Value("x", TensorType(inputs[0].shape, str(inputs[0].dtype)))
+    consts = [Value(f"c{i}", TensorType(a.shape, str(a.dtype)), data=a) for i, a in enumerate(inputs[1:])]
+    out = Value("y", TensorType(expected.shape, str(expected.dtype)))
+    node = Node(op, [x, *consts], [out], dict(attrs), name=name)
+    out.producer = node
+    return x, node, out
+
+
 def test_input_zero_point_folded_into_the_bias_gives_identical_results():
     """The graph pass moves -(zx - m) * sum(w) into the int32 bias of convs, depthwise convs and dense
     layers with constant weights (created when there is none), m = -128 for int8 convs and dense layers
     (their factor x + 128 is a uint8), else 0; every result stays bit-exact."""
     from aotc.graph.interpret import evaluate_node
-    from aotc.graph.ir import Graph, Value
+    from aotc.graph.ir import Graph
     from aotc.graph.passes import fold_input_zero_point
     from aotc.topi.quantized import mac_zero_point
 
@@ -428,10 +440,7 @@ def test_input_zero_point_folded_into_the_bias_gives_identical_results():
     for name, op, inputs, attrs, expected in integer_cases(np.random.default_rng(0)):
         if op not in ("qnn.conv2d_nhwc", "qnn.depthwise_conv2d_nhwc", "qnn.dense"):
             continue
-        x = Value("x", TensorType(inputs[0].shape, str(inputs[0].dtype)))
-        consts = [Value(f"c{i}", TensorType(a.shape, str(a.dtype)), data=a) for i, a in enumerate(inputs[1:])]
-        out = Value("y", TensorType(expected.shape, str(expected.dtype)))
-        node = Node(op, [x, *consts], [out], dict(attrs), name=name)
+        x, node, out = one_node_graph(name, op, inputs, attrs, expected)
         fold_input_zero_point(Graph([x], [out], [node]))
         w_zps = np.asarray(attrs.get("weight_zero_points", 0))
         if attrs["input_zero_point"] != mac_zero_point(op, str(inputs[0].dtype)) and not w_zps.any():
@@ -449,17 +458,14 @@ def test_per_channel_requantize_tables_become_constant_inputs_with_identical_res
     """The graph pass computes the per-channel multipliers once (constant inputs 3...) instead of the
     kernel's select trees; layers whose channels share one scale are left alone; results stay bit-exact."""
     from aotc.graph.interpret import evaluate_node
-    from aotc.graph.ir import Graph, Value
+    from aotc.graph.ir import Graph
     from aotc.graph.passes import constant_requantize_tables
 
     seen = set()
     for name, op, inputs, attrs, expected in integer_cases(np.random.default_rng(1)):
         if op not in ("qnn.conv2d_nhwc", "qnn.depthwise_conv2d_nhwc", "qnn.dense"):
             continue
-        x = Value("x", TensorType(inputs[0].shape, str(inputs[0].dtype)))
-        consts = [Value(f"c{i}", TensorType(a.shape, str(a.dtype)), data=a) for i, a in enumerate(inputs[1:])]
-        out = Value("y", TensorType(expected.shape, str(expected.dtype)))
-        node = Node(op, [x, *consts], [out], dict(attrs), name=name)
+        x, node, out = one_node_graph(name, op, inputs, attrs, expected)
         constant_requantize_tables(Graph([x], [out], [node]))
         scales = np.atleast_1d(attrs["weight_scales"])
         if (scales != scales[0]).any():
@@ -477,18 +483,14 @@ def test_conv_channels_padded_to_the_dot_product_depth_give_identical_results():
     """An RGB stem's 3 input channels become 4 (a zero weight channel, the input padded with its zero
     point) so the conv runs on dot-product instructions; the graph computes the same, bit for bit."""
     from aotc.graph.interpret import run_graph
-    from aotc.graph.ir import Graph, Value
+    from aotc.graph.ir import Graph
     from aotc.graph.passes import fold_input_zero_point, pad_conv_channels
 
     checked = 0
     for name, op, inputs, attrs, expected in integer_cases(np.random.default_rng(2)):
         if op != "qnn.conv2d_nhwc" or inputs[0].shape[3] % 4 == 0 or inputs[1].shape[3] != inputs[0].shape[3]:
             continue
-        x = Value("x", TensorType(inputs[0].shape, str(inputs[0].dtype)))
-        consts = [Value(f"c{i}", TensorType(a.shape, str(a.dtype)), data=a) for i, a in enumerate(inputs[1:])]
-        out = Value("y", TensorType(expected.shape, str(expected.dtype)))
-        node = Node(op, [x, *consts], [out], dict(attrs), name=name)
-        out.producer = node
+        x, node, out = one_node_graph(name, op, inputs, attrs, expected)
         graph = pad_conv_channels(Graph([x], [out], [node]))
         assert [n.op for n in graph.nodes] == ["pad", op], name
         assert node.inputs[0].type.shape[3] % 4 == 0 and node.inputs[1].type.shape[3] % 4 == 0
