@@ -19,7 +19,7 @@ from aotc.codegen.irbuilder import (
 )
 from aotc.codegen.threadpool import MAX_TEAM, PARALLEL, TEAM_SIZE
 from aotc.codegen.vecmath import VecLib
-from aotc.ir.dot import DotForm, Operand, affine_offset, form_error, match_dot
+from aotc.ir.dot import DotForm, Operand, affine_offset, tensorized_dot
 from aotc.ir.expr import Buffer, Expr, Load, Var, walk
 from aotc.ir.stmt import (
     Allocate,
@@ -325,15 +325,11 @@ class StmtGen(ExprGen):
         """`acc += u * s` over the loop's `depth` products per lane as one dot-product instruction."""
         if self.vec is None:
             raise CodegenError(f"tensorized loop {s.var.name!r} is not inside a vectorized loop")
-        dot = match_dot(s, self.vec.var)
-        if isinstance(dot, str):
-            raise CodegenError(dot)
-        lanes, depth = self.vec.lanes, s.max_extent
-        form = next((f for f in self.mod.dot_forms if f.lanes == lanes and f.depth == depth), None)
-        err = form_error(dot.u, dot.s, form, lanes, depth, "the target")
-        if err:
-            raise CodegenError(f"tensorized loop {s.var.name!r}: {err}")
-        assert form is not None
+        lanes = self.vec.lanes
+        found = tensorized_dot(s, self.vec.var, lanes, self.mod.dot_forms)
+        if isinstance(found, str):
+            raise CodegenError(found)
+        dot, form = found
         off = self.flat_offset(dot.acc, dot.indices)
         if not isinstance(off, Ramp):
             raise CodegenError(f"tensorized loop {s.var.name!r}: {dot.acc.name} does not vary with the lanes")

@@ -16,6 +16,7 @@ The plain widening code stays the fallback: a schedule without the annotation.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from aotc.ir.expr import Binary, Buffer, Cast, Const, Expr, Load, Var, free_vars
@@ -55,6 +56,7 @@ _FORMS = (
 )
 
 
+@functools.cache
 def dot_forms(target: Target) -> tuple[DotForm, ...]:
     """The dot-product forms `target`'s code may use (none off x86), each (name, lanes) once."""
     if not target.is_cpu or target.isa != "x86_64":
@@ -65,11 +67,6 @@ def dot_forms(target: Target) -> tuple[DotForm, ...]:
         if set(required) <= feats:
             out.setdefault((form.name, form.lanes), form)
     return tuple(out.values())
-
-
-def dot_form(target: Target, lanes: int, depth: int) -> DotForm | None:
-    """The form for a tensorized loop of `depth` inside `lanes` lanes on `target`, if it has one."""
-    return next((f for f in dot_forms(target) if f.lanes == lanes and f.depth == depth), None)
 
 
 @dataclass(frozen=True)
@@ -169,3 +166,20 @@ def affine_offset(buf: Buffer, indices: tuple[Expr, ...], lane: Var, r: Var) -> 
     if any(lane in free_vars(a) or r in free_vars(a) for a in terms):
         return None
     return cl, cr
+
+
+def tensorized_dot(
+    loop: For, lane: Var, lanes: int, forms: tuple[DotForm, ...]
+) -> tuple[DotBody, DotForm] | str:
+    """The dot product a tensorized `loop` right inside a vector loop over `lane` (`lanes` lanes) computes
+    and the form among `forms` that runs it, or why there is none (search legality and codegen alike)."""
+    dot = match_dot(loop, lane)
+    if isinstance(dot, str):
+        return dot
+    depth = loop.max_extent
+    form = next((f for f in forms if f.lanes == lanes and f.depth == depth), None)
+    err = form_error(dot.u, dot.s, form, lanes, depth, "the target")
+    if err:
+        return f"tensorized loop {loop.var.name}: {err}"
+    assert form is not None
+    return dot, form

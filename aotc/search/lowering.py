@@ -12,7 +12,7 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Iterable
 
-from aotc.ir.dot import dot_form, form_error, match_dot
+from aotc.ir.dot import dot_forms, match_dot, tensorized_dot
 from aotc.ir.expr import free_vars
 from aotc.ir.printer import func_str
 from aotc.ir.stmt import Allocate, For, ForKind, IfThenElse, LetStmt, PrimFunc, Seq, Stmt, walk_stmts
@@ -55,19 +55,11 @@ def loop_error(func: PrimFunc, target: Target | None = None) -> str | None:
 def _tensorize_error(s: For, vec: For | None, target: Target | None) -> str | None:
     if vec is None or vec.body is not s:
         return f"tensorized loop {s.var.name} is not the body of a vectorized loop"
-    dot = match_dot(s, vec.var)
-    if isinstance(dot, str):
-        return dot
-    if target is None:
-        return None
-    return form_error(
-        dot.u,
-        dot.s,
-        dot_form(target, vec.max_extent, s.max_extent),
-        vec.max_extent,
-        s.max_extent,
-        str(target),
-    )
+    if target is None:  # the pattern only; the forms are the target's
+        dot = match_dot(s, vec.var)
+        return dot if isinstance(dot, str) else None
+    found = tensorized_dot(s, vec.var, vec.max_extent, dot_forms(target))
+    return found if isinstance(found, str) else None
 
 
 def bind_target(dag: ComputeDAG, target: Target) -> None:

@@ -288,8 +288,6 @@ def tilings(ctx: SearchContext, state: State, stage_id: int) -> list[tuple[State
     """The multi-level tilings of a stage: the plain one, then each dot-product variant with its vector
     and tensorized loops innermost (their lengths fixed)."""
     out = [multi_level_tile(state, stage_id, ctx.structure)]
-    if is_tiled(state, stage_id):
-        return out
     for dot in dot_tilings(state.stages[stage_id].op, ctx.dot_forms):
         out.append(dot_tile(state, stage_id, ctx.structure, dot))
     return out

@@ -319,6 +319,12 @@ def _conv_scales(attrs: dict, out_channels: int, per_tensor_in_float: bool) -> l
     return [in_scale * w / out_scale for w in w_scales]
 
 
+def _output_scales(op: str, attrs: dict, out_channels: int, data_dtype: str) -> list[float]:
+    """The requantization scales of conv or dense `op` (its compute and `requantize_tables` agree on
+    them): TFLite multiplies per-tensor scales in float32 for dense layers and uint8 convs."""
+    return _conv_scales(attrs, out_channels, per_tensor_in_float=op == "qnn.dense" or data_dtype == "uint8")
+
+
 def _as_tuple(v) -> tuple:
     return tuple(v) if isinstance(v, (tuple, list)) else (v,)
 
@@ -392,7 +398,7 @@ def qnn_conv(inputs: Sequence[Operation], attrs: dict, depthwise: bool) -> Opera
     bias = inputs[2] if len(inputs) > 2 else None
     if attrs.get("out_dtype") == ACCUMULATOR_DTYPE:
         return _accumulator_output(acc, attrs, name, bias)
-    scales = _conv_scales(attrs, out_channels, per_tensor_in_float=data.dtype == "uint8")
+    scales = _output_scales(what, attrs, out_channels, data.dtype)
     tables = Tables(inputs[3:]) if attrs.get("requantize_tables") else None
     return _output_stage(acc, attrs, scales, 3, name, bias, half_up=not depthwise, tables=tables)
 
@@ -437,7 +443,7 @@ def _qnn_dense(inputs, attrs):
     bias = inputs[2] if len(inputs) > 2 else None
     if attrs.get("out_dtype") == ACCUMULATOR_DTYPE:
         return [_accumulator_output(acc, attrs, "qnn_dense", bias)]
-    scales = _conv_scales(attrs, n, per_tensor_in_float=True)
+    scales = _output_scales("qnn.dense", attrs, n, data.dtype)
     tables = Tables(inputs[3:]) if attrs.get("requantize_tables") else None
     return [_output_stage(acc, attrs, scales, acc.ndim - 1, "qnn_dense", bias, half_up=True, tables=tables)]
 
@@ -448,7 +454,7 @@ def requantize_tables(op: str, attrs: dict, out_channels: int, data_dtype: str) 
     empty where every channel shares its constants. A graph pass makes them constants: as select trees
     each kernel call would rebuild them, one compare per tree level and lane (on a 960-channel depthwise
     conv, most of its time)."""
-    scales = _conv_scales(attrs, out_channels, per_tensor_in_float=op == "qnn.dense" or data_dtype == "uint8")
+    scales = _output_scales(op, attrs, out_channels, data_dtype)
     tables = Tables()
     if requantize_mode(attrs, op) == "float":
         FloatMultiplier(scales, op, out_channels, tables)
