@@ -20,6 +20,7 @@ from pathlib import Path
 
 from aotc.build import BuildResult, build
 from aotc.files import atomic_file
+from aotc.frontend.options import DEFAULT_REQUANTIZE
 from aotc.recipe import DEFAULT_TARGET, MODEL_SUFFIXES, InputSpec, Recipe, same_file
 from aotc.search.model_tuning import TuningOptions
 from aotc.target import Target, parse_target
@@ -72,6 +73,7 @@ def compile(  # noqa: A001 - the verb users expect, as in aotc.compile(...)
     nhwc: bool = True,
     weights: str = "compact",
     memory_limit: int | None = None,
+    requantize: str = DEFAULT_REQUANTIZE,
     sign_key: str | os.PathLike | None = None,
     resume: bool = False,
     explain_cache: bool = False,
@@ -84,7 +86,9 @@ def compile(  # noqa: A001 - the verb users expect, as in aotc.compile(...)
     `model` may also be a Recipe (`Recipe.from_yaml("recipe.yaml")`), which then says everything but
     the build flags (`sign_key`, `resume`, `explain_cache`, `callbacks`, `log`). Without `output` the
     package is written to a temporary directory: `save` it where it belongs. Messages go to `log`, by
-    default the `aotc.build` logger (INFO), so `logging` settings decide where they show."""
+    default the `aotc.build` logger (INFO), so `logging` settings decide where they show. `requantize`
+    says how a TFLite model's int8 convs and dense layers requantize (aotc.frontend.tflite.DEFAULT_REQUANTIZE).
+    """
     scratch = None
     if isinstance(model, Recipe):
         recipe = model
@@ -109,6 +113,7 @@ def compile(  # noqa: A001 - the verb users expect, as in aotc.compile(...)
             nhwc=nhwc,
             weights=weights,
             memory_limit=memory_limit,
+            requantize=requantize,
         )
         check_outputs(recipe)
     result = build(

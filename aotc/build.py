@@ -190,7 +190,7 @@ def load_model(recipe: Recipe, inputs: dict[str, InputSpec] | None = None) -> Gr
     elif suffix == ".tflite":
         from aotc.frontend.tflite import load_tflite
 
-        graph = load_tflite(str(recipe.model), input_shapes=shapes)
+        graph = load_tflite(str(recipe.model), input_shapes=shapes, requantize=recipe.requantize)
     else:
         raise BuildError(f"{recipe.model}: unsupported model format {suffix!r} (expected .onnx or .tflite)")
     return optimize(graph, winograd=recipe.winograd, nhwc=recipe.nhwc)
@@ -401,7 +401,7 @@ def write_package_and_report(
                 f"validation skipped: {why_not}; validate it where it runs with `aotc validate`"
             )
         elif recipe.validate:
-            validation = validate_variants(tmp, recipe.model, spec)
+            validation = validate_variants(tmp, recipe.model, spec, recipe.requantize)
         with timed(timings, "measure"):
             measured = measure_package(tmp, parse_target(recipe.target))
         with timed(timings, "report"):
@@ -414,7 +414,7 @@ def write_package_and_report(
     return validation, directory
 
 
-def validate_variants(package: str, model: Path, spec) -> list[dict]:
+def validate_variants(package: str, model: Path, spec, requantize: str) -> list[dict]:
     """Validate every variant against the reference (sample by sample where re-batched); with several,
     each row names its variant's input shapes."""
     import aotc_runtime
@@ -428,12 +428,16 @@ def validate_variants(package: str, model: Path, spec) -> list[dict]:
     else:
         compiled = aotc_runtime.load(package)
     if len(variants) == 1:
-        return validate_package(package, model, input_shapes=spec_inputs(spec), compiled=compiled)
+        return validate_package(
+            package, model, input_shapes=spec_inputs(spec), compiled=compiled, requantize=requantize
+        )
     rows = []
     for v in variants:
         shapes = spec_inputs(v)
         label = ", ".join(f"{n}{list(s)}" for n, (s, _) in shapes.items())
-        report = validate_package(package, model, input_shapes=shapes, compiled=compiled)
+        report = validate_package(
+            package, model, input_shapes=shapes, compiled=compiled, requantize=requantize
+        )
         rows += [{**r, "variant": label} for r in report]
     return rows
 

@@ -17,6 +17,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from aotc.frontend.options import DEFAULT_REQUANTIZE, REQUANTIZE_CHOICES
+
 OK, BUILD_ERROR, USAGE_ERROR, MISMATCH, INTERRUPTED = 0, 1, 2, 3, 130
 RECIPE_SUFFIXES = (".yaml", ".yml")
 MAX_THREADS = 4096  # a sanity bound; the runtime bounds the team to the cores it may use
@@ -350,6 +352,13 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("package", type=Path, help="the .aotc package")
     v.add_argument("--model", type=Path, required=True, help="the model it was built from (.onnx, .tflite)")
     v.add_argument("--seed", type=bounded_int(0, MAX_SEED), default=0, help="seed of the random inputs")
+    v.add_argument(
+        "--requantize",
+        choices=REQUANTIZE_CHOICES,
+        default=DEFAULT_REQUANTIZE,
+        help="the build's requantize setting: a .tflite model's reference is LiteRT with XNNPACK (float) "
+        "or with TFLite's builtin kernels (fixed_point) (default: %(default)s)",
+    )
     v.add_argument(
         "--rtol", type=finite_float(0.0), default=None, help="relative tolerance (default: 1e-4, see README)"
     )
@@ -715,6 +724,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         rtol=RTOL if args.rtol is None else args.rtol,
         atol=ATOL if args.atol is None else args.atol,
         compiled=model,
+        requantize=args.requantize,
     )
     for row in report:
         print(format_report_row(row))

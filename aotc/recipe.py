@@ -18,6 +18,7 @@ import yaml
 from yaml.constructor import SafeConstructor
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
+from aotc.frontend.options import DEFAULT_REQUANTIZE, REQUANTIZE_CHOICES
 from aotc.search.model_tuning import (
     MAX_TRIALS,
     TuningOptions,
@@ -42,6 +43,7 @@ _TOP_KEYS = (
     "nhwc",
     "weights",
     "memory_limit",
+    "requantize",
 )
 # compact: each weight stored once in its smallest form, Winograd transforms computed when the package
 # loads (CPU targets); prepacked: stored as the kernels read them (larger package, faster load)
@@ -55,6 +57,16 @@ _SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?", re.IGNORECASE)
 _SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
 _SIZE_UNITS |= {"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 MAX_MEMORY_LIMIT = 2**60
+
+
+def requantize_problem(value: str, model: Path) -> str | None:
+    """Why `requantize: value` does not fit `model`, or None. fixed_point is TFLite's builtin arithmetic:
+    an ONNX model's quantized kernels requantize as onnxruntime's do (float) whatever the recipe says."""
+    if value not in REQUANTIZE_CHOICES:
+        return f"expected one of {', '.join(REQUANTIZE_CHOICES)}, got '{value}'"
+    if value != DEFAULT_REQUANTIZE and model.suffix.lower() != ".tflite":
+        return f"'{value}' applies to TFLite models; an ONNX model requantizes as onnxruntime does"
+    return None
 
 
 class RecipeError(ValueError):
@@ -119,11 +131,15 @@ class Recipe:
     nhwc: bool = True
     weights: str = "compact"  # one of WEIGHTS_MODES
     memory_limit: int | None = None  # bytes a run may need (workspace + weights + I/O); None: physical memory
+    requantize: str = DEFAULT_REQUANTIZE  # a TFLite model's int8 conv/dense arithmetic (REQUANTIZE_CHOICES)
     path: Path | None = None
 
     def __post_init__(self) -> None:
         if self.weights not in WEIGHTS_MODES:
             raise ValueError(f"weights must be one of {', '.join(WEIGHTS_MODES)}, got {self.weights!r}")
+        problem = requantize_problem(self.requantize, Path(self.model))
+        if problem:
+            raise ValueError(f"requantize: {problem}")
         model = Path(os.fspath(self.model)).expanduser().resolve()
         object.__setattr__(self, "model", model)
         if self.output is None:
@@ -171,6 +187,7 @@ class Recipe:
             "nhwc": self.nhwc,
             "weights": self.weights,
             "memory_limit": self.memory_limit,
+            "requantize": self.requantize,
         }
 
 
@@ -246,6 +263,9 @@ class _Loader:
             nhwc=self.optional(entries, "nhwc", self.boolean, True),
             weights=self.optional(entries, "weights", self.weights_mode, "compact"),
             memory_limit=self.optional(entries, "memory_limit", self.memory_limit, None),
+            requantize=self.optional(
+                entries, "requantize", lambda node, key: self.requantize(node, key, model), DEFAULT_REQUANTIZE
+            ),
         )
         self.check_outputs(recipe, entries, root)
         return recipe
@@ -455,6 +475,13 @@ class _Loader:
         value = self.string(node, key)
         if value not in WEIGHTS_MODES:
             raise self.fail(node, key, f"expected one of {', '.join(WEIGHTS_MODES)}, got '{value}'")
+        return value
+
+    def requantize(self, node: Node, key: str, model: Path) -> str:
+        value = self.string(node, key)
+        problem = requantize_problem(value, model)
+        if problem:
+            raise self.fail(node, key, problem)
         return value
 
     def memory_limit(self, node: Node, key: str) -> int:

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from aotc.frontend.batch import run_by_sample
+from aotc.frontend.options import DEFAULT_REQUANTIZE
 
 RTOL = 1e-4
 """Relative to each reference element."""
@@ -84,10 +85,14 @@ def random_inputs(specs: Mapping[str, tuple[tuple[int, ...], str]], seed: int = 
     return out
 
 
-def reference_outputs(model: Path, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+def reference_outputs(
+    model: Path, inputs: Mapping[str, np.ndarray], requantize: str = DEFAULT_REQUANTIZE
+) -> dict[str, np.ndarray]:
+    """onnxruntime's outputs, or LiteRT's with the kernels whose int8 arithmetic `requantize` (the
+    build's) follows: float, the default XNNPACK delegate; fixed_point, TFLite's builtin kernels."""
     suffix = Path(model).suffix.lower()
     if suffix == ".tflite":
-        return litert_outputs(model, inputs)
+        return litert_outputs(model, inputs, xnnpack=requantize == "float")
     if suffix != ".onnx":
         raise ValueError(f"{model}: no reference runtime for {suffix!r} models")
     try:
@@ -105,9 +110,9 @@ def reference_outputs(model: Path, inputs: Mapping[str, np.ndarray]) -> dict[str
     return run_by_sample(lambda feeds: dict(zip(names, sess.run(names, feeds))), inputs, declared)
 
 
-def litert_outputs(model: Path, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Outputs of the LiteRT interpreter with TFLite's builtin kernels (one thread, no XNNPACK delegate:
-    the kernels whose fixed-point arithmetic aotc's quantized operators reproduce)."""
+def litert_outputs(model: Path, inputs: Mapping[str, np.ndarray], xnnpack: bool) -> dict[str, np.ndarray]:
+    """Outputs of the LiteRT interpreter on one thread: with its default XNNPACK delegate (as users run it;
+    int8 convs requantize in float32), or with TFLite's builtin kernels alone (fixed-point arithmetic)."""
     try:
         from ai_edge_litert.interpreter import Interpreter, OpResolverType
     except ModuleNotFoundError as err:
@@ -118,7 +123,9 @@ def litert_outputs(model: Path, inputs: Mapping[str, np.ndarray]) -> dict[str, n
     interp = Interpreter(
         model_path=str(model),
         num_threads=1,
-        experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES,
+        experimental_op_resolver_type=(
+            OpResolverType.AUTO if xnnpack else OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES
+        ),
     )
     details = interp.get_input_details()
     missing = sorted({d["name"] for d in details} - set(inputs))
@@ -218,9 +225,11 @@ def validate_package(
     atol: float = ATOL,
     scale_rtol: float = SCALE_RTOL,
     compiled=None,
+    requantize: str = DEFAULT_REQUANTIZE,
 ) -> list[dict]:
     """Run both on the same inputs; raise ValidationError naming each output that differs.
-    `compiled` is the package already loaded (under the caller's signature policy), else it is loaded."""
+    `compiled` is the package already loaded (under the caller's signature policy), else it is loaded;
+    `requantize` is the build's (it picks LiteRT's kernels, `reference_outputs`)."""
     import aotc_runtime
 
     require_reference(model)
@@ -228,7 +237,7 @@ def validate_package(
     if compiled is None:
         compiled = aotc_runtime.load(str(package))
     actual = compiled.run(inputs)
-    report = compare(actual, reference_outputs(Path(model), inputs), rtol, atol, scale_rtol)
+    report = compare(actual, reference_outputs(Path(model), inputs, requantize), rtol, atol, scale_rtol)
     bad = [r for r in report if not r["ok"]]
     if bad:
         lines = [format_report_row(r) for r in bad]

@@ -180,6 +180,8 @@ ERRORS = [
     (GOOD + "tuning:\n  transfr: false\n", 3, "tuning.transfr", "(did you mean 'transfer'?)"),
     (GOOD + "tuning: 5\n", 2, "tuning", "expected a mapping, got an integer"),
     (GOOD + "tuning:\n  cluster: head.lab\n", 3, "tuning.cluster", "expected HOST:PORT of a Ray head"),
+    (GOOD + "requantize: exact\n", 2, "requantize", "expected one of float, fixed_point, got 'exact'"),
+    (GOOD + "requantize: fixed_point\n", 2, "requantize", "applies to TFLite models; an ONNX model"),
     (GOOD + "target: gpu\n", 2, "target", "unknown kind 'gpu'"),
     (GOOD + "target: llvm -mcpu=native -num-cores=0\n", 2, "target", "-num-cores must be a positive integer"),
     (GOOD + "target: cuda -arch=80\n", 2, "target", "-arch must look like sm_80"),
@@ -205,6 +207,13 @@ def test_errors_name_file_line_and_key(write, text, line, key, fragment):
         assert f"'{key}'" in message or f": {key}: " in message, message
     assert fragment in message, message
     assert err.file == str(path) and err.line == line
+
+
+def test_requantize_defaults_to_float_and_takes_fixed_point_for_tflite(write, tmp_path):
+    assert load_recipe(write(GOOD)).requantize == "float"
+    (tmp_path / "models" / "m.tflite").write_bytes(b"")
+    recipe = load_recipe(write("model: models/m.tflite\nrequantize: fixed_point\n"))
+    assert recipe.requantize == "fixed_point" and "requantize: fixed_point" in format_recipe(recipe)
 
 
 def test_missing_model_names_the_resolved_path(write, tmp_path):

@@ -13,6 +13,7 @@ import pytest
 
 from aotc.build import build
 from aotc.cli import main
+from aotc.frontend.options import REQUANTIZE_CHOICES
 from aotc.frontend.tflite import load_tflite
 from aotc.graph.interpret import evaluate_node, run_graph
 from aotc.recipe import load_recipe
@@ -121,29 +122,30 @@ def test_int8_package_equals_graph_and_each_op_matches_litert(tmp_path, name):
     assert checked >= len(graph.nodes) - 2
 
 
-@pytest.mark.parametrize(
-    "name",
-    [
-        "small_cnn_int8",
-        "mobilenet_blocks_int8",
-        "mobilenet_blocks_int8_per_tensor",
-    ],
-)
-def test_int8_model_matches_litert_end_to_end(name):
-    """The imported graph against the interpreter (TFLite's builtin kernels, whose fixed-point arithmetic
-    aotc reproduces; XNNPACK requantizes in float32) on 8 seeded inputs, all outputs under one rule."""
+@pytest.mark.parametrize("requantize", REQUANTIZE_CHOICES)
+@pytest.mark.parametrize("name", sorted(INT8_MODELS))
+def test_int8_model_matches_litert_end_to_end(name, requantize):
+    """The imported graph against the interpreter on 8 seeded inputs, all outputs under one rule: with
+    `requantize: float` against LiteRT's default XNNPACK kernels (which requantize in float32), with
+    `fixed_point` against TFLite's builtin kernels, whose fixed-point arithmetic it reproduces. (The two
+    LiteRT paths differ from each other by up to 4 LSB on the per-tensor model.)"""
     mb = INT8_MODELS[name]()
     data = mb.build()
-    graph = load_tflite(data)
+    graph = load_tflite(data, requantize=requantize)
     seeds = [random_inputs(input_specs(mb), seed=s) for s in range(8)]
     got = pooled([run_graph(graph, x) for x in seeds])
-    ref = pooled([run_litert(data, x, xnnpack=False) for x in seeds])
-    assert_close(got, ref, f"{name} (numpy evaluator)")
+    ref = pooled([run_litert(data, x, xnnpack=requantize == "float") for x in seeds])
+    assert_close(got, ref, f"{name} (numpy evaluator, requantize: {requantize})")
 
 
-def test_build_validates_an_int8_model_in_lsb(tmp_path):
+@pytest.mark.parametrize("requantize", REQUANTIZE_CHOICES)
+def test_build_validates_an_int8_model_in_lsb(tmp_path, requantize):
     data = int8_model(small_cnn()).build()
-    result = build(load_recipe(write_recipe(tmp_path, "cnn_int8", data, validate=True)), log=lambda _: None)
+    recipe = Path(write_recipe(tmp_path, "cnn_int8", data, validate=True))
+    recipe.write_text(recipe.read_text() + f"requantize: {requantize}\n")
+    result = build(load_recipe(recipe), log=lambda _: None)
+    convs = [n for n in result.graph.nodes if n.op.startswith("qnn.conv2d")]
+    assert convs and all(n.attrs["requantize"] == requantize for n in convs)
     (row,) = result.validation
     assert row["ok"] and row["max_lsb"] <= 2 and sum(row["lsb_histogram"].values()) == 10
     assert "LSB" in format_report_row(row)

@@ -27,6 +27,7 @@ from aotc.frontend.errors import (
     UnsupportedOperatorError,
 )
 from aotc.frontend.folding import live_nodes, typed_node
+from aotc.frontend.options import DEFAULT_REQUANTIZE, REQUANTIZE_CHOICES
 from aotc.graph.ir import Graph, Node, TensorType, Value
 from aotc.ir.expr import DTYPES, unique_name
 
@@ -121,14 +122,21 @@ class TfModel:
     name: str
 
 
-def load_tflite(path_or_bytes: str | os.PathLike | bytes, input_shapes: InputShapes | None = None) -> Graph:
+def load_tflite(
+    path_or_bytes: str | os.PathLike | bytes,
+    input_shapes: InputShapes | None = None,
+    requantize: str = DEFAULT_REQUANTIZE,
+) -> Graph:
     """Read a .tflite model into a Graph.
 
     `input_shapes` maps an input tensor's name to `(shape, dtype)`; a None shape keeps the model's, and a
     given shape may change only the dimensions the model's shape signature leaves dynamic (-1).
+    `requantize` is one of REQUANTIZE_CHOICES (DEFAULT_REQUANTIZE says what each means).
     """
     from aotc.frontend.tflite_ops import CONVERTERS
 
+    if requantize not in REQUANTIZE_CHOICES:
+        raise ValueError(f"requantize must be one of {', '.join(REQUANTIZE_CHOICES)}, got {requantize!r}")
     model = read_tflite(path_or_bytes)
     missing: dict[str, list[str]] = {}
     for op in model.operators:
@@ -136,7 +144,7 @@ def load_tflite(path_or_bytes: str | os.PathLike | bytes, input_shapes: InputSha
             missing.setdefault(op.code, []).append(_op_label(model, op))
     if missing:
         raise UnsupportedOperatorError(model.source, missing)
-    conv = Converter(model)
+    conv = Converter(model, requantize)
     inputs = conv.bind_inputs(dict(input_shapes or {}))
     for op in model.operators:
         conv.convert(op, CONVERTERS[op.code])
@@ -306,8 +314,9 @@ def _op_label(model: TfModel, op: TfOperator) -> str:
 class Converter:
     """The state of one conversion: the Value of each TFLite tensor so far and the nodes emitted."""
 
-    def __init__(self, model: TfModel):
+    def __init__(self, model: TfModel, requantize: str = DEFAULT_REQUANTIZE):
         self.model = model
+        self.requantize = requantize
         self.source = model.source
         self.values: dict[int, Value] = {}
         self.nodes: list[Node] = []

@@ -116,7 +116,8 @@ def _io_quant(cv: Converter, op: TfOperator, inp: int = 0) -> dict[str, Any]:
     }
 
 
-def _weight_quant(cv: Converter, op: TfOperator, i: int, axis: int) -> dict[str, tuple]:
+def _weight_quant(cv: Converter, op: TfOperator, i: int, axis: int) -> dict[str, Any]:
+    """The weights' scales and zero points, and how the op requantizes its int32 sums."""
     t = cv.input_tensor(i)
     q = cv.quant(t.index)
     if t.dtype != "int8":
@@ -126,7 +127,7 @@ def _weight_quant(cv: Converter, op: TfOperator, i: int, axis: int) -> dict[str,
             f"weights {t.name} {list(t.shape)} have {len(q.scales)} scales along axis {q.axis}; "
             f"expected one per tensor or one per entry of axis {axis}"
         )
-    return {"weight_scales": q.scales, "weight_zero_points": q.zero_points}
+    return {"weight_scales": q.scales, "weight_zero_points": q.zero_points, "requantize": cv.requantize}
 
 
 def _bias(cv: Converter, op: TfOperator, i: int, quantized: bool) -> list[Value]:
