@@ -36,7 +36,8 @@ MAX_ACCUMULATORS = 16  # a register block's vector accumulators, at most
 SPARE_REGISTERS = 4  # registers a micro-kernel needs besides its accumulators (loads, broadcasts)
 AUTO_UNROLL = 64
 DOT_VECTORS = 4  # vectors of output channels in a dot-product register block, at most
-DOT_SHORT_REDUCTION = 128  # input channels up to which a dot-product block takes several such vectors
+DOT_SHORT_REDUCTION = 128  # input channels up to which a dot-product block takes DOT_VECTORS vectors
+DOT_LONG_VECTORS = 2  # vectors of output channels in the block of a longer dot product, at most
 MIN_PARALLEL_POINTS = 4096  # below this a stage costs less than waking the thread pool
 # The most a parallel tile's own padded input may take: it stays on the thread's stack and in its L2.
 MAX_TILE_SCRATCH_BYTES = 256 * 1024
@@ -153,13 +154,15 @@ def _tile_lengths(
     vec = 1
     regs = 1
     if dot is not None:
-        # A short reduction (few input channels) gets several vectors of output channels per block: each
-        # input broadcast then feeds several dot products. A long one keeps one vector and a taller block
-        # of pixels, which reuses each weight vector more (MobileNetV2's 1x1 convs on znver4: 1.2x faster
-        # with K <= 96, 1.6x slower with K = 960 the other way round).
+        # Several vectors of output channels per block: each input broadcast (and its x ^ 0x80) then
+        # feeds several dot products. A long reduction takes two and a taller block of pixels, which
+        # reuses each weight vector more (MobileNetV2's 1x1 convs on znver4, 1 thread: four vectors are
+        # 1.2x faster than one with K <= 96; with K = 320..960 two are 1.15-1.2x faster than one, and four
+        # leave so few pixels per block that the 320 x 1280 weights stream from L2 twice as often).
         vec = dot.form.lanes
         depth = op.all_axes[dot.depth].extent
-        vectors = _block(vec_axis.extent // vec, DOT_VECTORS) if depth <= DOT_SHORT_REDUCTION else 1
+        most = DOT_VECTORS if depth <= DOT_SHORT_REDUCTION else DOT_LONG_VECTORS
+        vectors = _block(vec_axis.extent // vec, most)
         lengths[vec_axis.name] = [1, 1, vectors]
         regs = vectors * -(-vec // lanes)
     elif vec_axis is not None:
