@@ -355,6 +355,8 @@ def _binary(cv: Converter, op: TfOperator) -> list[Value]:
         "activation": _activation_name(cv, op),
         "out_dtype": cv.tensor(_out(op)).dtype,
     }
+    if op.code == "ADD":
+        attrs["requantize"] = cv.requantize
     return [cv.emit(f"qnn.{op.code.lower()}", [a, b], attrs, _out(op))]
 
 
