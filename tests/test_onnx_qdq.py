@@ -28,8 +28,9 @@ MODELS = {
     "residual_block": (zoo.residual_block, {"qnn.conv2d_nhwc": 4, "qnn.add": 1}),
     "depthwise_separable": (zoo.depthwise_separable, {"qnn.conv2d_nhwc": 2, "qnn.depthwise_conv2d_nhwc": 1}),
     "dense_head": (zoo.dense_head, {"qnn.dense": 2, "qnn.add": 1}),
+    "pooled_stem": (zoo.pooled_stem, {"qnn.conv2d_nhwc": 2, "qnn.max_pool2d_nhwc": 1}),
 }
-FLOAT_OPS = {"conv2d", "dense", "matmul", "add", "relu", "clip"}
+FLOAT_OPS = {"conv2d", "dense", "matmul", "add", "relu", "clip", "max_pool2d"}
 SEEDS = range(4)
 
 
@@ -94,7 +95,12 @@ def test_quantize_static_model_folds_into_qnn_kernels_and_matches_onnxruntime(
 
 @pytest.mark.parametrize(
     "name, per_channel, activations",
-    [("residual_block", True, "uint8"), ("depthwise_separable", False, "int8"), ("dense_head", True, "int8")],
+    [
+        ("residual_block", True, "uint8"),
+        ("depthwise_separable", False, "int8"),
+        ("dense_head", True, "int8"),
+        ("pooled_stem", True, "uint8"),
+    ],
 )
 def test_compiled_qdq_package_equals_the_graph_and_matches_onnxruntime(
     tmp_path, name, per_channel, activations
@@ -263,6 +269,30 @@ def test_hand_written_groups_fold_or_stay_float_and_match_onnxruntime(tmp_path, 
     ref = pooled([onnxruntime_outputs(path, f) for f in feeds])
     for out in ("y", "out"):
         assert_matches(got, ref, out, None, f"{out} ({'float' if float_ops else 'folded'})")
+
+
+@pytest.mark.parametrize(
+    "out_scale, pads, folds",
+    [(0.03, [1, 1, 1, 1], True), (0.05, [1, 1, 1, 1], False), (0.03, [0, 0, 1, 1], True)],
+)
+def test_max_pool_between_dq_and_q_folds_only_with_its_input_quantization(tmp_path, out_scale, pads, folds):
+    """DQ -> MaxPool -> Q with the input's own scale and zero point runs on the 8-bit values (padded taps
+    ignored); with another scale it stays float. Either way bit for bit onnxruntime's."""
+    inits = {"s": np.float32(0.03), "z": np.uint8(17), "os": np.float32(out_scale)}
+    nodes = [
+        helper.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]),
+        helper.make_node("MaxPool", ["xf"], ["p"], kernel_shape=[3, 3], strides=[2, 2], pads=pads),
+        helper.make_node("QuantizeLinear", ["p", "os", "z"], ["y"]),
+    ]
+    model = make_graph_model(nodes, {}, ["y"], inits, opset=13)
+    model.graph.input.append(helper.make_tensor_value_info("x", TensorProto.UINT8, [1, 5, 7, 7]))
+    path = str(tmp_path / "pool.onnx")
+    onnx.save(model, path)
+    graph = load_onnx(path)
+    ops = {n.op for n in graph.nodes}
+    assert ("qnn.max_pool2d_nhwc" in ops) == folds and ("max_pool2d" in ops) != folds, ops
+    x = np.random.default_rng(5).integers(0, 256, (1, 5, 7, 7)).astype(np.uint8)
+    np.testing.assert_array_equal(run_graph(graph, {"x": x})["y"], onnxruntime_outputs(path, {"x": x})["y"])
 
 
 # --- bad input ------------------------------------------------------------------------------------------------
