@@ -112,6 +112,12 @@ BROADCAST = [
     case("Pow", [POS, f32(2.0)], id="pow-square"),
     case("Pow", [POS, Input((4,), low=-1.5, high=1.5)], id="pow-bcast"),
     case("Pow", [POS, np.array(3, np.int64)], id="pow-int-exponent"),
+    # an integer base is raised in float64 and truncated toward zero, as onnxruntime does (issue 19)
+    case("Pow", [Input((2, 5), "int32", -3, 4), Input((5,), "int32", 0, 4)], id="pow-int32"),
+    case("Pow", [i64(-3, -2, -1, 1, 2, 3), Input((2, 6), "int64", -2, 3)], id="pow-int64-negative-exponent"),
+    case(
+        "Pow", [Input((3, 4), "int64", 0, 5), Input((4,), low=0.0, high=3.0)], id="pow-int64-float-exponent"
+    ),
     case("Equal", [Input((3, 4), "int64", 0, 3), Input((4,), "int64", 0, 3)], id="equal"),
     case("Equal", [Input((3,), "bool"), Input((3,), "bool")], id="equal-bool"),
     case("Less", [Input((3, 4)), Input((3, 1))], id="less"),

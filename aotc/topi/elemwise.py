@@ -80,6 +80,14 @@ def divide(a: Expr, b: Expr) -> Expr:
     return select(logical_and(ne(a % b, const(0, a.dtype)), signs_differ), q + 1, q)
 
 
+def pow_(a: Expr, b: Expr) -> Expr:
+    """ONNX Pow, in the base's dtype. An integer base is raised in float64 and truncated toward zero, as
+    onnxruntime does (std::pow, then a cast): exact while |result| < 2**53, and 2 ** -1 is 0."""
+    if a.dtype.startswith("float"):
+        return power(a, cast(a.dtype, b))
+    return cast(a.dtype, power(cast("float64", a), cast("float64", b)))
+
+
 def clip(v: Expr, lo: float | None, hi: float | None) -> Expr:
     if lo is not None:
         v = maximum(v, const(lo, v.dtype))
@@ -135,7 +143,7 @@ BINARY: dict[str, Callable[[Expr, Expr], Expr]] = {
     "subtract": lambda a, b: a - b,
     "multiply": lambda a, b: a * b,
     "divide": divide,
-    "power": lambda a, b: power(a, cast(a.dtype, b)),
+    "power": pow_,
     "maximum": maximum,
     "minimum": minimum,
     "equal": eq,
