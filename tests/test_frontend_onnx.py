@@ -736,6 +736,27 @@ def test_constant_slice_and_concat_with_an_empty_constant_fold():
     assert [(n.op, n.attrs) for n in graph.nodes] == [("reshape", {"shape": (3, 4)})]
 
 
+def test_empty_shape_slice_folds_away_but_is_refused_as_an_output():
+    """Shape with start > end is empty (issue 19: it was an internal error in partitioning): a Concat may
+    drop it, but an output or a kernel operand cannot be empty."""
+    n = helper.make_node
+    nodes = [
+        n("Shape", ["x"], ["none"], start=2, end=1),
+        n("Concat", ["none", "six"], ["shape"], axis=0),
+        n("Reshape", ["x", "shape"], ["y"]),
+    ]
+    graph = check_model(make_graph_model(nodes, {"x": Input((2, 3))}, ["y"], {"six": i64(6)}))
+    assert [n.op for n in graph.nodes] == ["reshape"]
+    model = single_op_model("Shape", [Input((2, 3, 4))], start=2, end=1)
+    with pytest.raises(
+        ConversionError, match=r"output y0 of node shape_node \(Shape\) is empty \(int64\[0\]\)"
+    ):
+        load_onnx(model.SerializeToString())
+    model = make_graph_model([nodes[0], n("Add", ["x", "none"], ["y"])], {"x": Input((1,), "int64")}, ["y"])
+    with pytest.raises(ConversionError, match=r"node Add_1 \(Add\): input none is empty"):
+        load_onnx(model.SerializeToString())
+
+
 def test_all_constant_node_over_the_fold_limit_stays_a_node(monkeypatch):
     import aotc.frontend.folding as frontend
 

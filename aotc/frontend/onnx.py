@@ -46,6 +46,8 @@ __all__ = [
 
 OPSET_MIN, OPSET_MAX = 13, 21
 
+NONEMPTY = "aotc compiles tensors with at least one element"
+
 InputShapes = Mapping[str, tuple[Sequence[int], str | None]]
 
 _DTYPES = {
@@ -78,9 +80,21 @@ def load_onnx(path_or_bytes: str | os.PathLike | bytes, input_shapes: InputShape
     for i, proto in enumerate(model.graph.node):
         conv.convert(proto, i)
     outputs = [conv.values[o.name] for o in model.graph.output]
+    _check_outputs_nonempty(model.graph, outputs, source)
     graph = Graph(inputs, outputs, live_nodes(conv.nodes, outputs), model.graph.name or _stem(source))
     graph.verify()
     return graph
+
+
+def _check_outputs_nonempty(graph: onnx.GraphProto, outputs: list[Value], source: str) -> None:
+    """An output that folded to an empty constant (Shape with start >= end) has no kernel to make it."""
+    for o, v in zip(graph.output, outputs):
+        if v.type.num_elements == 0:
+            made_by = [
+                f"{_node_name(p, i)} ({p.op_type})" for i, p in enumerate(graph.node) if o.name in p.output
+            ]
+            by = f" of node {made_by[0]}" if made_by else ""
+            raise ConversionError(f"{source}: output {o.name}{by} is empty ({v.type}); {NONEMPTY}")
 
 
 def supported_operators() -> list[str]:
@@ -243,6 +257,10 @@ class OnnxConverter:
         `out` is the ONNX name of the value; None makes a fresh name for an intermediate.
         """
         n = self.node
+        # an empty constant may be dropped by a converter (Concat does) but no graph op takes one
+        empty = [v.name for v in inputs if v is not None and v.type.num_elements == 0]
+        if empty:
+            raise self.fail(f"input {empty[0]} is empty; {NONEMPTY}")
         try:
             node, ttype, data = typed_node(op, list(inputs), attrs)
         except ValueError as e:
@@ -299,7 +317,7 @@ def _model_dims(vi: onnx.ValueInfoProto, source: str) -> list[int | str | None] 
         raise InputShapeError(
             f"{source}: input '{vi.name}' has zero-size dimension {', '.join(map(str, zero))} "
             f"(shape {[d.dim_value if d.WhichOneof('value') == 'dim_value' else '?' for d in tt.shape.dim]}); "
-            "aotc compiles tensors with at least one element"
+            + NONEMPTY
         )
     return dims
 
