@@ -1,0 +1,211 @@
+"""ONNX's conformance suite, the backend node tests of the installed onnx, through aotc.onnx_backend
+(onnx.backend.test.BackendTest builds, runs and compares each model; issue 19, docs/onnx-conformance.md).
+
+Each test's expected outcome: excluded ones (tests/onnx_conformance.EXCLUDED, each with its reason) skip;
+those listed in tests/data/onnx_backend_refused.txt must be refused with one of aotc's REFUSALS (xfail);
+all others must pass. So a wrong answer, an internal error (any other exception), a newly refused test and
+a newly passing one all fail, the last two naming the list to update (`python -m tests.onnx_conformance
+--write` rewrites it).
+
+The default run takes DEFAULT_SUBSET; `-m conformance` runs every node test (about 1900, 30-60 s with a
+cold cache, most of it the builds of the passing ones).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import unittest
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper
+
+import aotc.onnx_backend as onnx_backend
+from aotc.frontend.errors import ConversionError, UnsupportedOperatorError
+from aotc.onnx_backend import REFUSALS, AotcBackend
+
+from .onnx_conformance import REFUSED_FILE, exclusion, load_refused, node_test_case
+
+
+class Backend(AotcBackend):
+    """The backend the suite drives; `use_pytest_cache` points its build cache at pytest's cache."""
+
+
+@pytest.fixture(autouse=True, scope="module")
+def use_pytest_cache(request, tmp_path_factory):
+    cache = getattr(request.config, "cache", None)  # None with -p no:cacheprovider
+    Backend.cache_dir = cache.mkdir("aotc-onnx-backend") if cache else tmp_path_factory.mktemp("onnx-backend")
+
+
+# The default run's share of the suite. The whole suite's time grows with every operator aotc learns (a
+# passing test is a build, ~0.1 s; a refusal costs milliseconds), so the default run takes a fixed sample
+# instead: at least one passing test of each operator family aotc passes today (element-wise ops over
+# several dtypes, broadcasting, the *_expanded function bodies, matmul/gemm, normalizations, softmax,
+# reductions, gather/split/concat, where, pow over integers), the cases that were internal errors, one
+# refusal of each kind (opset, operator, run-time input, attribute, output) and one test per exclusion.
+# About 100 tests, ~10 s on 2 cores after ~5 s of generating the cases.
+DEFAULT_SUBSET = [
+    # passing
+    "abs", "add_bcast", "add_int8", "add_uint8", "batchnorm_example", "ceil", "clip_default_int8_inbounds_expanded",
+    "clip_splitbounds_expanded", "concat_1d_axis_0", "concat_3d_axis_negative_2", "div_bcast", "div_int32_trunc",
+    "div_uint8", "equal_bcast", "equal_uint32", "erf", "exp", "floor", "gather_2d_indices",
+    "gather_negative_indices", "gelu_tanh_2", "gemm_all_attributes", "gemm_default_scalar_bias",
+    "gemm_transposeA", "greater_equal_int8_expanded", "greater_uint64", "group_normalization_example_expanded",
+    "layer_normalization_3d_axis1_epsilon_expanded_ver18", "layer_normalization_4d_axis_negative_3_expanded",
+    "leakyrelu", "less_bcast", "less_equal_uint8_expanded", "log", "logsoftmax_axis_1_expanded_ver18",
+    "logsoftmax_large_number", "matmul_2d", "matmul_4d_1d", "matmul_bcast", "max_float16", "max_int8",
+    "mean_two_inputs", "min_float64", "min_uint64", "mul_bcast", "mul_uint32", "mvn_expanded", "neg",
+    "prelu_broadcast", "reciprocal", "reduce_max_default_axes_keepdims_random", "relu", "sigmoid",
+    "softmax_axis_0_expanded", "softmax_default_axis_expanded_ver18", "softmax_large_number",
+    "split_1d_uneven_split_opset18", "split_equal_parts_2d_opset13", "sqrt", "sub_uint16", "sum_example",
+    "tanh", "where_long_example",
+    # internal errors before issue 19: integer Pow (now supported), Shape with start > end (refused by opset
+    # here; tests/test_frontend_onnx.py covers the empty result)
+    "pow_types_int32_int32", "pow_types_int32_float32", "pow_types_int64_int64", "pow_types_int64_float32",
+    "shape_start_greater_than_end",
+    # refused: opset outside 13-21, operator, input needed at compile time, attribute value, optional output
+    "acos", "conv_with_strides_padding", "argmax_default_axis_example", "cumsum_1d", "reduce_sum_keepdims_example",
+    "slice", "clip", "resize_upsample_scales_cubic", "layer_normalization_2d_axis0",
+    # excluded: one per exclusion
+    "sequence_insert_at_back", "optional_get_element_tensor", "ai_onnx_ml_binarizer", "string_concat", "adam",
+    "training_dropout", "bernoulli",
+]  # fmt: skip
+
+REFUSED = load_refused()
+GENERATED = dict(vars(node_test_case(Backend)))  # its methods: the class itself would be collected as is
+ALL_TESTS = sorted(name for name in GENERATED if name.startswith("test_"))
+
+
+def expecting(test: str):
+    """BackendTest's method for `test`, with the outcome this module expects of it."""
+    func = GENERATED[test]
+    reason = exclusion(test)
+    if reason is not None:
+        return unittest.skip(f"excluded: {reason}")(func)
+    refusal_expected = test in REFUSED
+
+    @functools.wraps(func)
+    def run(self):
+        try:
+            func(self)
+        except REFUSALS as e:
+            if not refusal_expected:
+                raise AssertionError(
+                    f"{test} is refused, and {REFUSED_FILE.name} does not list it: a regression? "
+                    f"({type(e).__name__}: {e})"
+                ) from e
+            refusal = f"refused: {type(e).__name__}: {e}"
+        else:
+            refusal = None
+        # outside the except block: pytest formats the traceback of every xfail, and with the refusal
+        # chained to it that costs ~0.1 s a test (over 1400 of them in the whole suite)
+        if refusal is not None:
+            pytest.xfail(refusal)
+        if refusal_expected:
+            pytest.fail(
+                f"{test} passes now: take it off {REFUSED_FILE.name} (python -m tests.onnx_conformance --write)"
+            )
+
+    return run
+
+
+def make_case(name: str, tests: list[str], marks: list) -> type[unittest.TestCase]:
+    case = type(name, (unittest.TestCase,), {t: expecting(t) for t in tests})
+    case.__module__ = __name__
+    case.pytestmark = marks
+    return case
+
+
+OnnxBackendNodeSubset = make_case(
+    "OnnxBackendNodeSubset",
+    [f"test_{t}_cpu" for t in DEFAULT_SUBSET if f"test_{t}_cpu" in GENERATED],
+    [],
+)
+OnnxBackendNodeModelTest = make_case("OnnxBackendNodeModelTest", ALL_TESTS, [pytest.mark.conformance])
+
+
+def test_default_subset_names_tests_that_exist():
+    """A renamed case (a new onnx) must be replaced in DEFAULT_SUBSET, not silently dropped."""
+    missing = [t for t in DEFAULT_SUBSET if f"test_{t}_cpu" not in ALL_TESTS]
+    assert not missing, f"not node tests of onnx {onnx.__version__}: {missing}"
+
+
+def test_refused_list_names_tests_that_exist_and_are_not_excluded():
+    unknown = sorted(REFUSED - set(ALL_TESTS))
+    excluded = sorted(t for t in REFUSED if exclusion(t))
+    assert not unknown and not excluded, f"{REFUSED_FILE.name}: unknown {unknown}, excluded {excluded}"
+
+
+# ----------------------------------------------------------------------------- the backend itself
+
+
+def _relu_model(shape: list, name: str = "relu_graph") -> onnx.ModelProto:
+    x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, shape)
+    y = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Neg", ["r"], ["y"])]
+    graph = helper.make_graph(nodes, name, [x], [y])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+
+
+@pytest.fixture
+def backend(tmp_path, monkeypatch):
+    """The backend with a fresh cache, counting the builds it starts."""
+    import aotc.api
+
+    builds = []
+    compile_ = aotc.api.compile
+    monkeypatch.setattr(aotc.api, "compile", lambda *a, **kw: builds.append(a[0]) or compile_(*a, **kw))
+
+    class Fresh(AotcBackend):
+        cache_dir = tmp_path / "cache"
+
+    Fresh.builds = builds
+    return Fresh
+
+
+def test_prepare_builds_once_and_runs_by_position_or_name(backend):
+    x = np.linspace(-1, 1, 6, dtype=np.float32).reshape(2, 3)
+    rep = backend.prepare(_relu_model([2, 3]))
+    (y,) = rep.run([x])
+    np.testing.assert_array_equal(y, -np.maximum(x, 0))
+    np.testing.assert_array_equal(rep.run({"x": x})[0], y)
+    np.testing.assert_array_equal(backend.run_model(_relu_model([2, 3]), [x])[0], y)
+    assert len(backend.builds) == 1  # the second prepare loaded the cached package
+    assert backend.supports_device("CPU") and not backend.supports_device("CUDA")
+
+
+def test_a_model_with_dynamic_dimensions_is_built_at_each_run_shape(backend):
+    rep = backend.prepare(_relu_model(["n", 3]))
+    assert backend.builds == []
+    for rows in (2, 5, 2):
+        x = np.full((rows, 3), -2.0, np.float32)
+        np.testing.assert_array_equal(rep.run([x])[0], -np.maximum(x, 0))
+    assert len(backend.builds) == 2
+
+
+def test_refusals_are_aotc_errors_naming_the_node_and_the_model_file_is_kept(backend):
+    model = _relu_model([2, 3], name="my_model")
+    model.graph.node[0].op_type = "Acosh"
+    with pytest.raises(UnsupportedOperatorError, match=r"my_model\.onnx: 1 unsupported operator: Acosh") as e:
+        backend.prepare(model)
+    assert isinstance(e.value, REFUSALS)
+    assert Path(str(e.value).split(": ")[0]).is_file()  # the message names a file that exists
+    model = _relu_model([2, 3])
+    model.graph.node.append(helper.make_node("Shape", ["x"], ["s"], start=2, end=1))
+    model.graph.output.append(helper.make_tensor_value_info("s", onnx.TensorProto.INT64, None))
+    with pytest.raises(ConversionError, match=r"output s of node Shape_2 \(Shape\) is empty"):
+        backend.prepare(model)
+
+
+def test_cache_keeps_the_builds_of_the_latest_sources_only(tmp_path, monkeypatch):
+    (tmp_path / "not-ours").mkdir()
+    for age, digest in enumerate("dcba", 1):  # "a" * 24 the oldest
+        (tmp_path / (digest * 24)).mkdir()
+        os.utime(tmp_path / (digest * 24), (1e9 - age, 1e9 - age))
+    monkeypatch.setattr(onnx_backend, "source_digest", lambda: "e" * 64)
+    assert onnx_backend.source_cache(tmp_path) == tmp_path / ("e" * 24)
+    kept = {p.name for p in tmp_path.iterdir()}
+    assert kept == {"not-ours", *(d * 24 for d in "edc")}  # KEEP_SOURCES = 3, the foreign directory stays
