@@ -45,9 +45,11 @@ PLAIN = "llvm -mcpu=znver4 -num-cores=1"  # with SearchParams(dot_products=False
 def quantized_dag(
     op: str, x_shape: tuple, w_shape: tuple, x_dtype: str, zx: int, per_channel: bool, folded: bool = True
 ) -> ComputeDAG:
-    """A qnn conv (3x3, pad 1) or dense layer with a constant (layout-free) weight and bias, its input zero
-    point folded into the bias as the graph pass leaves it (`folded`)."""
-    out_c = w_shape[0]
+    """A qnn conv (3x3, pad 1), depthwise conv (3 rows of `w_shape[2]` taps, padded on the right as
+    pad_depthwise_taps leaves a 3x3 window) or dense layer with a constant (layout-free) weight and bias,
+    its input zero point folded into the bias as the graph pass leaves it (`folded`)."""
+    depthwise = op == "qnn.depthwise_conv2d_nhwc"
+    out_c = w_shape[3] if depthwise else w_shape[0]
     attrs = {
         "input_scale": 0.02,
         "input_zero_point": zx,
@@ -61,6 +63,8 @@ def quantized_dag(
     }
     if op == "qnn.conv2d_nhwc":
         attrs |= {"strides": (1, 1), "pads": (1, 1, 1, 1), "dilations": (1, 1)}
+    if depthwise:
+        attrs |= {"strides": (1, 1), "pads": (1, 1, 1, w_shape[2] - 2), "dilations": (1, 1)}
     x = placeholder(x_shape, x_dtype, name="x")
     w = placeholder(w_shape, "int8", name="w", tag=LAYOUT_FREE)
     b = placeholder((out_c,), "int32", name="b", tag=LAYOUT_FREE)
@@ -71,7 +75,14 @@ CASES = {
     "conv_int8_per_channel": ("qnn.conv2d_nhwc", (1, 6, 5, 32), (32, 3, 3, 32), "int8", 3, True),
     "conv_uint8_per_tensor": ("qnn.conv2d_nhwc", (1, 5, 6, 16), (48, 3, 3, 16), "uint8", 100, False),
     "dense_int8": ("qnn.dense", (3, 64), (32, 64), "int8", -7, True),
+    "depthwise_int8_taps": ("qnn.depthwise_conv2d_nhwc", (1, 6, 7, 32), (1, 3, 4, 32), "int8", 3, True),
 }
+
+
+def lane_extent(case: str) -> int:
+    """The output channels: what the dot product's lanes split."""
+    op, _, w_shape = CASES[case][:3]
+    return w_shape[3] if op == "qnn.depthwise_conv2d_nhwc" else w_shape[0]
 
 
 def feed_for(dag: ComputeDAG, seed: int = 0) -> dict[str, np.ndarray]:
@@ -147,7 +158,7 @@ def test_default_schedule_uses_the_widest_dot_product(form, case, tmp_path):
     state = default_schedule(dag, target)
     func = lower(state)
     (loop,) = tensorized(func)
-    widest = max(f.lanes for f in dot_forms(target) if CASES[case][2][0] % f.lanes == 0)
+    widest = max(f.lanes for f in dot_forms(target) if lane_extent(case) % f.lanes == 0)
     assert loop.max_extent == (4 if form == "vnni" else 2)
     vector = [s for s in walk_stmts(func.body) if isinstance(s, For) and s.body is loop]
     assert vector and vector[0].kind == ForKind.VECTORIZED and vector[0].max_extent == widest
@@ -197,7 +208,8 @@ def test_sketches_offer_a_dot_product_variant_only_where_it_fits():
     conv = quantized_dag(*CASES["conv_int8_per_channel"])
     assert n_dot(conv) > 0
     assert n_dot(conv, SearchParams(dot_products=False)) == 0
-    # 3 input channels do not split into groups of 4 (or 2); a depthwise conv sums over its window only
+    # 3 input channels do not split into groups of 4 (or 2), nor does a depthwise window row of 3 taps
+    # (pad_depthwise_taps makes it 4)
     assert n_dot(quantized_dag("qnn.conv2d_nhwc", (1, 8, 8, 3), (16, 3, 3, 3), "int8", 3, True)) == 0
     assert n_dot(quantized_dag("qnn.conv2d_nhwc", (1, 8, 8, 16), (18, 3, 3, 16), "int8", 3, True)) == 0
     x = placeholder((1, 8, 8, 16), "int8", name="x")
@@ -206,6 +218,7 @@ def test_sketches_offer_a_dot_product_variant_only_where_it_fits():
     attrs |= {"input_zero_point": 3, "weight_scales": (0.01,), "output_scale": 0.1, "output_zero_point": 0}
     depthwise = ComputeDAG(get_op("qnn.depthwise_conv2d_nhwc").compute([x, w], attrs))
     assert n_dot(depthwise) == 0
+    assert n_dot(quantized_dag(*CASES["depthwise_int8_taps"])) > 0
 
 
 def test_sampling_keeps_the_forms_lengths_and_a_broken_form_is_invalid():

@@ -501,6 +501,28 @@ def test_conv_channels_padded_to_the_dot_product_depth_give_identical_results():
     assert checked >= 2  # int8 and uint8 convs of 5 and 3 channels
 
 
+def test_depthwise_taps_padded_to_the_dot_product_depth_give_identical_results():
+    """A depthwise conv's 3-tap window rows get a fourth tap of weight 0 (the weights' zero point) and one
+    more column of padding on the right, with dilations and strides; same output shape, bit for bit."""
+    from aotc.graph.interpret import run_graph
+    from aotc.graph.ir import Graph
+    from aotc.graph.passes import fold_input_zero_point, pad_depthwise_taps
+
+    checked = set()
+    for name, op, inputs, attrs, expected in integer_cases(np.random.default_rng(3)):
+        if op != "qnn.depthwise_conv2d_nhwc":
+            continue
+        x, node, out = one_node_graph(name, op, inputs, attrs, expected)
+        graph = pad_depthwise_taps(Graph([x], [out], [node]))
+        padded = node.inputs[1].type.shape[2] == 4
+        assert padded == (attrs.get("depth_multiplier", 1) == 1), name
+        np.testing.assert_array_equal(run_graph(graph, {"x": inputs[0]})["y"], expected, err_msg=name)
+        graph = fold_input_zero_point(graph)
+        np.testing.assert_array_equal(run_graph(graph, {"x": inputs[0]})["y"], expected, err_msg=name)
+        checked.add((padded, str(inputs[1].dtype)))
+    assert checked == {(True, "int8"), (True, "uint8"), (False, "int8")}
+
+
 # ----------------------------------------------------------------------------- float-based kernels
 
 

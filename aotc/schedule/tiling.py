@@ -88,9 +88,13 @@ def dot_tilings(op, forms: Sequence[DotForm]) -> list[DotTiling]:
     """The dot-product tilings of an op that sums products of two 8-bit values, one per vector width
     among `forms` (the first form of each width that fits the operands; docs/int8.md).
 
-    The lane axis indexes the second factor (the weight) but not the first; the depth axis is the first
-    factor's last index and indexes the weight too, so both read contiguously once the weight is laid
-    out by the tiles. Both extents must divide by the form's."""
+    A conv or dense layer: the lane axis indexes the second factor (the weight) but not the first, whose
+    bytes every lane shares (a broadcast); the depth axis is the first factor's last index and indexes the
+    weight too, so both read contiguously once the weight is laid out by the tiles. A depthwise conv: the
+    lane axis is the first factor's last index (each lane its own channel) and indexes the weight; the
+    depth axis is a window axis of both (the taps of a row, padded to the form's depth by
+    `pad_depthwise_taps`), the first factor's bytes then gathered per tap. Both extents must divide by
+    the form's."""
     if not forms or not isinstance(op, ComputeOp) or not isinstance(op.body, Reduce):
         return []
     if op.body.combiner != "sum" or op.dtype != "int32" or op.body.condition is not None:
@@ -103,13 +107,18 @@ def dot_tilings(op, forms: Sequence[DotForm]) -> list[DotTiling]:
         return []
     axes = op.all_axes
     last = u.value.indices[-1]
-    depth = next((k for k, a in enumerate(axes) if a.var is last and a.kind != "spatial"), None)
     w_vars = [i for i in w.value.indices if isinstance(i, Var)]
-    if depth is None or last not in w_vars:
-        return []
     u_vars = set().union(*(free_vars(i) for i in u.value.indices))
-    lanes = [k for k, a in enumerate(op.axes) if a.var in w_vars and a.var not in u_vars]
-    if not lanes:
+    depth = next((k for k, a in enumerate(axes) if a.var is last and a.kind != "spatial"), None)
+    if depth is not None and last in w_vars:
+        lanes = [k for k, a in enumerate(op.axes) if a.var in w_vars and a.var not in u_vars]
+    else:
+        lanes = [k for k, a in enumerate(op.axes) if a.var is last and a.var in w_vars]
+        shared = [
+            k for k, a in enumerate(axes) if a.kind != "spatial" and a.var in w_vars and a.var in u_vars
+        ]
+        depth = shared[-1] if shared else None
+    if not lanes or depth is None:
         return []
     lane = lanes[-1]
     out: dict[int, DotTiling] = {}

@@ -341,11 +341,14 @@ def _quantized_term(in_zp: int, w_zp: int) -> Callable[[Expr, Expr], Expr]:
     return term
 
 
+MAC_OPS = ("qnn.conv2d_nhwc", "qnn.depthwise_conv2d_nhwc", "qnn.dense")
+
+
 def mac_zero_point(op: str, dtype: str) -> int:
     """The zero point a conv or dense layer with `input_zero_point_in_bias` still subtracts from its
-    `dtype` input: -128 for int8 convs and dense layers, whose factor x + 128 is then the uint8 that a
-    dot-product instruction reads (vpdpbusd: uint8 x int8; docs/int8.md), else 0."""
-    return -128 if dtype == "int8" and op in ("qnn.conv2d_nhwc", "qnn.dense") else 0
+    `dtype` input: -128 for int8 (an int8 input), whose factor x + 128 is then the uint8 that a dot-product
+    instruction reads (vpdpbusd: uint8 x int8; docs/int8.md), else 0."""
+    return -128 if dtype == "int8" and op in MAC_OPS else 0
 
 
 def _mac_input_zero_point(attrs: dict, op: str, dtype: str) -> int:
