@@ -429,8 +429,8 @@ def one_node_graph(name: str, op: str, inputs: list, attrs: dict, expected: np.n
 
 def test_input_zero_point_folded_into_the_bias_gives_identical_results():
     """The graph pass moves -(zx - m) * sum(w) into the int32 bias of convs, depthwise convs and dense
-    layers with constant weights (created when there is none), m = -128 for int8 convs and dense layers
-    (their factor x + 128 is a uint8), else 0; every result stays bit-exact."""
+    layers with constant weights (created when there is none), m = -128 for int8 convs (depthwise too) and
+    dense layers (their factor x + 128 is a uint8), else 0; every result stays bit-exact."""
     from aotc.graph.interpret import evaluate_node
     from aotc.graph.ir import Graph
     from aotc.graph.passes import fold_input_zero_point
