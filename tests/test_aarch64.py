@@ -15,7 +15,7 @@ import pytest
 
 from aotc import te
 from aotc.codegen import llvm as codegen_llvm
-from aotc.codegen.llvm import CodegenError, link_shared
+from aotc.codegen.llvm import CodegenError, build_llvm_ir, link_shared
 from aotc.codegen.module import build_module
 from aotc.schedule.default import default_schedule
 from aotc.schedule.lower import lower
@@ -134,6 +134,33 @@ def _check_schedules_under_qemu(driver, tmp_path, name: str, cpu: str, seeds, de
         for out, ref in zip(got, refs):
             scale = float(np.max(np.abs(ref))) or 1.0
             np.testing.assert_allclose(out, ref, rtol=RTOL, atol=RTOL * scale, err_msg=str(state))
+
+
+@needs_cross
+@needs_qemu
+@pytest.mark.parametrize("case", ["conv_int8_per_channel", "conv_uint8_per_tensor", "depthwise_int8_taps"])
+def test_int8_dot_products_run_under_qemu_bit_for_bit(driver, tmp_path, case):
+    """An int8 conv for a CPU with FEAT_I8MM sums its products with usdot (or its by-element twin sudot),
+    run under qemu -cpu max (which has it): the default schedule and two sampled programs, bit for bit."""
+    from aotc.schedule.layout import apply_layouts, rewrite_layout
+    from tests.test_dot_products import CASES, feed_for, quantized_dag, sampled_states, uses_instruction
+
+    target = parse_target("llvm -mtriple=aarch64-linux-gnu -mcpu=neoverse-n2 -num-cores=1")
+    dag = quantized_dag(*CASES[case])
+    feed = feed_for(dag)
+    (expected,) = evaluate(dag, feed)
+    states = [default_schedule(dag, target), *sampled_states(dag, target, 2, seed=5)]
+    for i, state in enumerate(states):
+        rewritten, layouts = rewrite_layout(state)
+        func = lower(rewritten, "k")
+        assert uses_instruction(
+            codegen_llvm.compile_to_assembly(build_llvm_ir([func], target), target), "i8mm"
+        )
+        lib = build_module([func], target, str(tmp_path / f"k{i}.so"))
+        args = apply_layouts([feed[p.name] for p in dag.placeholders], layouts)
+        out = np.zeros(expected.shape, expected.dtype)
+        (got,) = _run_under_qemu(driver, lib, "max", [*args, out], tmp_path)[len(args) :]
+        np.testing.assert_array_equal(got, expected, err_msg=f"{case} program {i}")
 
 
 @needs_cross

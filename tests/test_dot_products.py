@@ -37,8 +37,18 @@ TARGETS = {
     "vnni": ZNVER4,  # vpdpbusd: 4 products per lane, 16 and 8 lanes
     "avx512bw": "llvm -mcpu=znver4 -mattr=-avx512vnni -num-cores=1",  # vpmaddwd on zmm and ymm
     "avx2": "llvm -mcpu=znver3 -num-cores=1",  # vpmaddwd on ymm
+    "i8mm": "llvm -mtriple=aarch64-linux-gnu -mcpu=neoverse-n2 -num-cores=1",  # usdot on 4 NEON lanes
 }
-INSTRUCTION = {"vnni": "vpdpbusd", "avx512bw": "vpmaddwd", "avx2": "vpmaddwd"}
+INSTRUCTION = {"vnni": "vpdpbusd", "avx512bw": "vpmaddwd", "avx2": "vpmaddwd", "i8mm": "usdot"}
+# LLVM may pick usdot's by-element twin: sudot (signed x unsigned) reading the broadcast bytes in place
+MNEMONICS = {"i8mm": ("usdot", "sudot")}
+
+
+def uses_instruction(asm: str, form: str) -> bool:
+    return any(f"\t{m}\t" in asm for m in MNEMONICS.get(form, (INSTRUCTION[form],)))
+
+
+DEPTH = {"vnni": 4, "avx512bw": 2, "avx2": 2, "i8mm": 4}
 PLAIN = "llvm -mcpu=znver4 -num-cores=1"  # with SearchParams(dot_products=False): the widening code
 
 
@@ -147,7 +157,7 @@ def test_sampled_dot_product_programs_are_exact_and_use_the_instruction(form, ca
     dag = quantized_dag(*CASES[case])
     for i, state in enumerate(sampled_states(dag, target, 3, seed=sorted(CASES).index(case))):
         asm = check_exact(dag, state, target, tmp_path, f"k{i}")
-        assert INSTRUCTION[form] in asm, f"{case} sample {i}: no {INSTRUCTION[form]} for {target}"
+        assert uses_instruction(asm, form), f"{case} sample {i}: no {INSTRUCTION[form]} for {target}"
 
 
 @pytest.mark.parametrize("form", sorted(TARGETS))
@@ -159,11 +169,11 @@ def test_default_schedule_uses_the_widest_dot_product(form, case, tmp_path):
     func = lower(state)
     (loop,) = tensorized(func)
     widest = max(f.lanes for f in dot_forms(target) if lane_extent(case) % f.lanes == 0)
-    assert loop.max_extent == (4 if form == "vnni" else 2)
+    assert loop.max_extent == DEPTH[form]
     vector = [s for s in walk_stmts(func.body) if isinstance(s, For) and s.body is loop]
     assert vector and vector[0].kind == ForKind.VECTORIZED and vector[0].max_extent == widest
     asm = check_exact(dag, state, target, tmp_path, "k")
-    assert INSTRUCTION[form] in asm
+    assert uses_instruction(asm, form)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -194,6 +204,9 @@ def test_dot_forms_follow_the_cpu_features():
     assert forms("llvm -mcpu=skylake-avx512") == {("maddwd", 16, 2), ("maddwd", 8, 2)}
     assert forms("llvm -mcpu=sierraforest") >= {("vnni", 8, 4)}  # AVX-VNNI without AVX-512
     assert forms("llvm -mtriple=aarch64-linux-gnu") == set()
+    # usdot needs FEAT_I8MM; sdot/udot alone (a Cortex-A76) do not read the uint8 x int8 products
+    assert forms("llvm -mtriple=aarch64-linux-gnu -mcpu=neoverse-n2") == {("usdot", 4, 4)}
+    assert forms("llvm -mtriple=aarch64-linux-gnu -mcpu=cortex-a76") == set()
 
 
 def test_sketches_offer_a_dot_product_variant_only_where_it_fits():

@@ -338,7 +338,7 @@ class StmtGen(ExprGen):
         acc = self.load(dot.acc, off)
         vt = vtype("i32", lanes)
         ops = form.operand_type
-        if form.name == "vnni":
+        if not form.widens:  # the instruction adds its sums to the accumulator itself
             fn = self.mod.intrinsic(form.intrinsic, vt, [vt, ops, ops])
             total = self.fb.op(f"call {vt} {fn}({acc.typed}, {ops} {u}, {ops} {w})")
         else:
@@ -349,12 +349,13 @@ class StmtGen(ExprGen):
 
     def _dot_operand(self, op: Operand, r: Var, form: DotForm) -> str:
         """The operand as the instruction reads it: element `lane * depth + j` holds the factor of lane
-        `lane` at `r = j`; bytes for vpdpbusd (int8 + 128 as x ^ 0x80), 16-bit values for vpmaddwd."""
+        `lane` at `r = j`; bytes for vpdpbusd and usdot (int8 + 128 as x ^ 0x80), 16-bit values for
+        vpmaddwd."""
         raw = self._dot_bytes(op.value, r, form.lanes, form.depth)
         n = form.lanes * form.depth
         if op.offset:
             raw = self.fb.op(f"xor <{n} x i8> {raw}, splat (i8 -128)")
-        if form.name == "vnni":
+        if not form.widens:
             return raw
         widen = "zext" if op.unsigned else "sext"
         return self.fb.op(f"{widen} <{n} x i8> {raw} to <{n} x i16>")

@@ -10,6 +10,9 @@ of a form the target has:
   so the sum stays exact); `s` is int8.
 - `maddwd`: AVX2 / AVX-512BW `vpmaddwd` on values widened to 16 bits, 2 products per lane; any 8-bit
   `u` and `s` (each product and the pair's sum fit 32 bits exactly).
+- `usdot`: AArch64 `usdot` (FEAT_I8MM), vpdpbusd's unsigned x signed byte products on 4 NEON lanes.
+  (`sdot`/`udot` alone, as on a Cortex-A76, read int8 x int8 or uint8 x uint8: the x + 128 factor needs
+  the unsigned x signed form.)
 
 The plain widening code stays the fallback: a schedule without the annotation.
 """
@@ -32,39 +35,39 @@ INT8_OFFSET = 128  # int8 + 128 is the uint8 that vpdpbusd reads
 class DotForm:
     """One dot-product instruction: `depth` products per 32-bit lane, `lanes` lanes."""
 
-    name: str  # "vnni" or "maddwd"
+    name: str  # "vnni", "maddwd" or "usdot"
     lanes: int
     depth: int
     intrinsic: str
-    unsigned_u: bool  # the first operand must be unsigned (vpdpbusd reads u8 x s8)
+    unsigned_u: bool  # the first operand must be unsigned (vpdpbusd, usdot read u8 x s8)
+    widens: bool = False  # the operands are widened to 16 bits and the products' sums added to the acc
 
     @property
     def operand_type(self) -> str:
         """The LLVM type of the intrinsic's two product operands."""
-        if self.name == "vnni":
-            return f"<{self.lanes * self.depth} x i8>"
-        return f"<{self.lanes * self.depth} x i16>"
+        return f"<{self.lanes * self.depth} x {'i16' if self.widens else 'i8'}>"
 
 
 _FORMS = (
-    # (required features, form), widest first
-    (("avx512vnni",), DotForm("vnni", 16, 4, "llvm.x86.avx512.vpdpbusd.512", True)),
-    (("avx512vnni", "avx512vl"), DotForm("vnni", 8, 4, "llvm.x86.avx512.vpdpbusd.256", True)),
-    (("avxvnni",), DotForm("vnni", 8, 4, "llvm.x86.avx512.vpdpbusd.256", True)),
-    (("avx512bw",), DotForm("maddwd", 16, 2, "llvm.x86.avx512.pmaddw.d.512", False)),
-    (("avx2",), DotForm("maddwd", 8, 2, "llvm.x86.avx2.pmadd.wd", False)),
+    # (instruction set, required features, form), widest first
+    ("x86_64", ("avx512vnni",), DotForm("vnni", 16, 4, "llvm.x86.avx512.vpdpbusd.512", True)),
+    ("x86_64", ("avx512vnni", "avx512vl"), DotForm("vnni", 8, 4, "llvm.x86.avx512.vpdpbusd.256", True)),
+    ("x86_64", ("avxvnni",), DotForm("vnni", 8, 4, "llvm.x86.avx512.vpdpbusd.256", True)),
+    ("x86_64", ("avx512bw",), DotForm("maddwd", 16, 2, "llvm.x86.avx512.pmaddw.d.512", False, True)),
+    ("x86_64", ("avx2",), DotForm("maddwd", 8, 2, "llvm.x86.avx2.pmadd.wd", False, True)),
+    ("aarch64", ("i8mm",), DotForm("usdot", 4, 4, "llvm.aarch64.neon.usdot.v4i32.v16i8", True)),
 )
 
 
 @functools.cache
 def dot_forms(target: Target) -> tuple[DotForm, ...]:
-    """The dot-product forms `target`'s code may use (none off x86), each (name, lanes) once."""
-    if not target.is_cpu or target.isa != "x86_64":
+    """The dot-product forms `target`'s code may use, each (name, lanes) once."""
+    if not target.is_cpu:
         return ()
     feats = set(cpu_features(target))
     out: dict[tuple[str, int], DotForm] = {}
-    for required, form in _FORMS:
-        if set(required) <= feats:
+    for isa, required, form in _FORMS:
+        if isa == target.isa and set(required) <= feats:
             out.setdefault((form.name, form.lanes), form)
     return tuple(out.values())
 
@@ -152,9 +155,9 @@ def form_error(
     if form is None:
         return f"{target_name} has no dot-product instruction for {lanes} lanes of {depth} products"
     if form.unsigned_u and not u.unsigned:
-        return "vpdpbusd needs one unsigned factor (uint8, or int8 + 128)"
+        return f"{form.name} needs one unsigned factor (uint8, or int8 + 128)"
     if form.unsigned_u and s.value.dtype != "int8":
-        return "vpdpbusd needs a signed int8 second factor"
+        return f"{form.name} needs a signed int8 second factor"
     return None
 
 
