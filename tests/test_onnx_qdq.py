@@ -295,6 +295,34 @@ def test_max_pool_between_dq_and_q_folds_only_with_its_input_quantization(tmp_pa
     np.testing.assert_array_equal(run_graph(graph, {"x": x})["y"], onnxruntime_outputs(path, {"x": x})["y"])
 
 
+@pytest.mark.parametrize(
+    "op, out_scale, folds", [("Flatten", 0.03, True), ("Reshape", 0.03, True), ("Reshape", 0.05, False)]
+)
+def test_reshape_between_dq_and_q_folds_only_with_its_input_quantization(tmp_path, op, out_scale, folds):
+    """DQ -> Reshape / Flatten -> Q with the input's own scale and zero point reshapes the 8-bit values;
+    with another scale it stays float. Either way bit for bit onnxruntime's."""
+    inits = {
+        "s": np.float32(0.03),
+        "z": np.uint8(17),
+        "os": np.float32(out_scale),
+        "shape": np.array([1, -1]),
+    }
+    nodes = [
+        helper.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]),
+        helper.make_node(op, ["xf", "shape"] if op == "Reshape" else ["xf"], ["r"]),
+        helper.make_node("QuantizeLinear", ["r", "os", "z"], ["y"]),
+    ]
+    model = make_graph_model(nodes, {}, ["y"], inits, opset=13)
+    model.graph.input.append(helper.make_tensor_value_info("x", TensorProto.UINT8, [1, 5, 3, 2]))
+    path = str(tmp_path / "reshape.onnx")
+    onnx.save(model, path)
+    graph = load_onnx(path)
+    ops = Counter(n.op for n in graph.nodes)
+    assert (ops["qnn.quantize"] == 0) == folds, dict(ops)
+    x = np.random.default_rng(6).integers(0, 256, (1, 5, 3, 2)).astype(np.uint8)
+    np.testing.assert_array_equal(run_graph(graph, {"x": x})["y"], onnxruntime_outputs(path, {"x": x})["y"])
+
+
 # --- bad input ------------------------------------------------------------------------------------------------
 
 

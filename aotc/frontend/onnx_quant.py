@@ -554,12 +554,30 @@ def _fold_max_pool(cv: OnnxConverter, st: _QuantState, group: _Group) -> Value |
     return _as_nchw(cv, cv.emit("qnn.max_pool2d_nhwc", [as_nhwc(cv, x)], attrs), group.out_name)
 
 
+def _fold_reshape(cv: OnnxConverter, st: _QuantState, group: _Group) -> Value | None:
+    """DQ(x_q) -> Reshape / Flatten -> Q with x's own scale and zero point (quantize_static brackets them
+    so) as a reshape of x_q: exact, Q(DQ(v)) = v. Read literally, the float reshape's quantize is computed
+    inside the next kernel for every one of its outputs (MobileNetV2's classifier: 0.2 of 3 ms)."""
+    n = group.anchor
+    found = _dequantized_input(st, _input_names(st, n)[0])
+    out = group.out
+    if found is None or group.activation != "NONE":
+        return None
+    x, xq = found
+    if not (xq.per_tensor and (xq.scale, xq.zero_point, xq.dtype) == (out.scale, out.zero_point, out.dtype)):
+        return None
+    shape = cv.values[n.outputs[0]].type.shape
+    return cv.emit("reshape", [x], {"shape": tuple(shape)}, group.out_name)
+
+
 _FOLDS: dict[str, Callable[[OnnxConverter, _QuantState, _Group], Value | None]] = {
     "Conv": _fold_conv,
     "MatMul": _fold_matmul,
     "Gemm": _fold_gemm,
     "Add": _fold_add,
     "MaxPool": _fold_max_pool,
+    "Reshape": _fold_reshape,
+    "Flatten": _fold_reshape,
 }
 
 
