@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import onnx
 import pytest
@@ -15,7 +17,7 @@ from aotc.frontend.errors import (
     UnsupportedOperatorError,
     UnsupportedOpsetError,
 )
-from aotc.frontend.onnx import load_onnx
+from aotc.frontend.onnx import OPSET_MAX, OPSET_MIN, VERSIONS, load_onnx, supported_operators
 from aotc.graph.interpret import run_graph
 from aotc.topi.registry import OpPattern, get_op
 
@@ -625,11 +627,12 @@ def test_all_unsupported_operators_are_listed_in_one_error():
     assert err.value.operators == {"NonMaxSuppression": ["nms_1"], "TopK": ["topk_0", "topk_3"]}
 
 
-@pytest.mark.parametrize("opset", [12, 22])
-def test_opset_outside_the_supported_range_is_an_error(opset):
+def test_opset_newer_than_the_installed_onnx_is_an_error_naming_it():
     model = single_op_model("Relu", [Input((2, 3))])
-    model.opset_import[0].version = opset
-    with pytest.raises(UnsupportedOpsetError, match=f"opset {opset} is not supported"):
+    model.opset_import[0].version = OPSET_MAX + 1
+    with pytest.raises(
+        UnsupportedOpsetError, match=rf"opset {OPSET_MAX + 1} is newer than the installed onnx"
+    ):
         load_onnx(model.SerializeToString())
 
 
@@ -789,3 +792,341 @@ def test_ops_that_must_fold_name_the_node_when_their_input_is_computed_at_run_ti
         ConversionError, match=rf"node {op_type.lower()}_node \({op_type}\): input 0 .* must be a constant"
     ):
         load_onnx(model.SerializeToString())
+
+
+# --- opsets 7 to the newest: each operator version's semantics (aotc.frontend.onnx.VERSIONS) -----------------
+
+OLD_VERSIONS = [
+    # Softmax-1/11 and LogSoftmax-1/11 work on the input coerced to 2-D at axis (default 1)
+    case("Softmax", [Input((2, 3, 4))], opset=11, id="softmax-11-default-axis-coerced"),
+    case("Softmax", [X4], opset=12, axis=2, id="softmax-12-axis2-coerced"),
+    case("Softmax", [X4], opset=11, axis=0, id="softmax-11-axis0-whole"),
+    case("Softmax", [X4], opset=7, axis=-1, id="softmax-7-last-axis"),
+    case("Softmax", [Input((3, 5))], opset=9, id="softmax-9-2d"),
+    case("LogSoftmax", [Input((2, 3, 4))], opset=11, id="logsoftmax-11-coerced"),
+    case("LogSoftmax", [X4], opset=8, axis=-2, id="logsoftmax-8-negative-axis-coerced"),
+    # Clip-6: min/max attributes
+    case("Clip", [Input((3, 4))], opset=10, min=-0.5, max=0.7, id="clip-10-attrs"),
+    case("Clip", [Input((3, 4))], opset=7, min=0.0, id="clip-7-min-only"),
+    case("Clip", [Input((3, 4))], opset=9, max=0.25, id="clip-9-max-only"),
+    # Slice-1: starts/ends/axes attributes
+    case("Slice", [X4], opset=9, starts=[1, 1], ends=[3, 4], axes=[2, 3], id="slice-9-attrs-axes"),
+    case("Slice", [X4], opset=7, starts=[-3, -100], ends=[1000, -1], id="slice-7-attrs-clamped"),
+    # Pad-2: pads, mode and value attributes
+    case("Pad", [X4], opset=10, pads=[0, 0, 1, 2, 0, 0, 2, 1], value=1.5, id="pad-10-attrs-value"),
+    case("Pad", [X4], opset=9, pads=[0, 0, 2, 3, 0, 0, 1, 2], mode="reflect", id="pad-9-attrs-reflect"),
+    case("Pad", [X4], opset=7, pads=[0, 1, 2, 0, 0, 0, 1, 3], mode="edge", id="pad-7-attrs-edge"),
+    # Split-2/11: the split attribute; equal parts
+    case("Split", [Input((2, 6))], outputs=2, opset=11, axis=1, split=[2, 4], id="split-11-attr-sizes"),
+    case("Split", [Input((6, 3))], outputs=3, opset=8, id="split-8-equal"),
+    # Reduce*, Squeeze, Unsqueeze before their axes became inputs
+    case("ReduceSum", [X4], opset=12, axes=[1, 3], keepdims=0, id="reducesum-12-axes-attr"),
+    case("ReduceSum", [X4], opset=11, id="reducesum-11-all"),
+    case("ReduceMean", [X4], opset=12, axes=[-1, 0], id="reducemean-12-axes-attr"),
+    case("ReduceMax", [X4], opset=11, axes=[2], keepdims=0, id="reducemax-11-axes-attr"),
+    case("ReduceMin", [X4], opset=7, axes=[0, 1], id="reducemin-7-axes-attr"),
+    case("Squeeze", [Input((1, 3, 1, 4))], opset=11, axes=[0, -2], id="squeeze-11-axes-attr"),
+    case("Squeeze", [Input((1, 3, 1, 4))], opset=7, id="squeeze-7-all"),
+    case("Unsqueeze", [Input((3, 4))], opset=11, axes=[0, -1], id="unsqueeze-11-axes-attr"),
+    case("Unsqueeze", [Input((3, 4))], opset=9, axes=[1], id="unsqueeze-9-axes-attr"),
+    # Resize-10 and Upsample-7/9: asymmetric coordinates, floor when enlarging and ceil when shrinking
+    case("Resize", [Input((1, 2, 4, 5)), f32(1, 1, 2, 3)], opset=10, id="resize-10-nearest-up"),
+    case("Resize", [Input((1, 2, 4, 5)), f32(1, 1, 1.5, 2.5)], opset=10, id="resize-10-nearest-up-fraction"),
+    case("Resize", [Input((1, 2, 8, 9)), f32(1, 1, 0.5, 0.7)], opset=10, id="resize-10-nearest-down"),
+    case(
+        "Resize", [Input((1, 2, 4, 5)), f32(1, 1, 2, 1.5)], opset=10, mode="linear", id="resize-10-linear-up"
+    ),
+    case(
+        "Resize",
+        [Input((1, 2, 8, 9)), f32(1, 1, 0.5, 0.6)],
+        opset=10,
+        mode="linear",
+        id="resize-10-linear-down",
+    ),
+    case("Upsample", [Input((1, 2, 3, 4)), f32(1, 1, 2, 3)], opset=9, id="upsample-9-nearest"),
+    case(
+        "Upsample", [Input((1, 2, 3, 4)), f32(1, 1, 2, 2.5)], opset=9, mode="linear", id="upsample-9-linear"
+    ),
+    case(
+        "Upsample", [Input((1, 2, 3, 4))], opset=7, scales=[1.0, 1.0, 3.0, 2.0], id="upsample-7-attr-scales"
+    ),
+    # the rest of a classic opset 7-10 network: versions whose semantics are today's
+    case(
+        "BatchNormalization",
+        [X4, c(3), c(3, seed=2), c(3, seed=3), c(3, low=0.5, high=2)],
+        opset=7,
+        id="batchnorm-7",
+    ),  # fmt: skip
+    case(
+        "BatchNormalization",
+        [X4, c(3), c(3, seed=2), c(3, seed=3), c(3, low=0.5, high=2)],
+        opset=9,
+        epsilon=1e-3,
+        id="batchnorm-9",
+    ),  # fmt: skip
+    case("Dropout", [X4], opset=10, id="dropout-10"),
+    case("Dropout", [X4], opset=7, ratio=0.3, id="dropout-7-ratio-attr"),
+    case(
+        "MaxPool",
+        [Input((1, 2, 7, 7))],
+        opset=7,
+        kernel_shape=[3, 3],
+        strides=[2, 2],
+        pads=[1, 1, 1, 1],
+        id="maxpool-7",
+    ),  # fmt: skip
+    case(
+        "AveragePool",
+        [Input((1, 2, 7, 7))],
+        opset=7,
+        kernel_shape=[3, 3],
+        auto_pad="SAME_UPPER",
+        strides=[2, 2],
+        id="avgpool-7-same",
+    ),  # fmt: skip
+    case(
+        "Conv",
+        [Input((1, 2, 6, 6)), c(4, 2, 3, 3), c(4)],
+        opset=7,
+        strides=[2, 2],
+        auto_pad="SAME_LOWER",
+        id="conv-7-same",
+    ),  # fmt: skip
+    case(
+        "ConvTranspose",
+        [Input((1, 2, 3, 3)), c(2, 3, 3, 3)],
+        opset=10,
+        strides=[2, 2],
+        output_shape=[7, 7],
+        id="convtranspose-10-even-derived-pads",
+    ),  # fmt: skip
+    case("Gemm", [Input((3, 4)), c(5, 4), c(5)], opset=7, transB=1, alpha=0.5, id="gemm-7"),
+    case("Flatten", [X4], opset=8, axis=2, id="flatten-8"),
+    case("MatMul", [Input((2, 3, 4)), c(4, 5)], opset=8, id="matmul-8"),
+    case("Max", [Input((3, 4)), Input((3, 4))], opset=7, id="max-7"),
+    case("Sum", [Input((3, 4)), Input((3, 4)), Input((3, 4))], opset=7, id="sum-7"),
+    case("Add", [Input((2, 3, 4)), c(4)], opset=7, id="add-7-broadcast"),
+    case("Cast", [Input((3, 4))], opset=8, to=onnx.TensorProto.INT32, id="cast-8"),
+    case(
+        "Constant",
+        [],
+        opset=8,
+        value=helper.make_tensor("v", onnx.TensorProto.FLOAT, [2], [1.0, 2.0]),
+        id="constant-8",
+    ),  # fmt: skip
+    case("Reshape", [X4, i64(0, -1)], opset=7, id="reshape-7"),
+    case("Transpose", [X4], opset=7, perm=[0, 2, 3, 1], id="transpose-7"),
+    case("Gather", [X4, i64(1, 0)], opset=9, axis=1, id="gather-9"),
+    case("Concat", [Input((2, 3)), Input((2, 4))], opset=7, axis=1, id="concat-7"),
+    case("PRelu", [X4, c(3, 1, 1)], opset=8, id="prelu-8"),
+    case("LeakyRelu", [X4], opset=7, alpha=0.2, id="leakyrelu-7"),
+    case("Relu", [X4], opset=7, id="relu-7"),
+    case("Sigmoid", [X4], opset=7, id="sigmoid-7"),
+    case("InstanceNormalization", [X4, c(3), c(3, seed=2)], opset=7, id="instancenorm-7"),
+    case("Not", [Input((3, 4), "bool")], opset=1, id="not-opset-1"),
+    # the newest versions: the same semantics with new element types
+    case("Conv", [Input((1, 2, 5, 5)), c(3, 2, 3, 3)], opset=22, pads=[1, 1, 1, 1], id="conv-22"),
+    case("Softmax", [X4], opset=23, axis=1, id="softmax-23-per-axis"),
+]
+
+
+@pytest.mark.parametrize("op_type, operands, kw", OLD_VERSIONS)
+def test_operator_version_matches_onnxruntime(op_type, operands, kw):
+    check_op(op_type, operands, **kw)
+
+
+@pytest.mark.parametrize("opset", range(OPSET_MIN, OPSET_MAX + 1))
+def test_every_opset_from_7_to_the_newest_converts(opset):
+    nodes = [
+        helper.make_node("Relu", ["x"], ["r"]),
+        helper.make_node("Softmax", ["r"], ["s"]),
+        helper.make_node("Add", ["s", "x"], ["y"]),
+    ]
+    graph = load_onnx(make_graph_model(nodes, {"x": Input((2, 3))}, ["y"], opset=opset).SerializeToString())
+    assert [n.op for n in graph.nodes] == ["relu", "softmax", "add"]
+
+
+def test_versions_list_each_version_of_the_converted_operators_from_opset_7_to_the_newest():
+    for op in supported_operators():
+        if "." in op:
+            continue
+        schemas = [s for s in onnx.defs.get_all_schemas_with_history() if s.name == op and s.domain == ""]
+        oldest = onnx.defs.get_schema(op, max(OPSET_MIN, min(s.since_version for s in schemas))).since_version
+        expected = sorted(s.since_version for s in schemas if s.since_version >= oldest and not s.deprecated)
+        assert VERSIONS[op] == tuple(expected), op
+
+
+def _load_error(model: onnx.ModelProto) -> str:
+    with pytest.raises((UnsupportedOpsetError, ConversionError)) as err:
+        load_onnx(model.SerializeToString())
+    return f"{type(err.value).__name__}: {err.value}"
+
+
+@pytest.mark.parametrize(
+    "model, message",
+    [
+        pytest.param(
+            single_op_model("Relu", [Input((2, 3))], opset=5),
+            r"UnsupportedOpsetError: .*node relu_node \(Relu\): Relu-1 \(the version opset 5 imports\) is older "
+            r"than Relu-6, the version of opset 7",
+            id="older-than-opset-7",
+        ),
+        pytest.param(
+            single_op_model("Gelu", [Input((2, 3))], opset=17),
+            r"UnsupportedOpsetError: .*node gelu_node \(Gelu\): Gelu is not defined in opset 17 \(it is defined "
+            r"from opset 20\)",
+            id="operator-newer-than-the-opset",
+        ),
+        pytest.param(
+            single_op_model("Upsample", [Input((1, 1, 2, 2)), f32(1, 1, 2, 2)], opset=10),
+            r"UnsupportedOpsetError: .*Upsample-10 \(the version opset 10 imports\) is deprecated",
+            id="deprecated-upsample-10",
+        ),
+        pytest.param(
+            single_op_model("Squeeze", [Input((1, 3))], opset=13, axes=[0]),
+            r"ConversionError: .*node squeeze_node \(Squeeze\): attribute axes is not defined for Squeeze-13 "
+            r"\(opset 13\)",
+            id="attribute-of-another-version",
+        ),
+        pytest.param(
+            single_op_model("Clip", [Input((3,)), f32(0.0)], opset=10),
+            r"ConversionError: .*node clip_node \(Clip\): 2 inputs and 1 outputs; Clip-6 \(opset 10\) takes at "
+            r"most 1 and 1",
+            id="input-of-another-version",
+        ),
+        pytest.param(
+            single_op_model("Resize", [Input((1, 1, 4, 4)), f32(1, 1, 2, 0.5)], opset=10),
+            r"ConversionError: .*node resize_node \(Resize\): Resize-10 \(opset 10\): scales .* enlarge some "
+            r"axes and shrink others",
+            id="resize-10-mixed-nearest",
+        ),
+        pytest.param(
+            single_op_model("Upsample", [Input((1, 1, 4, 4)), f32(1, 1, 2, 0.5)], opset=9, mode="linear"),
+            r"Upsample-9 \(opset 9\): Upsample scales must be at least 1",
+            id="upsample-9-shrinks",
+        ),
+        pytest.param(
+            single_op_model(
+                "Resize",
+                [Input((1, 1, 4, 4)), None, f32(1, 1, 2, 2)],
+                opset=11,
+                coordinate_transformation_mode="tf_half_pixel_for_nn",
+            ),  # fmt: skip
+            r"Resize-11 \(opset 11\): coordinate_transformation_mode 'tf_half_pixel_for_nn' is not supported",
+            id="resize-11-tf-half-pixel-for-nn",
+        ),
+        pytest.param(
+            single_op_model("Split", [Input((2, 7))], outputs=3, opset=13, axis=1),
+            r"Split-13 \(opset 13\): axis 1 of .* does not split into 3 equal parts",
+            id="split-13-uneven",
+        ),
+        pytest.param(
+            single_op_model(
+                "BatchNormalization",
+                [Input((2, 3, 4)), c(3, 4), c(3, 4), c(3, 4), c(3, 4, low=0.5)],
+                opset=7,
+                spatial=0,
+            ),  # fmt: skip
+            r"BatchNormalization-7 \(opset 7\): spatial=0",
+            id="batchnorm-7-spatial-0",
+        ),
+        pytest.param(
+            single_op_model("Dropout", [Input((2, 3))], outputs=2, opset=10),
+            r"node dropout_node \(Dropout\): Dropout-10 \(opset 10\): its mask output is not defined",
+            id="dropout-10-mask",
+        ),
+        pytest.param(
+            single_op_model(
+                "ConvTranspose",
+                [Input((1, 2, 3, 3)), c(2, 3, 3, 3)],
+                opset=10,
+                strides=[2, 2],
+                auto_pad="SAME_UPPER",
+            ),  # fmt: skip
+            r"ConvTranspose-1 \(opset 10\): derived padding \[1, 1\] is odd",
+            id="convtranspose-1-odd-derived-padding",
+        ),
+        pytest.param(
+            single_op_model(
+                "Range",
+                [np.array(1, np.float16), np.array(9, np.float16), np.array(2, np.float16)],
+                opset=27,
+                stash_type=11,
+            ),  # fmt: skip
+            r"Range-27 \(opset 27\): stash_type=11 is not supported",
+            id="range-27-stash-double",
+        ),
+        pytest.param(
+            single_op_model(
+                "QuantizeLinear", [Input((1, 2, 3)), f32(0.1, 0.2), np.zeros(2, np.uint8)], opset=10
+            ),
+            r"QuantizeLinear-10 \(opset 10\): scale c1 must be a scalar",
+            id="quantize-10-per-channel",
+        ),
+        pytest.param(
+            single_op_model(
+                "DequantizeLinear",
+                [Input((2, 3), "uint8", 0, 9), f32(0.5)],
+                opset=23,
+                output_dtype=onnx.TensorProto.FLOAT16,
+            ),  # fmt: skip
+            r"DequantizeLinear-23 \(opset 23\): output_dtype=10 is not supported",
+            id="dequantize-23-float16-output",
+        ),
+        pytest.param(
+            single_op_model(
+                "QuantizeLinear",
+                [Input((2, 3)), f32(0.5), np.uint8(3)],
+                opset=23,
+                precision=onnx.TensorProto.FLOAT16,
+            ),  # fmt: skip
+            r"QuantizeLinear-23 \(opset 23\): precision=10 is not supported",
+            id="quantize-23-float16-precision",
+        ),
+    ],
+)
+def test_operator_versions_aotc_does_not_map_are_refused_naming_node_version_and_opset(model, message):
+    assert re.search(message, _load_error(model)), _load_error(model)
+
+
+def test_float16_range_of_range_27_is_computed_in_float32():
+    start, limit, delta = (np.array(v, np.float16) for v in (1000, 1200, 0.7))
+    graph = load_onnx(single_op_model("Range", [start, limit, delta], opset=27).SerializeToString())
+    expected = (np.float32(start) + np.arange(286, dtype=np.float32) * np.float32(delta)).astype(np.float16)
+    # accumulated in float16 it would differ: 1000 + 0.7 is 1000.5 there, so i * delta drifts
+    assert not np.array_equal(expected, start + np.arange(286, dtype=np.float16) * delta)
+    np.testing.assert_array_equal(graph.outputs[0].data, expected)
+
+
+def test_quantize_linear_10_per_tensor_matches_onnxruntime():
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]),
+        helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"]),
+    ]
+    inits = {"s": np.float32(0.05), "z": np.uint8(128)}
+    check_model(make_graph_model(nodes, {"x": Input((2, 3, 4))}, ["y"], inits, opset=10))
+
+
+def test_domains_are_imported_at_the_version_aotc_maps():
+    node = helper.make_node("QLinearAdd", ["x"], ["y"], domain="com.microsoft", name="qa")
+    model = make_graph_model([node], {"x": Input((1, 1, 2, 2))}, ["y"])
+    with pytest.raises(
+        UnsupportedOpsetError, match="nodes of domain com.microsoft but the model imports no opset"
+    ):
+        load_onnx(model.SerializeToString())
+    model.opset_import.append(helper.make_opsetid("com.microsoft", 2))
+    with pytest.raises(UnsupportedOpsetError, match="opset 2 of domain com.microsoft is not supported"):
+        load_onnx(model.SerializeToString())
+
+
+@pytest.mark.parametrize(
+    "opset, operands, attrs",
+    [(10, [Input((5,))], {"min": -1.5}), (13, [Input((5,)), f32(-1.5)], {}), (13, [Input((5,))], {})],
+    ids=["clip-6-min-attr", "clip-13-min-input", "clip-13-no-bounds"],
+)
+def test_clip_without_a_bound_clips_infinities_to_the_finite_range(opset, operands, attrs):
+    """Absent bounds are numeric_limits::lowest() and max(), as the spec says and onnxruntime computes."""
+    model = single_op_model("Clip", operands, opset=opset, **attrs)
+    x = np.array([-np.inf, -2.0, 0.5, 3e38, np.inf], np.float32)
+    graph = check_model(model, {"x0": x})
+    assert np.isfinite(run_graph(graph, {"x0": x})["y0"]).all()

@@ -2,10 +2,16 @@
 
 Every node output's type comes from the tensor expression of its operator (`infer_types`); a node whose
 inputs are all constants is evaluated on the spot and becomes a constant.
+
+Opsets: a node's operator version is the newest one its model's default-domain opset imports
+(`onnx.defs.get_schema(op, opset).since_version`), and every version current at some opset from OPSET_MIN
+(7) to the newest the installed onnx defines is handled as its changelog says (`VERSIONS`); the converters
+read the version where semantics differ (attributes that became inputs, Softmax's 2-D coercion, ...).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -33,6 +39,7 @@ from aotc.topi.elemwise import broadcast_shape
 __all__ = [
     "OPSET_MAX",
     "OPSET_MIN",
+    "VERSIONS",
     "ConvWindow",
     "OnnxConverter",
     "OnnxNode",
@@ -44,7 +51,12 @@ __all__ = [
     "supported_operators",
 ]
 
-OPSET_MIN, OPSET_MAX = 13, 21
+OPSET_MIN = 7
+"""The oldest opset whose operator versions are all handled; an older model converts when each of its nodes
+has a version that is still current at OPSET_MIN (Not-1 or Conv-1, say), and is refused node by node
+otherwise."""
+OPSET_MAX = onnx.defs.onnx_opset_version()
+"""The newest opset the installed onnx defines: a newer model cannot be read against its schemas."""
 
 NONEMPTY = "aotc compiles tensors with at least one element"
 
@@ -73,9 +85,10 @@ def load_onnx(path_or_bytes: str | os.PathLike | bytes, input_shapes: InputShape
     fix every dimension the model leaves dynamic.
     """
     model, source = _read(path_or_bytes)
-    _check_opset(model, source)
+    opset = _check_opset(model, source)
     _check_operators(model.graph, source)
-    conv = OnnxConverter(model.graph, source)
+    _check_versions(model.graph, opset, source)
+    conv = OnnxConverter(model.graph, source, opset)
     inputs = conv.bind_inputs(dict(input_shapes or {}))
     for i, proto in enumerate(model.graph.node):
         conv.convert(proto, i)
@@ -119,16 +132,102 @@ def _stem(source: str) -> str:
     return os.path.splitext(os.path.basename(source))[0] if source != "<bytes>" else "model"
 
 
-def _check_opset(model: onnx.ModelProto, source: str) -> None:
-    versions = [o.version for o in model.opset_import if o.domain in ("", "ai.onnx")]
-    if not versions:
+def _check_opset(model: onnx.ModelProto, source: str) -> int:
+    """The model's default-domain opset, which the installed onnx must define; other domains that aotc
+    maps operators of must be imported at the version it maps."""
+    imported = {("" if o.domain == "ai.onnx" else o.domain): o.version for o in model.opset_import}
+    if "" not in imported:
         raise UnsupportedOpsetError(f"{source}: the model imports no version of the default ONNX opset")
-    version = versions[0]
-    if not OPSET_MIN <= version <= OPSET_MAX:
+    version = imported[""]
+    if version > OPSET_MAX:
         raise UnsupportedOpsetError(
-            f"{source}: opset {version} is not supported (supported: {OPSET_MIN} to {OPSET_MAX}); "
-            f"convert the model with onnx.version_converter"
+            f"{source}: opset {version} is newer than the installed onnx {onnx.__version__} defines "
+            f"(up to opset {OPSET_MAX}); aotc maps opsets {OPSET_MIN} to {OPSET_MAX}"
         )
+    if version < 1:
+        raise UnsupportedOpsetError(f"{source}: opset {version} does not exist")
+    for domain in sorted({p.domain for p in model.graph.node} - {"", "ai.onnx"}):
+        if domain not in imported:
+            raise UnsupportedOpsetError(
+                f"{source}: nodes of domain {domain} but the model imports no opset of it"
+            )
+        if domain in _DOMAIN_VERSIONS and imported[domain] != _DOMAIN_VERSIONS[domain]:
+            raise UnsupportedOpsetError(
+                f"{source}: opset {imported[domain]} of domain {domain} is not supported "
+                f"(aotc maps version {_DOMAIN_VERSIONS[domain]})"
+            )
+    return version
+
+
+_DOMAIN_VERSIONS = {"com.microsoft": 1}
+"""Other domains aotc maps operators of (onnxruntime's contrib operators), and their one version."""
+
+
+@functools.cache
+def _schema(op_type: str, opset: int) -> onnx.defs.OpSchema | None:
+    """The default-domain schema of `op_type` that opset `opset` imports, None if it defines none."""
+    try:
+        return onnx.defs.get_schema(op_type, opset, "")
+    except onnx.defs.SchemaError:
+        return None
+
+
+def _operator_version(op_type: str, opset: int) -> int | None:
+    """The version of default-domain operator `op_type` in opset `opset` (its schema's since_version)."""
+    schema = _schema(op_type, opset)
+    return schema.since_version if schema is not None else None
+
+
+def _version_problem(proto: onnx.NodeProto, opset: int) -> str | None:
+    """Why a default-domain node's operator version is not handled, or None."""
+    op, schema = proto.op_type, _schema(proto.op_type, opset)
+    if schema is None:
+        first = min((s.since_version for s in _schemas(op)), default=None)
+        since = f" (it is defined from opset {first})" if first is not None and first > opset else ""
+        return f"{op} is not defined in opset {opset}{since}"
+    version, handled = schema.since_version, VERSIONS.get(op, ())
+    at = f"{op}-{version} (the version opset {opset} imports)"
+    if schema.deprecated:
+        return f"{at} is deprecated; aotc does not convert it"
+    if version not in handled:
+        if handled and version < handled[0]:
+            return f"{at} is older than {op}-{handled[0]}, the version of opset {OPSET_MIN}, the oldest aotc maps"
+        return f"{at} is not a version aotc handles ({', '.join(f'{op}-{v}' for v in handled)})"
+    return None
+
+
+@functools.cache
+def _schemas(op_type: str) -> tuple[onnx.defs.OpSchema, ...]:
+    return tuple(s for s in onnx.defs.get_all_schemas_with_history() if s.name == op_type and s.domain == "")
+
+
+def _check_versions(graph: onnx.GraphProto, opset: int, source: str) -> None:
+    """Every default-domain node has an operator version aotc handles (VERSIONS), only attributes that
+    version defines and no more inputs or outputs than it takes: a converter reads attributes by name, so
+    one from another version (axes on a Squeeze-13, say) must not slip through as if it were valid."""
+    unsupported, invalid = [], []
+    for i, proto in enumerate(graph.node):
+        if proto.domain not in ("", "ai.onnx"):
+            continue
+        where = f"node {_node_name(proto, i)} ({proto.op_type})"
+        problem = _version_problem(proto, opset)
+        if problem is not None:
+            unsupported.append(f"{where}: {problem}")
+            continue
+        schema = _schema(proto.op_type, opset)
+        name = f"{proto.op_type}-{schema.since_version} (opset {opset})"
+        unknown = [a.name for a in proto.attribute if a.name not in schema.attributes]
+        if unknown:
+            invalid.append(f"{where}: attribute {', '.join(unknown)} is not defined for {name}")
+        if len(proto.input) > schema.max_input or len(proto.output) > schema.max_output:
+            invalid.append(
+                f"{where}: {len(proto.input)} inputs and {len(proto.output)} outputs; {name} takes at most "
+                f"{schema.max_input} and {schema.max_output}"
+            )
+    if unsupported:
+        raise UnsupportedOpsetError(f"{source}: " + "; ".join(unsupported))
+    if invalid:
+        raise ConversionError(f"{source}: " + "; ".join(invalid))
 
 
 def _op_key(proto: onnx.NodeProto) -> str:
@@ -156,9 +255,15 @@ class OnnxNode:
     inputs: list[Value | None]
     attrs: dict[str, Any]
     outputs: list[str]
+    version: int | None = None
+    """The operator's version (its schema's since_version); None: the newest (a node built by hand)."""
 
     def input(self, i: int) -> Value | None:
         return self.inputs[i] if i < len(self.inputs) else None
+
+    def older_than(self, version: int) -> bool:
+        """Whether the node's operator version predates `version` (where semantics changed)."""
+        return self.version is not None and self.version < version
 
     def attr(self, key: str, default: Any = None) -> Any:
         return self.attrs.get(key, default)
@@ -174,9 +279,10 @@ def attr_value(a: onnx.AttributeProto) -> Any:
 
 
 class OnnxConverter:
-    def __init__(self, graph: onnx.GraphProto, source: str):
+    def __init__(self, graph: onnx.GraphProto, source: str, opset: int = OPSET_MAX):
         self.graph = graph
         self.source = source
+        self.opset = opset
         self.values: dict[str, Value] = {}
         self.nodes: list[Node] = []
         self.output_names = {o.name for o in graph.output}
@@ -188,6 +294,11 @@ class OnnxConverter:
         self.batch = BatchTracker(source)
         for t in graph.initializer:
             self.values[t.name] = self._constant_value(t.name, numpy_helper.to_array(t))
+
+    def fail_version(self, msg: str) -> ConversionError:
+        """A ConversionError for what this version of the node's operator means and aotc does not map."""
+        n = self.node
+        return self.fail(f"{n.op_type}-{n.version} (opset {self.opset}): {msg}")
 
     def fail(self, msg: str) -> ConversionError:
         n = self.node
@@ -228,13 +339,18 @@ class OnnxConverter:
             raise ConversionError(
                 f"{self.source}: node {name} ({proto.op_type}): inputs {missing} are not defined before it"
             )
+        default_domain = proto.domain in ("", "ai.onnx")
         self.node = OnnxNode(
             name,
             proto.op_type,
             [self.values[v] if v else None for v in proto.input],
             {a.name: attr_value(a) for a in proto.attribute},
             list(proto.output),
+            _operator_version(proto.op_type, self.opset) if default_domain else None,
         )
+        check = _VERSION_CHECKS.get(_op_key(proto))
+        if check is not None:
+            check(self, self.node)
         results = _CONVERTERS[_op_key(proto)](self, self.node)
         for i, out in enumerate(proto.output):
             if not out:
@@ -388,6 +504,102 @@ def _dims_str(dims: Sequence[int | str | None]) -> str:
 
 _CONVERTERS: dict[str, Callable[[OnnxConverter, OnnxNode], list[Value]]] = {}
 
+VERSIONS: dict[str, tuple[int, ...]] = {
+    # Every version of each converted default-domain operator that is current at some opset from OPSET_MIN
+    # to the newest of onnx 1.23 (28), each read in its changelog (onnx.defs schemas and docs) against the
+    # converter. Most versions only add element types (which the converters and the graph check), optional
+    # outputs aotc refuses when used, or negative axes; the ones whose semantics differ are noted and
+    # handled. A version missing here (older than opset 7's, or from a later onnx) is refused.
+    "Abs": (6, 13),
+    "Add": (7, 13, 14),  # 7: numpy broadcasting (6 had broadcast/axis attributes)
+    "And": (7,),
+    "AveragePool": (7, 10, 11, 19, 22),  # 7: count_include_pad; 10: ceil_mode; 19: dilations
+    "BatchNormalization": (7, 9, 14, 15),  # 7: spatial (0 refused); 14: training_mode (1 refused)
+    "Cast": (6, 9, 13, 19, 21, 23, 24, 25, 28),  # 19+: saturate, round_mode only for float8/4 (refused)
+    "Ceil": (6, 13),
+    "Clip": (6, 11, 12, 13),  # 6: min/max attributes; 11: inputs
+    "Concat": (4, 11, 13),
+    "Constant": (1, 9, 11, 12, 13, 19, 21, 23, 24, 25),  # 11: sparse_value (refused); 12: value_*
+    "ConstantOfShape": (9, 20, 21, 23, 24, 25),
+    "Conv": (1, 11, 22),  # 11 only reworded auto_pad (the version converter: compatible)
+    "ConvInteger": (10,),
+    "ConvTranspose": (1, 11, 22),  # 1 splits derived odd padding the other way round: refused
+    "DequantizeLinear": (10, 13, 19, 21, 23, 24, 25, 28),  # 10: per tensor; 13: axis; 23: output_dtype
+    "Div": (7, 13, 14),
+    "Dropout": (7, 10, 12, 13, 22),  # 7/10: mask of type T / undefined in inference (refused when used)
+    "Elu": (6, 22),
+    "Equal": (7, 11, 13, 19),
+    "Erf": (9, 13),  # 9 allowed integer inputs (refused: float only)
+    "Exp": (6, 13),
+    "Expand": (8, 13),
+    "Flatten": (1, 9, 11, 13, 21, 23, 24, 25),
+    "Floor": (6, 13),
+    "Gather": (1, 11, 13),
+    "Gelu": (20,),
+    "Gemm": (7, 9, 11, 13),  # 7: unidirectional broadcasting of C; 11: C optional
+    "GlobalAveragePool": (1, 22),
+    "GlobalMaxPool": (1, 22),
+    "Greater": (7, 9, 13),
+    "GreaterOrEqual": (12, 16),
+    "HardSigmoid": (6, 22),
+    "HardSwish": (14, 22),
+    "Identity": (1, 13, 14, 16, 19, 21, 23, 24, 25),
+    "InstanceNormalization": (6, 22),
+    "LayerNormalization": (17,),
+    "LeakyRelu": (6, 16),
+    "Less": (7, 9, 13),
+    "LessOrEqual": (12, 16),
+    "Log": (6, 13),
+    "LogSoftmax": (1, 11, 13),  # before 13: over the input coerced to 2-D at axis (default 1)
+    "MatMul": (1, 9, 13),
+    "MatMulInteger": (10,),
+    "Max": (6, 8, 12, 13),  # 6: equal shapes (broadcasting is the superset)
+    "MaxPool": (1, 8, 10, 11, 12, 22),  # 8: storage_order, Indices (refused when used); 10: ceil_mode
+    "Mean": (6, 8, 13),
+    "Min": (6, 8, 12, 13),
+    "Mul": (7, 13, 14),
+    "Neg": (6, 13),
+    "Not": (1,),
+    "Or": (7,),
+    "PRelu": (7, 9, 16),
+    "Pad": (2, 11, 13, 18, 19, 21, 23, 24, 25),  # 2: pads/value attributes; 11: inputs; 18: axes; 19: wrap
+    "Pow": (7, 12, 13, 15),
+    "QLinearConv": (10,),
+    "QLinearMatMul": (10, 21),
+    "QuantizeLinear": (10, 13, 19, 21, 23, 24, 25, 28),  # 10: per tensor; 13: axis; 21: output_dtype
+    "Range": (11, 27),  # 27: stash_type (float16 computed in float32)
+    "Reciprocal": (6, 13),
+    "ReduceMax": (1, 11, 12, 13, 18, 20),  # before 18: axes attribute
+    "ReduceMean": (1, 11, 13, 18),  # before 18: axes attribute
+    "ReduceMin": (1, 11, 12, 13, 18, 20),  # before 18: axes attribute
+    "ReduceSum": (1, 11, 13),  # before 13: axes attribute
+    "Relu": (6, 13, 14),
+    "Reshape": (5, 13, 14, 19, 21, 23, 24, 25),  # 14: allowzero
+    "Resize": (10, 11, 13, 18, 19),  # 10: asymmetric, scales input 1; 11: roi/scales/sizes; 18: axes
+    "Round": (11, 22),
+    "Shape": (1, 13, 15, 19, 21, 23, 24, 25),  # 15: start/end
+    "Sigmoid": (6, 13),
+    "Size": (1, 13, 19, 21, 23, 24, 25),
+    "Slice": (1, 10, 11, 13),  # 1: starts/ends/axes attributes; 10: inputs and steps
+    "Softmax": (1, 11, 13),  # before 13: over the input coerced to 2-D at axis (default 1)
+    "Softplus": (1, 22),
+    "Split": (2, 11, 13, 18),  # before 13: split attribute; before 18: equal parts must divide
+    "Sqrt": (6, 13),
+    "Squeeze": (1, 11, 13, 21, 23, 24, 25),  # before 13: axes attribute
+    "Sub": (7, 13, 14),
+    "Sum": (6, 8, 13),
+    "Tanh": (6, 13),
+    "Transpose": (1, 13, 21, 23, 24, 25),
+    "Unsqueeze": (1, 11, 13, 21, 23, 24, 25),  # before 13: axes attribute
+    "Upsample": (7, 9),  # 7: scales attribute; 9: input; 10: deprecated (Resize)
+    "Where": (9, 16),
+}
+"""ONNX operator -> the versions of it that aotc converts."""
+
+_VERSION_CHECKS: dict[str, Callable[[OnnxConverter, OnnxNode], None]] = {}
+"""ONNX operator -> a check run before its converter, for version semantics that a converter registered
+elsewhere (onnx_quant) does not read."""
+
 
 def converts(*op_types: str):
     def wrap(fn):
@@ -464,6 +676,10 @@ def _identity(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
     if training is not None and training.item():
         raise cv.fail("training_mode must be false for inference")
     if len(n.outputs) > 1 and n.outputs[1]:
+        if n.older_than(12):
+            # Dropout-7's mask has the input's type, and no spec before 12 says what it holds in inference
+            # (onnxruntime's opset 7-11 kernel writes zeros, 12's ones)
+            raise cv.fail_version("its mask output is not defined in inference before Dropout-12")
         return [x, cv.constant(np.ones(x.type.shape, bool), "mask", out=n.outputs[1])]
     return [x]
 
@@ -481,16 +697,35 @@ def _cast(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
 
 @converts("Clip")
 def _clip(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
+    """Absent bounds are numeric_limits::lowest() and max(), which clip infinities to finite values (as
+    onnxruntime does): float32's for Clip-6's float attributes, the input type's for Clip-11's inputs."""
+    x = n.inputs[0]
+    if n.older_than(11):
+        big = float(np.finfo(np.float32).max)
+        attrs = {"min": n.attr("min", -big), "max": n.attr("max", big)}
+        return [cv.emit("clip", [x], attrs, n.outputs[0])]
     lo, hi = cv.const_input(n, 1, "min"), cv.const_input(n, 2, "max")
-    attrs = {"min": None if lo is None else lo.item(), "max": None if hi is None else hi.item()}
-    return [cv.emit("clip", [n.inputs[0]], attrs, n.outputs[0])]
+    limits = np.finfo(x.type.dtype) if x.type.dtype.startswith("float") else None
+    attrs = {
+        "min": lo.item() if lo is not None else None if limits is None else float(limits.min),
+        "max": hi.item() if hi is not None else None if limits is None else float(limits.max),
+    }
+    return [cv.emit("clip", [x], attrs, n.outputs[0])]
 
 
 @converts("Softmax", "LogSoftmax")
 def _softmax(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
     x = n.inputs[0]
+    shape = x.type.shape
     op = "softmax" if n.op_type == "Softmax" else "log_softmax"
-    return [cv.emit(op, [x], {"axis": onnx_axis(cv, n.attr("axis", -1), len(x.type.shape))}, n.outputs[0])]
+    if not n.older_than(13):
+        return [cv.emit(op, [x], {"axis": onnx_axis(cv, n.attr("axis", -1), len(shape))}, n.outputs[0])]
+    # Softmax-1/11: over the input coerced to 2-D, [prod(shape[:axis]), prod(shape[axis:])] (axis default 1)
+    axis = onnx_axis(cv, n.attr("axis", 1), len(shape)) if shape else 0
+    if axis >= len(shape) - 1:  # the 2-D rows are the last axis: the same as softmax over it
+        return [cv.emit(op, [x], {"axis": max(len(shape) - 1, 0)}, n.outputs[0])]
+    rows = cv.emit("reshape", [x], {"shape": (math.prod(shape[:axis]), math.prod(shape[axis:]))})
+    return [cv.emit("reshape", [cv.emit(op, [rows], {"axis": 1})], {"shape": shape}, n.outputs[0])]
 
 
 def onnx_axis(cv: OnnxConverter, axis: int, ndim: int) -> int:
@@ -547,6 +782,13 @@ def _transposed_pads(cv: OnnxConverter, n: OnnxNode, sizes, kernel, strides, dil
         s * (size - 1) + op + (k - 1) * d + 1 - target
         for size, k, s, d, op, target in zip(sizes, kernel, strides, dilations, out_pad, targets)
     ]
+    if n.older_than(11) and any(t % 2 for t in totals):
+        # ConvTranspose-1's text puts the odd element on the other side than 11's (and the version
+        # converter calls them compatible): which one a model meant is not certain
+        raise cv.fail_version(
+            f"derived padding {totals} is odd, and ConvTranspose-1 splits it the other way round from "
+            "ConvTranspose-11"
+        )
     return _split_pads(totals, auto_pad)
 
 
@@ -669,6 +911,9 @@ def _gemm(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
 def _batch_norm(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
     if n.attr("training_mode", 0):
         raise cv.fail("training_mode=1 is not supported (inference only)")
+    if not n.attr("spatial", 1):
+        # BatchNormalization-7's spatial=0: statistics per element of [C, D1, ...], not per channel
+        raise cv.fail_version("spatial=0 (statistics per element, not per channel) is not supported")
     return [cv.emit("batch_norm", n.inputs[:5], {"epsilon": n.attr("epsilon", 1e-5)}, n.outputs[0])]
 
 
@@ -810,9 +1055,14 @@ def _slice(cv: OnnxConverter, x: Value, ranges: dict[int, range], out: str | Non
 def _slice_op(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
     x = n.inputs[0]
     shape = x.type.shape
-    starts, ends = cv.const_input(n, 1, "starts"), cv.const_input(n, 2, "ends")
-    axes = cv.const_input(n, 3, "axes")
-    steps = cv.const_input(n, 4, "steps")
+    if n.older_than(10):  # Slice-1: attributes, step 1
+        starts, ends, axes, steps = n.attr("starts"), n.attr("ends"), n.attr("axes"), None
+        if starts is None or ends is None or len(starts) != len(ends):
+            raise cv.fail_version("needs starts and ends of one length")
+    else:
+        starts, ends = cv.const_input(n, 1, "starts"), cv.const_input(n, 2, "ends")
+        axes = cv.const_input(n, 3, "axes")
+        steps = cv.const_input(n, 4, "steps")
     axes = list(range(len(starts))) if axes is None else [onnx_axis(cv, int(a), len(shape)) for a in axes]
     steps = [1] * len(axes) if steps is None else [int(s) for s in steps]
     if 0 in steps:
@@ -835,10 +1085,15 @@ def _split(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
         sizes = [int(s) for s in given]
     else:
         parts = n.attr("num_outputs", len(n.outputs))
+        if n.older_than(18) and extent % parts:
+            # before Split-18 the parts are equal; 18's num_outputs lets the last one be smaller
+            raise cv.fail_version(f"axis {axis} of {x.type} does not split into {parts} equal parts")
         chunk = -(-extent // parts)
         sizes = [min(chunk, extent - i * chunk) for i in range(parts)]
-    if sum(sizes) != extent or min(sizes) < 1:
+    if sum(sizes) != extent or min(sizes) < 0:
         raise cv.fail(f"split sizes {sizes} do not partition axis {axis} of {x.type}")
+    if min(sizes) == 0:
+        raise cv.fail(f"split sizes {sizes} of {x.type} make an empty output; {NONEMPTY}")
     outs, start = [], 0
     for size, name in zip(sizes, n.outputs):
         outs.append(_slice(cv, x, {axis: range(start, start + size)}, name or None))
@@ -872,10 +1127,17 @@ def _expand(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
 def _pad(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
     x = n.inputs[0]
     ndim = len(x.type.shape)
-    pads = cv.const_input(n, 1, "pads")
-    value = cv.const_input(n, 2, "constant_value")
-    axes = cv.const_input(n, 3, "axes")
+    if n.older_than(11):  # Pad-2: pads and a float value as attributes
+        pads, value, axes = n.attr("pads"), np.asarray(n.attr("value", 0.0), x.type.dtype), None
+        if pads is None:
+            raise cv.fail_version("needs pads")
+    else:
+        pads = cv.const_input(n, 1, "pads")
+        value = cv.const_input(n, 2, "constant_value")
+        axes = cv.const_input(n, 3, "axes")
     axes = list(range(ndim)) if axes is None else [onnx_axis(cv, int(a), ndim) for a in axes]
+    if len(pads) != 2 * len(axes):
+        raise cv.fail(f"{len(pads)} pads for {len(axes)} axes; Pad takes two per axis")
     mode = n.attr("mode", "constant")
     if mode not in ("constant", "reflect", "edge"):
         raise cv.fail(f"pad mode {mode!r} is not supported (constant, reflect, edge)")
@@ -893,16 +1155,28 @@ def _pad(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
     return [cv.emit("pad", [x], attrs, n.outputs[0])]
 
 
-@converts("Resize")
+_TRANSFORMATIONS = ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric", "half_pixel_symmetric")
+_NEAREST_MODES = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
+
+
+@converts("Resize", "Upsample")
 def _resize(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
     x = n.inputs[0]
     shape = x.type.shape
     mode = n.attr("mode", "nearest")
-    ctm = n.attr("coordinate_transformation_mode", "half_pixel")
     if mode not in ("nearest", "linear"):
         raise cv.fail(f"mode {mode!r} is not supported (nearest, linear)")
+    if n.op_type == "Upsample" or n.older_than(11):
+        return [_legacy_resize(cv, n, x, mode)]
+    ctm = n.attr("coordinate_transformation_mode", "half_pixel")
     if ctm == "tf_crop_and_resize" or n.attr("antialias", 0):
         raise cv.fail("tf_crop_and_resize and antialias are not supported")
+    if ctm not in _TRANSFORMATIONS or (ctm == "half_pixel_symmetric" and n.older_than(19)):
+        # tf_half_pixel_for_nn (Resize-11 only); half_pixel_symmetric is Resize-19's
+        raise cv.fail_version(f"coordinate_transformation_mode {ctm!r} is not supported")
+    nearest_mode = n.attr("nearest_mode", "round_prefer_floor")
+    if nearest_mode not in _NEAREST_MODES:
+        raise cv.fail(f"nearest_mode {nearest_mode!r} is not one of {', '.join(_NEAREST_MODES)}")
     axes = [onnx_axis(cv, int(a), len(shape)) for a in n.attr("axes", range(len(shape)))]
     scales, sizes = cv.const_input(n, 2, "scales"), cv.const_input(n, 3, "sizes")
     size, scale = list(shape), [1.0] * len(shape)
@@ -927,9 +1201,43 @@ def _resize(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
         "scales": tuple(scale),
         "mode": mode,
         "coordinate_transformation_mode": ctm,
-        "nearest_mode": n.attr("nearest_mode", "round_prefer_floor"),
+        "nearest_mode": nearest_mode,
     }
     return [cv.emit("resize", [x], attrs, n.outputs[0])]
+
+
+def _legacy_resize(cv: OnnxConverter, n: OnnxNode, x: Value, mode: str) -> Value:
+    """Upsample-7/9 and Resize-10: scales only (an attribute before Upsample-9, else input 1). These
+    versions name no coordinate transformation; as onnxruntime runs them (and Resize-11 can say it), an
+    output index i reads the input at i / scale (asymmetric), and nearest takes floor of that when
+    upsampling and ceil when downsampling, the same on every axis that is resized here."""
+    shape = x.type.shape
+    given = (
+        n.attr("scales") if n.op_type == "Upsample" and n.older_than(9) else cv.const_input(n, 1, "scales")
+    )
+    if given is None:
+        raise cv.fail_version("needs scales")
+    scales = np.asarray(given, np.float32).reshape(-1)
+    if scales.size != len(shape) or not np.all(np.isfinite(scales)) or np.any(scales <= 0):
+        raise cv.fail_version(f"scales {scales.tolist()} must be one positive number per axis of {x.type}")
+    if n.op_type == "Upsample" and np.any(scales < 1):
+        raise cv.fail_version(f"Upsample scales must be at least 1, got {scales.tolist()}")
+    nearest_mode = "floor" if np.all(scales >= 1) else "ceil" if np.all(scales <= 1) else None
+    if mode == "nearest" and nearest_mode is None:
+        raise cv.fail_version(
+            f"scales {scales.tolist()} enlarge some axes and shrink others, which round differently"
+        )
+    size = tuple(int(np.floor(s * np.float32(d))) for s, d in zip(scales, shape))
+    if size == shape and np.all(scales == 1):
+        return x
+    attrs = {
+        "size": size,
+        "scales": tuple(float(s) for s in scales),
+        "mode": mode,
+        "coordinate_transformation_mode": "asymmetric",
+        "nearest_mode": nearest_mode or "floor",
+    }
+    return cv.emit("resize", [x], attrs, n.outputs[0])
 
 
 # --- ops that always fold to constants ----------------------------------------------------------------------
@@ -970,8 +1278,33 @@ def _constant_of_shape(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
 def _range(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
     start, limit, delta = (cv.const_input(n, i, what) for i, what in enumerate(("start", "limit", "delta")))
     count = max(math.ceil((limit.item() - start.item()) / delta.item()), 0)
-    values = (start + np.arange(count, dtype=start.dtype) * delta).astype(start.dtype)
+    if str(start.dtype) in ("float16", "bfloat16"):  # Range-27's new types
+        if n.attr("stash_type", 1) != onnx.TensorProto.FLOAT:
+            raise cv.fail_version(f"stash_type={n.attr('stash_type')} is not supported (1: float32)")
+        # stash_type 1 (the default): start and delta cast to float32, the values computed there
+        start, delta = start.astype(np.float32), delta.astype(np.float32)
+    values = (start + np.arange(count, dtype=start.dtype) * delta).astype(n.inputs[0].type.dtype)
     return [cv.constant(values, "range", out=n.outputs[0])]
+
+
+# --- version semantics of operators converted in onnx_quant -------------------------------------------------
+
+
+def _check_quantize_version(cv: OnnxConverter, n: OnnxNode) -> None:
+    """QuantizeLinear/DequantizeLinear: what their versions add that onnx_quant's converters do not read."""
+    scale = n.input(1)
+    if n.older_than(13) and scale is not None and scale.type.num_elements != 1:
+        # 10 quantizes per tensor only (13 added axis, which onnx_quant defaults to 1)
+        raise cv.fail_version(f"scale {scale.name} must be a scalar, got {scale.type}")
+    if n.op_type == "DequantizeLinear" and n.attr("output_dtype", 0) not in (0, onnx.TensorProto.FLOAT):
+        # DequantizeLinear-23: the output type (else the scale's, float32 here)
+        raise cv.fail_version(f"output_dtype={n.attr('output_dtype')} is not supported (float32)")
+    if n.op_type == "QuantizeLinear" and n.attr("precision", 0) not in (0, onnx.TensorProto.FLOAT):
+        # QuantizeLinear-23: the precision of x / scale (else the scale's, float32 here)
+        raise cv.fail_version(f"precision={n.attr('precision')} is not supported (float32)")
+
+
+_VERSION_CHECKS["QuantizeLinear"] = _VERSION_CHECKS["DequantizeLinear"] = _check_quantize_version
 
 
 # The quantized operators (QuantizeLinear, DequantizeLinear, QLinear*) register themselves here; they build
