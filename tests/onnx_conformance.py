@@ -107,8 +107,9 @@ def refusal_cause(message: str) -> str:
     if kind == "UnsupportedOpsetError":
         if "imports no version" in text:
             return "the model imports no default-domain opset (other domains only)"
-        opset = int(re.search(r"opset (\d+)", text).group(1))
-        return f"opset {'22 or newer' if opset > 21 else '12 or older'} (supported: 13 to 21)"
+        if re.match(r"opset \d+ is newer than the installed onnx", text):
+            return "the model's opset is newer than the installed onnx defines"
+        # an operator version aotc does not handle: grouped by operator version, as the generic rules do
     if kind == "UnsupportedOperatorError":
         ops = re.sub(r" \(nodes: [^)]*\)", "", text.split(": ", 1)[1])
         return f"unsupported operator: {ops}"
