@@ -271,6 +271,23 @@ def test_hand_written_groups_fold_or_stay_float_and_match_onnxruntime(tmp_path, 
         assert_matches(got, ref, out, None, f"{out} ({'float' if float_ops else 'folded'})")
 
 
+def dq_op_q(tmp_path, op: onnx.NodeProto, out_scale: float, shape: list[int], extra: dict) -> tuple:
+    """uint8 x -> DequantizeLinear (scale 0.03, zero point 17) -> `op` (xf -> r) -> QuantizeLinear with
+    `out_scale` and the same zero point: (the imported graph, a seeded x, onnxruntime's y for it)."""
+    inits = {"s": np.float32(0.03), "z": np.uint8(17), "os": np.float32(out_scale), **extra}
+    nodes = [
+        helper.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]),
+        op,
+        helper.make_node("QuantizeLinear", ["r", "os", "z"], ["y"]),
+    ]
+    model = make_graph_model(nodes, {}, ["y"], inits, opset=13)
+    model.graph.input.append(helper.make_tensor_value_info("x", TensorProto.UINT8, shape))
+    path = str(tmp_path / "dq_op_q.onnx")
+    onnx.save(model, path)
+    x = np.random.default_rng(5).integers(0, 256, shape).astype(np.uint8)
+    return load_onnx(path), x, onnxruntime_outputs(path, {"x": x})["y"]
+
+
 @pytest.mark.parametrize(
     "out_scale, pads, folds",
     [(0.03, [1, 1, 1, 1], True), (0.05, [1, 1, 1, 1], False), (0.03, [0, 0, 1, 1], True)],
@@ -278,21 +295,11 @@ def test_hand_written_groups_fold_or_stay_float_and_match_onnxruntime(tmp_path, 
 def test_max_pool_between_dq_and_q_folds_only_with_its_input_quantization(tmp_path, out_scale, pads, folds):
     """DQ -> MaxPool -> Q with the input's own scale and zero point runs on the 8-bit values (padded taps
     ignored); with another scale it stays float. Either way bit for bit onnxruntime's."""
-    inits = {"s": np.float32(0.03), "z": np.uint8(17), "os": np.float32(out_scale)}
-    nodes = [
-        helper.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]),
-        helper.make_node("MaxPool", ["xf"], ["p"], kernel_shape=[3, 3], strides=[2, 2], pads=pads),
-        helper.make_node("QuantizeLinear", ["p", "os", "z"], ["y"]),
-    ]
-    model = make_graph_model(nodes, {}, ["y"], inits, opset=13)
-    model.graph.input.append(helper.make_tensor_value_info("x", TensorProto.UINT8, [1, 5, 7, 7]))
-    path = str(tmp_path / "pool.onnx")
-    onnx.save(model, path)
-    graph = load_onnx(path)
+    pool = helper.make_node("MaxPool", ["xf"], ["r"], kernel_shape=[3, 3], strides=[2, 2], pads=pads)
+    graph, x, expected = dq_op_q(tmp_path, pool, out_scale, [1, 5, 7, 7], {})
     ops = {n.op for n in graph.nodes}
     assert ("qnn.max_pool2d_nhwc" in ops) == folds and ("max_pool2d" in ops) != folds, ops
-    x = np.random.default_rng(5).integers(0, 256, (1, 5, 7, 7)).astype(np.uint8)
-    np.testing.assert_array_equal(run_graph(graph, {"x": x})["y"], onnxruntime_outputs(path, {"x": x})["y"])
+    np.testing.assert_array_equal(run_graph(graph, {"x": x})["y"], expected)
 
 
 @pytest.mark.parametrize(
@@ -301,26 +308,11 @@ def test_max_pool_between_dq_and_q_folds_only_with_its_input_quantization(tmp_pa
 def test_reshape_between_dq_and_q_folds_only_with_its_input_quantization(tmp_path, op, out_scale, folds):
     """DQ -> Reshape / Flatten -> Q with the input's own scale and zero point reshapes the 8-bit values;
     with another scale it stays float. Either way bit for bit onnxruntime's."""
-    inits = {
-        "s": np.float32(0.03),
-        "z": np.uint8(17),
-        "os": np.float32(out_scale),
-        "shape": np.array([1, -1]),
-    }
-    nodes = [
-        helper.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]),
-        helper.make_node(op, ["xf", "shape"] if op == "Reshape" else ["xf"], ["r"]),
-        helper.make_node("QuantizeLinear", ["r", "os", "z"], ["y"]),
-    ]
-    model = make_graph_model(nodes, {}, ["y"], inits, opset=13)
-    model.graph.input.append(helper.make_tensor_value_info("x", TensorProto.UINT8, [1, 5, 3, 2]))
-    path = str(tmp_path / "reshape.onnx")
-    onnx.save(model, path)
-    graph = load_onnx(path)
+    node = helper.make_node(op, ["xf", "shape"] if op == "Reshape" else ["xf"], ["r"])
+    graph, x, expected = dq_op_q(tmp_path, node, out_scale, [1, 5, 3, 2], {"shape": np.array([1, -1])})
     ops = Counter(n.op for n in graph.nodes)
     assert (ops["qnn.quantize"] == 0) == folds, dict(ops)
-    x = np.random.default_rng(6).integers(0, 256, (1, 5, 3, 2)).astype(np.uint8)
-    np.testing.assert_array_equal(run_graph(graph, {"x": x})["y"], onnxruntime_outputs(path, {"x": x})["y"])
+    np.testing.assert_array_equal(run_graph(graph, {"x": x})["y"], expected)
 
 
 # --- bad input ------------------------------------------------------------------------------------------------
