@@ -87,8 +87,7 @@ def compile(  # noqa: A001 - the verb users expect, as in aotc.compile(...)
     the build flags (`sign_key`, `resume`, `explain_cache`, `callbacks`, `log`). Without `output` the
     package is written to a temporary directory: `save` it where it belongs. Messages go to `log`, by
     default the `aotc.build` logger (INFO), so `logging` settings decide where they show. `requantize`
-    says how a TFLite model's int8 convs and dense layers requantize (aotc.frontend.tflite.DEFAULT_REQUANTIZE).
-    """
+    says how a TFLite model's int8 kernels requantize (aotc.frontend.options.DEFAULT_REQUANTIZE)."""
     scratch = None
     if isinstance(model, Recipe):
         recipe = model

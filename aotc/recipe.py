@@ -64,7 +64,7 @@ def requantize_problem(value: str, model: Path) -> str | None:
     an ONNX model's quantized kernels requantize as onnxruntime's do (float) whatever the recipe says."""
     if value not in REQUANTIZE_CHOICES:
         return f"expected one of {', '.join(REQUANTIZE_CHOICES)}, got '{value}'"
-    if value != DEFAULT_REQUANTIZE and model.suffix.lower() != ".tflite":
+    if value == "fixed_point" and model.suffix.lower() != ".tflite":
         return f"'{value}' applies to TFLite models; an ONNX model requantizes as onnxruntime does"
     return None
 

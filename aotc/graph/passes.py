@@ -129,12 +129,17 @@ _WEIGHT_CHANNEL_AXIS = {
 }
 
 
+def _weight_zero_points(node: Node) -> tuple[int, ...]:
+    zps = node.attrs.get("weight_zero_points", (0,))
+    return tuple(int(z) for z in (zps if isinstance(zps, (tuple, list)) else (zps,)))
+
+
 def fold_input_zero_point(graph: Graph) -> Graph:
     """sum((x - zx) * w) = sum((x - m) * w) - (zx - m) * sum(w): with a constant weight whose zero point is
     0, the second term joins the int32 bias at build time. m is `mac_zero_point`: 0, so the kernel's
-    multiply-accumulate skips one subtraction per product, or -128 for int8 convs (depthwise too) and dense
-    layers, whose factor x + 128 is then a uint8 (what a dot-product instruction reads). Padding still reads zx, which
-    the folded term cancels exactly."""
+    multiply-accumulate skips one subtraction per product, or -128 for int8 convs (depthwise too) and
+    dense layers, whose factor x + 128 is then a uint8 (what a dot-product instruction reads). Padding still
+    reads zx, which the folded term cancels exactly."""
     for node in graph.nodes:
         axis = _WEIGHT_CHANNEL_AXIS.get(node.op)
         if axis is None or node.attrs.get("input_zero_point_in_bias") or len(node.inputs) < 2:
@@ -143,9 +148,7 @@ def fold_input_zero_point(graph: Graph) -> Graph:
         shift = int(node.attrs.get("input_zero_point", 0)) - mac_zero_point(
             node.op, node.inputs[0].type.dtype
         )
-        w_zps = node.attrs.get("weight_zero_points", (0,))
-        w_zps = w_zps if isinstance(w_zps, (tuple, list)) else (w_zps,)
-        if shift == 0 or not weight.is_constant or any(int(z) for z in w_zps):
+        if shift == 0 or not weight.is_constant or any(_weight_zero_points(node)):
             continue
         channels = weight.type.shape[axis]
         bias = node.inputs[2] if len(node.inputs) > 2 else None
@@ -217,11 +220,11 @@ def pad_conv_channels(graph: Graph) -> Graph:
 
 
 def pad_depthwise_taps(graph: Graph) -> Graph:
-    """A quantized depthwise conv (multiplier 1) whose window rows are not a multiple of DOT_DEPTH taps (3x3)
-    gets weights of zero (their zero point) for the missing taps and as many more columns of padding on the
-    right (the output keeps its size; what the new taps read is multiplied by 0). A window row is then the dot product
-    of each channel's lane: three vpdpbusd for a 3x3 window where the widening code multiplies nine times
-    (MobileNetV2's depthwise convs on znver4: 1.4-2.1x faster)."""
+    """A quantized depthwise conv (multiplier 1) whose window rows are not a multiple of DOT_DEPTH taps
+    (3x3) gets weights of zero (their zero point) for the missing taps and as many more columns of padding
+    on the right (the output keeps its size; what the new taps read is multiplied by 0). A window row is
+    then the dot product of each channel's lane: three vpdpbusd for a 3x3 window where the widening code
+    multiplies nine times (MobileNetV2's depthwise convs on znver4: 1.4-2.1x faster)."""
     for node in graph.nodes:
         if node.op != "qnn.depthwise_conv2d_nhwc" or len(node.inputs) < 2 or not node.inputs[1].is_constant:
             continue
@@ -233,8 +236,7 @@ def pad_depthwise_taps(graph: Graph) -> Graph:
         extra = -taps % DOT_DEPTH
         top, left, bottom, right = as_pads(node.attrs.get("pads", 0))
         dilation = as_pair(node.attrs.get("dilations", 1))[1]
-        w_zps = node.attrs.get("weight_zero_points", (0,))
-        w_zp = int((w_zps if isinstance(w_zps, (tuple, list)) else (w_zps,))[0])  # the same for all channels
+        w_zp = _weight_zero_points(node)[0]  # one for all channels (the qnn ops take no other)
         w = np.pad(weight.data, ((0, 0), (0, 0), (0, extra), (0, 0)), constant_values=w_zp)
         node.inputs = [
             x,
