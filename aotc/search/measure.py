@@ -180,22 +180,28 @@ def _builder_main(conn, dag: ComputeDAG, target: Target, workdir: str, env: dict
 
 
 def reference_target(target: Target) -> Target:
-    """What the naive schedule is built for: the runner's Python loads it and checks candidates against
+    """What the reference schedule is built for: the runner's Python loads it and checks candidates against
     its outputs, on this CPU also when the candidates run on a GPU or under qemu."""
     return host_target() if target.is_gpu or emulated_arch(target) is not None else target
 
 
 def build_candidate(dag: ComputeDAG, target: Target, name: str, task: tuple[str, object]) -> Built:
     """Lower and compile one candidate to `name` plus its suffix (.so, or .gpu.json for a GPU):
-    ("steps", step records), ("func", PrimFunc), or the naive ("reference", []), built for
-    `reference_target(target)`."""
+    ("steps", step records), ("func", PrimFunc), or the reference ("reference", []), built for
+    `reference_target(target)`: the naive loops where the candidates run on this CPU, the untuned CPU
+    schedule where they run elsewhere (naive loops would take minutes on a GPU-sized task: 4096^3 at
+    0.6 GFLOP/s; the GPU and emulated candidates share no code generation with it)."""
     if task[0] == "reference":
-        target = reference_target(target)
+        host = reference_target(target)
+        if host is not target:
+            task = ("default", [])
+        target = host
     return _build_one(dag, target, name + (".gpu.json" if target.is_gpu else ".so"), task)
 
 
 def _build_one(dag: ComputeDAG, target: Target, path: str, task: tuple[str, object]) -> Built:
     from aotc.codegen.module import build_module
+    from aotc.schedule.default import default_schedule
     from aotc.schedule.layout import rewrite_layout
     from aotc.schedule.lower import lower
     from aotc.schedule.steps import replay, steps_from_json
@@ -212,6 +218,8 @@ def _build_one(dag: ComputeDAG, target: Target, path: str, task: tuple[str, obje
             func = lower(state, KERNEL_NAME)
         elif kind == "reference":
             func = lower(replay(dag, []), KERNEL_NAME)
+        elif kind == "default":
+            func = lower(default_schedule(dag, target), KERNEL_NAME)
         else:
             func = replace(payload, name=KERNEL_NAME)
     except Exception as err:
