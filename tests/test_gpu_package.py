@@ -121,7 +121,8 @@ def test_opencl_package_holds_plan_and_source(opencl_pkg):
     assert plan["plan_version"] == 2 and [v["inputs"][0]["shape"][0] for v in plan["variants"]] == [1, 2]
     for kernel in plan["kernels"]:
         for launch in kernel["gpu"]["launches"]:
-            assert f"__global__ void {launch['kernel']}(" in source
+            block = "AOTC_BLOCK({}, {}, {})".format(*launch["block"])
+            assert f"__global__ void {block} {launch['kernel']}(" in source
     checked = verify_package(opencl_pkg)
     assert checked.manifest["target"] == "opencl" and checked.plan.gpu
 
@@ -473,11 +474,16 @@ class FakeDriver:
     class CUstream_flags:
         CU_STREAM_NON_BLOCKING = 1
 
+    class CUstreamCaptureMode:
+        CU_STREAM_CAPTURE_MODE_THREAD_LOCAL = 1
+
     def __init__(self, cc: tuple[int, int]) -> None:
         self.attributes = {"major": cc[0], "minor": cc[1], "threads": 1024}
         self.memory: dict[int, np.ndarray] = {}
         self.images: list[bytes] = []
         self.launches: list[tuple] = []
+        self.capturing: list[tuple] | None = None  # launches recorded into a graph, not run
+        self.graphs: list[list[tuple]] = []
 
     def __getattr__(self, name: str):
         return lambda *args: (0,)  # every other call succeeds and returns nothing
@@ -510,7 +516,24 @@ class FakeDriver:
         n = 2 * len(self.current_args[fn])
         pointers = np.ctypeslib.as_array((ctypes.c_uint64 * n).from_address(params))
         values = [ctypes.c_uint64.from_address(int(p)).value for p in pointers]
-        self.launches.append((fn, (gx, gy, gz), (bx, by, bz), list(zip(values[::2], values[1::2]))))
+        launch = (fn, (gx, gy, gz), (bx, by, bz), list(zip(values[::2], values[1::2])))
+        (self.launches if self.capturing is None else self.capturing).append(launch)
+        return (0,)
+
+    def cuStreamBeginCapture(self, stream, mode):
+        self.capturing = []
+        return (0,)
+
+    def cuStreamEndCapture(self, stream):
+        graph, self.capturing = self.capturing, None
+        return 0, graph
+
+    def cuGraphInstantiate(self, graph, flags):
+        self.graphs.append(list(graph))
+        return 0, len(self.graphs) - 1
+
+    def cuGraphLaunch(self, graph, stream):
+        self.launches.extend(self.graphs[graph])
         return (0,)
 
 
@@ -533,7 +556,9 @@ def test_cuda_model_through_a_fake_driver(cuda_pkg, monkeypatch, cc, image):
     launches = [launch for call in model.variants[0].launches for launch in call]
     fake.current_args = {name: args for name, _, _, args in launches}
     model.run([inputs(1)])
-    assert [launch[:3] for launch in fake.launches] == [launch[:3] for launch in launches]
+    model.run([inputs(1)])  # replays the graph the first run recorded
+    assert len(fake.graphs) == 1
+    assert [launch[:3] for launch in fake.launches] == [launch[:3] for launch in launches] * 2
     weights = next(iter(fake.memory))  # the first allocation: the weights, uploaded at load
     for (_, _, _, passed), (_, _, _, planned) in zip(fake.launches, launches):
         assert len(passed) == len(planned)

@@ -54,6 +54,7 @@ CUDA_PRELUDE = """\
 #define GPTR
 #define RESTRICT __restrict__
 #define AOTC_INLINE static __device__ __forceinline__
+#define AOTC_BLOCK(x, y, z) __launch_bounds__((x) * (y) * (z))
 #define AOTC_INF_F32 __int_as_float(0x7f800000)
 #define AOTC_NAN_F32 __int_as_float(0x7fc00000)
 #define AOTC_INF_F64 __longlong_as_double(0x7ff0000000000000LL)
@@ -67,6 +68,7 @@ OPENCL_PRELUDE = """\
 #define GPTR __global
 #define RESTRICT restrict
 #define AOTC_INLINE static inline
+#define AOTC_BLOCK(x, y, z) __attribute__((reqd_work_group_size(x, y, z)))
 #define __global__ __kernel
 #define __shared__ __local
 #define __syncthreads() barrier(CLK_LOCAL_MEM_FENCE)
@@ -132,7 +134,7 @@ _RESERVED_WORDS = """auto break case char const constant continue default do dou
     uchar ushort uint ulong char2 char4 float2 float3 float4 float8 float16 int2 int4 uint3 image2d_t
     image3d_t sampler_t event_t size_t ptrdiff_t intptr_t uintptr_t complex imaginary true false
     __global__ __shared__ __device__ __constant__ __kernel __global __local threadIdx blockIdx blockDim
-    gridDim warpSize barrier GPTR RESTRICT AOTC_INLINE i64 u64 aotc_floordiv aotc_floormod exp log sqrt
+    gridDim warpSize barrier GPTR RESTRICT AOTC_INLINE AOTC_BLOCK i64 u64 aotc_floordiv aotc_floormod exp log sqrt
     tanh erf fabs floor ceil rint fmin fmax pow expf logf sqrtf tanhf erff fabsf floorf ceilf rintf fminf
     fmaxf powf min max abs select asm template class new delete this operator namespace using"""
 _RESERVED = frozenset(_RESERVED_WORDS.split())
@@ -291,7 +293,9 @@ class _KernelWriter:
         self.globals = globals_
         self.extent: dict[str, int] = {}  # launch extent per thread tag
         self.thread_vars: set[Var] = set()  # loop variables bound to threadIdx
+        self.nonneg_vars: set[Var] = set()  # variables known >= 0: loop and thread indices
         self.shared: list[Buffer] = []
+        self.index_type = "i64"
 
     def write(self, root: Stmt) -> tuple[GPUKernel, str]:
         for s in walk_stmts(root):
@@ -305,6 +309,7 @@ class _KernelWriter:
                 if s.buffer.scope == "shared":
                     self.shared.append(s.buffer)
         self._check_races(root)
+        self.index_type = "int" if _fits_int32_indices(root, self.globals, self.extent) else "i64"
         used = {id(b) for s in walk_stmts(root) for b in _buffers_of(s)}
         params = tuple(b for b in self.globals if id(b) in used)
         lines: list[str] = []
@@ -323,11 +328,14 @@ class _KernelWriter:
         shared_decls = [
             f"  __shared__ {c_type(b.dtype)} {self.names.buffer(b)}[{b.num_elements}];" for b in self.shared
         ]
-        text = "\n".join(
-            [f"__global__ void {self.name}({args}) {{", *offsets, *shared_decls, *lines, "}", ""]
-        )
         grid = tuple(self.extent.get(f"blockIdx.{a}", 1) for a in _AXES)
         block = tuple(self.extent.get(f"threadIdx.{a}", 1) for a in _AXES)
+        # the block size, known to the compiler: ptxas then keeps registers within what a block of that
+        # size may use (without it, large blocks failed to launch: CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES)
+        bounds = "AOTC_BLOCK({}, {}, {})".format(*block)
+        text = "\n".join(
+            [f"__global__ void {bounds} {self.name}({args}) {{", *offsets, *shared_decls, *lines, "}", ""]
+        )
         shared_bytes = sum(b.num_elements * _ITEM_BYTES[b.dtype] for b in self.shared)
         return GPUKernel(self.name, params, LaunchConfig(grid, block, shared_bytes)), text  # type: ignore[arg-type]
 
@@ -397,6 +405,8 @@ class _KernelWriter:
             out.append(f"{pad}const {c_type(s.var.dtype)} {self.names.var(s.var)} = {self._expr(s.value)};")
             if free_vars(s.value) & self.thread_vars:
                 self.thread_vars.add(s.var)
+            if self._nonneg(s.value):
+                self.nonneg_vars.add(s.var)
             self._stmt(s.body, depth, out, divergent)
         elif isinstance(s, Barrier):
             if divergent:
@@ -414,8 +424,9 @@ class _KernelWriter:
         extent = self._expr(s.extent)
         if s.kind == ForKind.THREAD_BINDING and s.thread_tag != "vthread":
             tag = s.thread_tag
+            self.nonneg_vars.add(s.var)
             out.append(f"{pad}{{")
-            out.append(f"{pad}  const i64 {var} = (i64){tag};")
+            out.append(f"{pad}  const {self.index_type} {var} = ({self.index_type}){tag};")
             full = isinstance(s.extent, Const) and s.extent.value == self.extent[tag]
             if full:
                 self._stmt(s.body, depth + 1, out, divergent)
@@ -429,7 +440,8 @@ class _KernelWriter:
             divergent = divergent or f"for ({var} < {extent})"
         if s.kind == ForKind.UNROLLED:
             out.append(f"{pad}#pragma unroll")
-        out.append(f"{pad}for (i64 {var} = 0; {var} < {extent}; ++{var}) {{")
+        self.nonneg_vars.add(s.var)
+        out.append(f"{pad}for ({self.index_type} {var} = 0; {var} < {extent}; ++{var}) {{")
         self._stmt(s.body, depth + 1, out, divergent)
         out.append(f"{pad}}}")
 
@@ -489,11 +501,37 @@ class _KernelWriter:
             if e.op in ("min", "max"):
                 return f"(({a}) {'<' if e.op == 'min' else '>'} ({b}) ? ({a}) : ({b}))"
             if e.op in ("floordiv", "div", "floormod"):
+                if self._nonneg(e.a) and isinstance(e.b, Const) and int(e.b.value) > 0:
+                    return self._unsigned_divide(e, a, int(e.b.value))
                 fn = "aotc_floormod" if e.op == "floormod" else "aotc_floordiv"
                 if e.dtype == "int64":
                     return f"{fn}({a}, {b})"
                 return f"(({t}){fn}((i64)({a}), (i64)({b})))"
         raise GPUCodegenError(f"binary op {e.op} on {e.dtype} has no GPU form")
+
+    def _unsigned_divide(self, e: Binary, a: str, b: int) -> str:
+        """`a` (>= 0) divided by, or modulo, the constant `b` (> 0): C's truncating division is floor
+        division there, and in unsigned arithmetic a power of two is a shift or a mask (64-bit signed
+        division is a long software routine on GPUs). The result is signed again, as the IR's type."""
+        op = "%" if e.op == "floormod" else "/"
+        if e.dtype == "int64" and self.index_type == "int" and b < 2**31:
+            return f"((int)((unsigned)({a}) {op} {b}u))"
+        t = c_type(e.dtype)
+        return f"(({t})((u64)({a}) {op} {b}ull))"
+
+    def _nonneg(self, e: Expr) -> bool:
+        """Whether integer `e` is >= 0 whatever the values of its variables (loop and thread indices,
+        constants, and sums, products, quotients and remainders of them)."""
+        if isinstance(e, Var):
+            return e in self.nonneg_vars
+        if isinstance(e, Const):
+            return not is_float(e.dtype) and int(e.value) >= 0
+        if isinstance(e, Binary) and not is_float(e.dtype):
+            if e.op in ("add", "mul", "min", "max"):
+                return self._nonneg(e.a) and self._nonneg(e.b)
+            if e.op in ("floordiv", "div", "floormod"):
+                return self._nonneg(e.a) and isinstance(e.b, Const) and int(e.b.value) > 0
+        return False
 
     def _call(self, e: Call) -> str:
         if len(e.args) != 1:
@@ -533,6 +571,26 @@ def _const(e: Const) -> str:
     if e.dtype == "int64" and -(2**31) < int(e.value) < 2**31:
         return str(int(e.value))  # an int literal; with an i64 operand C computes in 64 bits
     return f"(({c_type(e.dtype)}){int(e.value)})"
+
+
+# buffers and loops this small index in 32 bits with room to spare: an index computed for a padded or
+# guarded iteration may exceed its buffer's size, by far less than this margin
+_INT32_INDEX_LIMIT = 2**28
+
+
+def _fits_int32_indices(root: Stmt, globals_: tuple[Buffer, ...], extent: dict[str, int]) -> bool:
+    """Whether every index in a kernel fits 32-bit arithmetic: all buffers and loop extents are below
+    `_INT32_INDEX_LIMIT` elements and the threads of the launch number fewer than 2^31. GPUs compute
+    32-bit integers at full rate, 64-bit ones in two or more instructions."""
+    if math.prod(extent.values()) >= 2**31:
+        return False
+    buffers = list(globals_)
+    for s in walk_stmts(root):
+        if isinstance(s, For) and not (isinstance(s.extent, Const) and s.extent.value < _INT32_INDEX_LIMIT):
+            return False
+        if isinstance(s, Allocate):
+            buffers.append(s.buffer)
+    return all(b.num_elements < _INT32_INDEX_LIMIT for b in buffers)
 
 
 def _is_zero(e: Expr) -> bool:
