@@ -34,6 +34,9 @@ from aotc_runtime.signing import check_signature
 __all__ = ["GPUModel", "GPUVariant", "load_gpu"]
 
 SCRATCH_ALIGNMENT = 256  # every scratch buffer starts on a boundary any element type is aligned to
+# launch sequences kept as device graphs, each for one variant and one set of input and output addresses
+# (run_dlpack's tensors may change from call to call); the oldest is freed beyond this many
+MAX_GRAPHS = 8
 _ARCH_RE = re.compile(r"-arch=sm_(\d+)")
 
 # a launch argument before buffers are bound: (buffer kind, its index, element offset); kind "scratch"
@@ -96,6 +99,7 @@ class GPUModel(LoadedModel):
         plan = contents.plan
         self._plan = plan
         self._lock = threading.Lock()
+        self._graphs: dict[tuple, object | None] = {}
         self._check_device_limits()
         self._scratch_offsets, arena = _scratch_layout(plan.gpu)
         self.variants = [self._variant(v) for v in plan.variants]
@@ -174,6 +178,7 @@ class GPUModel(LoadedModel):
     def close(self) -> None:
         """Free the model's device memory and kernels."""
         with self._lock:
+            self._graphs.clear()  # closing the device frees them
             self.device.close()
 
     def __enter__(self) -> GPUModel:
@@ -276,6 +281,23 @@ class GPUModel(LoadedModel):
         return view
 
     def _launch_all(self, variant: GPUVariant, buffers: dict[str, list[DeviceBuffer]]) -> None:
+        """Every kernel of `variant`, in order: replayed as one graph where the device records them, else
+        launched one by one. Weights, workspace and scratch never move, so a graph is keyed by the
+        variant and the input and output addresses."""
+        key = (id(variant), *(b.handle for kind in ("input", "output") for b in buffers[kind]))
+        if key not in self._graphs:
+            if len(self._graphs) >= MAX_GRAPHS:
+                oldest = self._graphs.pop(next(iter(self._graphs)))
+                if oldest is not None:
+                    self.device.release(oldest)
+            self._graphs[key] = self.device.capture(lambda: self._launch_calls(variant, buffers))
+        graph = self._graphs[key]
+        if graph is None:
+            self._launch_calls(variant, buffers)
+        else:
+            self.device.replay(graph)
+
+    def _launch_calls(self, variant: GPUVariant, buffers: dict[str, list[DeviceBuffer]]) -> None:
         for call in variant.launches:
             self._launch_call(call, buffers)
 
