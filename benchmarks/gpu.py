@@ -1,6 +1,6 @@
 """aotc on an NVIDIA GPU next to PyTorch on the same GPU, in the same run: GEMM, ResNet-18, a BERT-style encoder.
 
-    python benchmarks/gpu.py [--minutes 30] [--models gemm,resnet18,bert] [--batches 1,16] [--rounds 3]
+    python benchmarks/gpu.py [--minutes 30] [--models gemm,resnet18,bert] [--batches 1,16] [--rounds 3] [--log F]
 
 Needs an NVIDIA GPU, torch (`pip install torch==2.13.0`; keep pip from pulling another torch) and
 `aotc[cuda]`; without a GPU it says so and exits with status 2, touching no GPU driver. Each model is
@@ -261,7 +261,7 @@ class AotcRun:
     build_s: float
 
 
-def aotc_run(torch, path: Path, target: str, inputs: dict, seconds: float, records: Path, validate: bool):
+def aotc_run(torch, path: Path, target: str, inputs: dict, seconds: float, records: Path, args):
     """Compile the ONNX model at `path` for `target` after tuning it for `seconds` (0: untuned), load it,
     and return how to call it on `inputs` (name -> CUDA tensor), called once. Through DLPack, the outputs
     are tensors allocated once, as a serving loop would (torch's outputs come from its caching allocator)."""
@@ -273,7 +273,9 @@ def aotc_run(torch, path: Path, target: str, inputs: dict, seconds: float, recor
         else aotc.TuningOptions(deadline=seconds, records=records)
     )
     start = time.perf_counter()
-    package = aotc.compile(path, target=target, tuning=tuning, validate=validate, log=lambda _: None)
+    package = aotc.compile(
+        path, target=target, tuning=tuning, validate=args.validate, log=build_log(args, path)
+    )
     model = aotc.load(str(package.path))
     build_s = time.perf_counter() - start
     if hasattr(model, "run_dlpack"):
@@ -299,6 +301,25 @@ def aotc_run(torch, path: Path, target: str, inputs: dict, seconds: float, recor
         run = AotcRun(call_host, "host", build_s)
     run.call()  # a package that builds but fails to run fails here, as a row of the table
     return run
+
+
+def records_path(args, workdir: Path, name: str) -> Path:
+    """Where the tuning records of model `name` go: `--records` (kept) or the run's temporary directory."""
+    folder = args.records or workdir
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / f"{name}.jsonl"
+
+
+def build_log(args, path: Path) -> Callable[[str], None]:
+    """Where a build's messages go: appended to `--log`, each line marked with the model's file, or nowhere."""
+    if args.log is None:
+        return lambda _: None
+
+    def write(message: str) -> None:
+        with open(args.log, "a") as f:
+            f.write(f"{time.strftime('%H:%M:%S')} {path.stem}: {message}\n")
+
+    return write
 
 
 def rel_error(got, ref) -> float:
@@ -341,7 +362,7 @@ def bench_gemm(torch, target: str, workdir: Path, seconds: float, args) -> tuple
     runners = {"eager": lambda: torch.matmul(inputs["A"], inputs["B"])}
     flops = 2.0 * GEMM_N**3
     try:
-        ours = aotc_run(torch, path, target, inputs, seconds, workdir / "gemm.jsonl", args.validate)
+        ours = aotc_run(torch, path, target, inputs, seconds, records_path(args, workdir, "gemm"), args)
     except Exception as e:  # a failed build is a row of the table, not the end of the benchmark
         ms = best_of_rounds(runners, torch.cuda.synchronize, args.rounds, args.repeat)
         note = f"torch.matmul {flops / ms['eager'] / 1e9:.1f} TFLOP/s; aotc failed: {first_line(e)}"
@@ -368,7 +389,7 @@ def bench_model(
     with torch.no_grad():
         runners = {"eager": lambda: module(*xs), "compile": lambda: compiled(*xs)}
         try:
-            ours = aotc_run(torch, path, target, inputs, seconds, workdir / f"{name}.jsonl", args.validate)
+            ours = aotc_run(torch, path, target, inputs, seconds, records_path(args, workdir, name), args)
         except Exception as e:  # a failed build is a row of the table, not the end of the benchmark
             ms = best_of_rounds(runners, torch.cuda.synchronize, args.rounds, args.repeat)
             note = f"aotc failed: {first_line(e)}"
@@ -398,8 +419,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--repeat", type=int, default=20, help="timed batches per median (default 20)")
     ap.add_argument(
-        "--records", type=Path, help="keep the tuning records in this directory (default: temporary)"
+        "--records",
+        type=Path,
+        help="keep the tuning records (one MODEL.jsonl each) in this directory (default: temporary)",
     )
+    ap.add_argument("--log", type=Path, help="append each build's messages (tuning progress) to this file")
     ap.add_argument(
         "--no-validate", dest="validate", action="store_false", help="skip onnxruntime validation"
     )
@@ -430,8 +454,7 @@ def main(argv: list[str] | None = None) -> int:
     print(HEADER, flush=True)
     all_ok = True
     with tempfile.TemporaryDirectory(prefix="aotc-gpu-bench-") as tmp:
-        workdir = args.records or Path(tmp)
-        workdir.mkdir(parents=True, exist_ok=True)
+        workdir = Path(tmp)
         for name in models:
             if name == "gemm":
                 results = [bench_gemm(torch, target, workdir, args.minutes * 60, args)]
