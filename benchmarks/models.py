@@ -8,18 +8,20 @@ again from the tophub store.
 Per model, in a fresh private store (`$AOTC_HOME` under the output folder; no shipped or shared stores):
 an untuned build (default schedules), a tuned build with a budget of trials-per-task x tasks trials or
 the deadline, whichever comes first, and a second build with a fresh records file that should find every
-kernel in the store (0 trials, the same kernels). The tuned and untuned packages and onnxruntime run at 2
-threads, then at 1 thread, in the same run, taking turns (each the best of 10 medians: load from other
-tenants of a shared host comes in bursts of seconds, and more turns give every runner the same chance of
-a quiet one);
-ratios are the other latency / the tuned latency (> 1: tuned is faster). The tuned build's report
-(report.json, report.md, curve.png) stays under the output folder. `--quick` runs thin models with 2
-trials per task (a smoke run); `mlp` is there for the tests.
+kernel in the store (0 trials, the same kernels; a task the tuned build left without a valid measurement,
+every candidate it measured having failed, has nothing stored and is tuned again, and the line names it).
+The tuned and untuned packages and onnxruntime run at 2 threads, then at 1 thread, in the same run,
+taking turns (each the best of 10 medians: load from other tenants of a shared host comes in bursts of
+seconds, and more turns give every runner the same chance of a quiet one); ratios are the other latency
+/ the tuned latency (> 1: tuned is faster). The tuned build's report (report.json, report.md, curve.png)
+stays under the output folder. `--quick` runs thin models with 2 trials per task (a smoke run); `mlp` is
+there for the tests.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import sys
@@ -79,7 +81,9 @@ class ModelRun:
     one_thread: dict[str, float]  # tuned, untuned and ort latency at 1 thread
     store_trials: int
     store_seconds: float
-    same_kernels: bool
+    store_found: int  # tasks the build from the store took from it
+    same_kernels: bool  # those tasks' kernels (all of them: the whole library) are the tuned build's
+    unmeasured: list[int]  # tasks the tuned build left without a valid measurement (nothing to store)
 
 
 @contextmanager
@@ -114,6 +118,35 @@ def write_recipe(folder: Path, model: Path, tuning: str, nhwc: bool = True) -> P
 def kernel_libraries(package: Path) -> list[bytes]:
     with zipfile.ZipFile(package) as z:
         return [z.read(n) for n in sorted(z.namelist()) if n.endswith(".so")]
+
+
+def kernel_schedules(package: Path) -> list[tuple]:
+    """Per kernel of the package's manifest: where its schedule came from (which record, if any)."""
+    from aotc_runtime.package import read_manifest
+
+    keys = ("symbol", "schedule", "fingerprint", "record_cost_s", "record_time", "weight_layouts")
+    return [tuple(str(k.get(key)) for key in keys) for k in read_manifest(str(package))["kernels"]]
+
+
+def task_rows(result: BuildResult) -> list[dict]:
+    """The build report's per-task rows (aotc.report)."""
+    assert result.report is not None
+    return json.loads((result.report / "report.json").read_text())["tasks"]
+
+
+def compare_store_build(tuned: BuildResult, again: BuildResult) -> tuple[int, bool, list[int]]:
+    """How many tasks the build from the store found there, whether their kernels are the tuned build's
+    (the whole kernel library when it found every task), and which tasks the tuned build left without a
+    valid measurement (a candidate that timed out or crashed under load when the budget gave it no
+    other): nothing of those is stored, so the build from the store tunes them again."""
+    found = [row["id"] for row in task_rows(again) if row["source"].startswith("user:")]
+    unmeasured = [row["id"] for row in task_rows(tuned) if row["best_latency_s"] is None]
+    if len(found) == len(again.tasks):
+        same = kernel_libraries(again.package) == kernel_libraries(tuned.package)
+    else:
+        mine, theirs = kernel_schedules(again.package), kernel_schedules(tuned.package)
+        same = all(mine[i] == theirs[i] for i in found)
+    return len(found), same, unmeasured
 
 
 def package_runner(package: Path, inputs: dict, threads: int = THREADS) -> Callable[[], object]:
@@ -169,6 +202,7 @@ def run_model(
         tuned = tuned_build(workdir / "tuned")
         again = tuned_build(workdir / "from_store")
     assert tuned.tuning is not None and tuned.report is not None
+    found, same_kernels, unmeasured = compare_store_build(tuned, again)
     import aotc_runtime
 
     specs = aotc_runtime.load(str(tuned.package)).inputs
@@ -197,12 +231,19 @@ def run_model(
         one_thread=one,
         store_trials=0 if again.tuning is None else again.tuning.trials,
         store_seconds=again.seconds,
-        same_kernels=kernel_libraries(again.package) == kernel_libraries(tuned.package),
+        store_found=found,
+        same_kernels=same_kernels,
+        unmeasured=unmeasured,
     )
 
 
 def format_run(r: ModelRun, deadline: str) -> list[str]:
     one = r.one_thread
+    retuned = (
+        f" (the tuned build left task(s) {', '.join(map(str, r.unmeasured))} without a valid measurement)"
+        if r.unmeasured
+        else ""
+    )
     return [
         f"{r.name}: {r.tasks} tasks, budget {r.budget} trials or {deadline}",
         f"  tuned build: {r.trials} trials, tuning {r.tune_seconds:.1f} s (stopped: {r.stop_reason})",
@@ -214,8 +255,9 @@ def format_run(r: ModelRun, deadline: str) -> list[str]:
         f"  latency at 1 thread: tuned {one['tuned']:.3f} ms, untuned {one['untuned']:.3f} ms, onnxruntime "
         f"{one['ort']:.3f} ms (onnxruntime/tuned {one['ort'] / one['tuned']:.2f}x, onnxruntime/untuned "
         f"{one['ort'] / one['untuned']:.2f}x)",
-        f"  build from the store: {r.store_trials} trials, {r.store_seconds:.1f} s, "
-        f"same kernels as the tuned build: {'yes' if r.same_kernels else 'NO'}",
+        f"  build from the store: {r.store_trials} trials, {r.store_seconds:.1f} s, {r.store_found} of "
+        f"{r.tasks} tasks found in the store{retuned}, same kernels as the tuned build: "
+        f"{'yes' if r.same_kernels else 'NO'}",
     ]
 
 

@@ -40,13 +40,24 @@ def test_e2e_benchmark_tflite_models_run_next_to_litert(capsys):
 
 
 def test_models_benchmark_quick_run_tunes_then_builds_from_the_store(tmp_path, capsys):
+    """The second build finds in the store every task the tuned build has a valid record for, with the
+    same kernels. A quick run gives some tasks one or two rounds (2 trials per task), so candidates that all
+    time out or crash under load leave such a task with nothing to store: the second build tunes it again,
+    and only it (the tuned build's report, read here, says which)."""
     assert _import("models").main(["--quick", "--models", "mlp", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "build from the store: 0 trials" in out and "same kernels as the tuned build: yes" in out
     report_path = tmp_path / "mlp" / "tuned" / "mlp.report" / "report.json"
     assert str(report_path) in out
     report = json.loads(report_path.read_text())
     assert 0 < report["tuning"]["new_trials"] <= 2 * len(report["tasks"])
+    unmeasured = [t["id"] for t in report["tasks"] if t["best_latency_s"] is None]
+    n = len(report["tasks"])
+    assert f"{n - len(unmeasured)} of {n} tasks found in the store" in out, out
+    assert "same kernels as the tuned build: yes" in out, out
+    if not unmeasured:  # the usual case
+        assert "build from the store: 0 trials" in out, out
+    else:
+        assert f"left task(s) {', '.join(map(str, unmeasured))} without a valid measurement" in out, out
 
 
 @pytest.mark.slow

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import pytest
 
 from aotc.search.scheduler import (
+    INVALID,
     Objective,
     RoundOutcome,
     TaskScheduler,
@@ -71,6 +72,25 @@ def test_heavy_task_gets_more_trials_than_light_one():
     assert rounds.calls[:2] == [0, 1]  # warm-up: one round per task first
     assert rounds.closed
     assert sched.curve[-1][0] == 320 and sched.curve[-1][2] < sched.curve[1][2]
+
+
+def test_a_task_whose_baseline_failed_warms_up_first():
+    """A small budget (the default schedules, then one 2-trial round for two of four tasks) goes first to
+    the task whose default schedule measured nothing valid (a timeout under load): otherwise it ends the
+    run with no valid schedule, and a build from the store tunes it again."""
+
+    class FailingBaseline(FakeRounds):
+        def __call__(self, i, n):
+            if i == 0 and not self.calls.count(0):
+                self.calls.append(i)
+                return RoundOutcome([math.inf] * n)
+            return super().__call__(i, n)
+
+    rounds = FailingBaseline([1e-3] * 4)
+    sched = TaskScheduler(tasks([1, 1, 1, 1]), rounds, per_round=8, baseline_trials=1, eps=0.0, **quiet())
+    sched.tune(8)
+    assert rounds.calls == [0, 1, 2, 3, 0, 3]  # baselines, then task 0, then the rest last first
+    assert sched.progress[0].best_cost < INVALID and math.isfinite(sched.estimated_latency())
 
 
 def test_round_robin_alternates_and_ignores_weights():

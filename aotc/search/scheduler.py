@@ -306,6 +306,10 @@ class TaskScheduler:
                     if self.baseline_trials[i]:
                         reason = reason or self._step(i, "baseline", self.baseline_trials[i])
                 fresh.reverse()  # the measurers of the last tasks are still open
+            # a task whose baseline measured nothing valid (a timeout, a crash under load) warms up first:
+            # a small budget spent on the others would leave it with no valid schedule at all (its kernel
+            # then the unmeasured default, and nothing of it in the store)
+            fresh.sort(key=lambda i: self.progress[i].best_cost < INVALID)
             for i in fresh:
                 if not reason and not self.progress[i].dead:
                     reason = self._step(i, "warm-up")
