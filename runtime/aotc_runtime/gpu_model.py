@@ -100,6 +100,7 @@ class GPUModel(LoadedModel):
         self._plan = plan
         self._lock = threading.Lock()
         self._graphs: dict[tuple, object | None] = {}
+        self._seen_once: set[tuple] = set()
         self._check_device_limits()
         self._scratch_offsets, arena = _scratch_layout(plan.gpu)
         self.variants = [self._variant(v) for v in plan.variants]
@@ -285,14 +286,19 @@ class GPUModel(LoadedModel):
         launched one by one. Weights, workspace and scratch never move, so a graph is keyed by the
         variant and the input and output addresses."""
         key = (id(variant), *(b.handle for kind in ("input", "output") for b in buffers[kind]))
-        if key not in self._graphs:
+        if key not in self._graphs and key in self._seen_once:
             if len(self._graphs) >= MAX_GRAPHS:
                 oldest = self._graphs.pop(next(iter(self._graphs)))
                 if oldest is not None:
                     self.device.release(oldest)
             self._graphs[key] = self.device.capture(lambda: self._launch_calls(variant, buffers))
-        graph = self._graphs[key]
+        graph = self._graphs.get(key)
         if graph is None:
+            # recorded from the second call with these addresses on: run_dlpack's fresh output buffers
+            # may never come back, and recording costs more than launching once
+            if len(self._seen_once) >= 4 * MAX_GRAPHS:
+                self._seen_once.clear()
+            self._seen_once.add(key)
             self._launch_calls(variant, buffers)
         else:
             self.device.replay(graph)
