@@ -122,31 +122,36 @@ def test_sampled_gpu_programs_match_numpy_on_cuda(name, arch, device):
         device.unload_program(program)
 
 
-def _check_against_onnxruntime(package, model_path, inputs) -> None:
+def _check_against_onnxruntime(package, model_path, name: str, shape: tuple[int, ...]) -> None:
+    """Three runs on fresh inputs: kernels launched one by one, then recorded as a CUDA graph, then the
+    graph replayed; each matches onnxruntime."""
     model = aotc_runtime.load(str(package.path))
+    rng = np.random.default_rng(0)
     try:
-        got = model.run(inputs)
+        for _ in range(3):
+            inputs = {name: rng.standard_normal(shape).astype(np.float32)}
+            got = model.run(inputs)
+            refs = run_onnxruntime(onnx.load(str(model_path)), inputs)
+            for (out_name, out), ref in zip(got.items(), refs):
+                scale = float(np.max(np.abs(ref))) or 1.0
+                np.testing.assert_allclose(
+                    out, ref, rtol=MODEL_RTOL, atol=MODEL_RTOL * scale, err_msg=out_name
+                )
     finally:
         model.close()
-    refs = run_onnxruntime(onnx.load(str(model_path)), inputs)
-    for (name, out), ref in zip(got.items(), refs):
-        scale = float(np.max(np.abs(ref))) or 1.0
-        np.testing.assert_allclose(out, ref, rtol=MODEL_RTOL, atol=MODEL_RTOL * scale, err_msg=name)
 
 
 def test_resnet_style_cnn_on_cuda_matches_onnxruntime(arch, tmp_path):
     path = save(resnet18(size=32, width=8, classes=10), tmp_path / "resnet.onnx")
     package = aotc.compile(path, f"cuda -arch={arch}", output=tmp_path / "resnet.aotc")
     assert package.result.validation and all(row["ok"] for row in package.result.validation)
-    x = np.random.default_rng(0).standard_normal((1, 3, 32, 32)).astype(np.float32)
-    _check_against_onnxruntime(package, path, {"input": x})
+    _check_against_onnxruntime(package, path, "input", (1, 3, 32, 32))
 
 
 def test_transformer_encoder_on_cuda_matches_onnxruntime(arch, tmp_path):
     path = save(transformer_encoder(batch=2), tmp_path / "encoder.onnx")
     package = aotc.compile(path, f"cuda -arch={arch}", output=tmp_path / "encoder.aotc")
-    x = np.random.default_rng(1).standard_normal((2, 16, 64)).astype(np.float32)
-    _check_against_onnxruntime(package, path, {"x": x})
+    _check_against_onnxruntime(package, path, "x", (2, 16, 64))
 
 
 def test_cuda_build_tunes_on_the_gpu(arch, tmp_path):
@@ -182,3 +187,24 @@ def test_gpu_measurer_on_cuda_times_right_kernels_and_catches_wrong_ones(arch):
         ok, bad = measurer.measure_funcs([right, wrong])
     assert ok.error == ErrorCode.NO_ERROR and len(ok.costs) == 3 and min(ok.costs) > 0
     assert bad.error == ErrorCode.WRONG_ANSWER, bad.error_msg
+
+
+def test_run_dlpack_replays_its_graph_on_new_input_values(arch, tmp_path):
+    """The same input and output tensors, refilled between calls: launched, recorded, replayed; each call
+    computes on the values the input holds then."""
+    torch = pytest.importorskip("torch", reason="torch (a DLPack producer on the GPU) is not installed")
+    path = save(mlp(batch=4), tmp_path / "mlp.onnx")
+    package = aotc.compile(path, f"cuda -arch={arch}", output=tmp_path / "mlp.aotc")
+    model = aotc_runtime.load(str(package.path))
+    x = torch.empty((4, 64), device="cuda")
+    y = torch.empty((4, 10), device="cuda")
+    rng = np.random.default_rng(5)
+    try:
+        for _ in range(4):
+            host = rng.standard_normal((4, 64)).astype(np.float32)
+            x.copy_(torch.from_numpy(host))
+            assert model.run_dlpack({"input": x}, outputs={"output": y})["output"] is y
+            (ref,) = run_onnxruntime(onnx.load(str(path)), {"input": host})
+            np.testing.assert_allclose(y.cpu().numpy(), ref, rtol=MODEL_RTOL, atol=MODEL_RTOL)
+    finally:
+        model.close()
