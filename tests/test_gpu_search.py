@@ -16,6 +16,7 @@ import pytest
 from aotc import te
 from aotc.codegen.gpu import build_opencl, compile_cuda, emit_gpu, gpu_source, opencl_device, run_opencl
 from aotc.schedule.default import default_schedule
+from aotc.schedule.default_gpu import untiled_gpu_schedule
 from aotc.schedule.lower import lower
 from aotc.schedule.state import Annotation, ComputeAtKind, IterKind
 from aotc.search.annotation import sample_state
@@ -246,9 +247,10 @@ def test_cuda_samples_respect_the_hardware_limits():
         assert bound[Annotation.THREAD_X] >= hw.warp_size
 
 
-def test_untuned_gpu_schedule_inlines_and_binds_every_root_stage():
+def test_untiled_gpu_schedule_inlines_and_binds_every_root_stage():
+    """The fallback of the untuned schedule (tests/test_gpu_default.py covers the tiled one)."""
     dag = _conv_nchw()
-    s = default_schedule(dag, CUDA)
+    s = untiled_gpu_schedule(dag, CUDA)
     roots = [st for st in s.stages if not st.is_placeholder and st.compute_at == ComputeAtKind.ROOT]
     assert [st.name for st in roots] == ["conv2d", "relu"]
     for st in roots:

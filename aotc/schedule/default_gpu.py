@@ -1,28 +1,57 @@
 """The untuned GPU schedule of any DAG: what a GPU build compiles where no record exists.
 
-Every stage without a reduction is inlined (Ansor's AlwaysInline is greedy on GPU), but Winograd's
-constant-indexed transforms; every stage left at the root
-becomes one kernel in which each thread computes one output element: its spatial loops fused, split by
-the block size and bound to blockIdx.x / threadIdx.x, its reduction (if any) a serial loop per thread;
-but a stage with fewer outputs than its reduction is long (softmax rows, a global pool) reduces each
-output across the 32 threads of a block.
-Correct for every DAG and every GPU; fast only for element-wise stages: tuning finds the tiled ones.
+A stage with data reuse (matmul, dense, batch matmul, conv2d) gets Ansor's GPU multi-level tiling with
+tile sizes from a heuristic (`aotc.schedule.gpu_tiling`): register tiles per thread, blocks of threads,
+its inputs staged through shared memory, its element-wise consumer fused. Every other stage without a
+reduction is inlined (Ansor's AlwaysInline is greedy on GPU), but Winograd's constant-indexed transforms;
+every stage left at the root becomes one kernel in which each thread computes one output element: its
+spatial loops fused, split by the block size and bound to blockIdx.x / threadIdx.x, its reduction (if any)
+a serial loop per thread; but a stage with fewer outputs than its reduction is long (softmax rows, a
+global pool, a batch-1 dense layer with a long reduction) reduces each output across the 32 threads of a
+block. Where the tiled program does not lower, or the GPU codegen rejects it against the target's
+limits, the next best tiling is tried, and at last the untiled schedule (correct for every DAG and GPU).
 """
 
 from __future__ import annotations
 
 import math
 
-from aotc.schedule.state import Annotation, ComputeAtKind, IterKind, State
+from aotc.schedule.gpu_tiling import CANDIDATES, CROSS_THREAD_WIDTH, tiled_gpu_schedule
+from aotc.schedule.lower import lower
+from aotc.schedule.state import Annotation, ComputeAtKind, IterKind, ScheduleError, State
 from aotc.target import Target
 from aotc.te.dag import ComputeDAG
 from aotc.te.tensor import CONST_INDEX_AXES
 
 THREADS_PER_BLOCK = 128  # four warps: enough to hide latency, within every OpenCL device's 256
-CROSS_THREAD_WIDTH = 32  # threads that reduce one long row together (a warp)
 
 
 def gpu_default_schedule(dag: ComputeDAG, target: Target) -> State:
+    """The tiled schedule (the best valid of the heuristic's tilings), else the untiled one."""
+    for rank in range(CANDIDATES):
+        tiled = tiled_gpu_schedule(dag, target, rank)
+        if tiled is None:
+            break
+        s = bind_root_stages(tiled, target)
+        if gpu_program_error(s, target) is None:
+            return s
+    return untiled_gpu_schedule(dag, target)
+
+
+def gpu_program_error(s: State, target: Target) -> str | None:
+    """Why the state does not lower, or the GPU codegen refuses its program for the target; None if valid."""
+    from aotc.codegen.gpu import GPUCodegenError, emit_gpu  # codegen is downstream: no import cycle
+
+    try:
+        emit_gpu(lower(s, "default"), target)
+    except (ScheduleError, GPUCodegenError) as err:
+        return str(err)
+    return None
+
+
+def untiled_gpu_schedule(dag: ComputeDAG, target: Target) -> State:
+    """One thread per output point (or a block's threads per output of a long reduction), every
+    reduction-free stage but the outputs inlined."""
     s = State.initial(dag)
     for op in reversed(dag.compute_ops):
         sid = s.stage_id(op.name)
@@ -30,10 +59,17 @@ def gpu_default_schedule(dag: ComputeDAG, target: Target) -> State:
             continue  # a Winograd transform inlined would be its whole sum again at every use
         if op not in s.outputs and all(it.kind == IterKind.SPATIAL for it in s.stages[sid].iters):
             s = s.compute_inline(sid)
+    return bind_root_stages(s, target)
+
+
+def bind_root_stages(s: State, target: Target) -> State:
+    """Every root stage not bound yet: a block per output of a long reduction, else one point a thread."""
     for name in [st.name for st in s.stages]:
         st = s.stages[s.stage_id(name)]
         if st.is_placeholder or st.compute_at != ComputeAtKind.ROOT:
             continue
+        if any(it.annotation != Annotation.NONE for it in st.iters):
+            continue  # tiled and bound already
         space = math.prod(it.extent or 1 for it in st.iters if it.kind == IterKind.SPATIAL)
         reduce = math.prod(it.extent or 1 for it in st.iters if it.kind == IterKind.REDUCE)
         if reduce > CROSS_THREAD_WIDTH and space < reduce:  # few long rows: a block per row

@@ -14,6 +14,7 @@ from dataclasses import replace
 from functools import lru_cache
 
 from aotc.schedule.default_gpu import bind_one_thread_per_point, bind_outer_to_blocks
+from aotc.schedule.gpu_tiling import bind_tiled, cooperative_fetch, divisors, level_run
 from aotc.schedule.lower import infer_bound
 from aotc.schedule.state import Annotation, ComputeAtKind, IterKind, ScheduleError, State
 from aotc.schedule.steps import SplitStep, Step, effective_consumers, replay
@@ -30,12 +31,6 @@ from aotc.te.dag import ComputeDAG
 from aotc.te.tensor import CONST_INDEX_AXES
 
 # ---- FillTileSize -----------------------------------------------------------------------------------
-
-
-@lru_cache(maxsize=4096)
-def divisors(n: int) -> tuple[int, ...]:
-    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
-    return tuple(sorted(set(small + [n // d for d in small])))
 
 
 @lru_cache(maxsize=4096)
@@ -418,8 +413,8 @@ def bind_threads(ctx: SearchContext, state: State, rng: random.Random) -> State 
         st = state.stages[sid]
         if st.is_placeholder or st.compute_at != ComputeAtKind.ROOT:
             continue
-        if _level_run(st.iters, 0, ".0") and _level_run(st.iters, _level_run(st.iters, 0, ".0"), ".1"):
-            state = _bind_tiled(state, sid, hw)
+        if level_run(st.iters, 0, ".0") and level_run(st.iters, level_run(st.iters, 0, ".0"), ".1"):
+            state = bind_tiled(state, sid, hw)
         else:
             state = _bind_untiled(state, sid, hw, rng)
         if state is None:
@@ -428,42 +423,6 @@ def bind_threads(ctx: SearchContext, state: State, rng: random.Random) -> State 
         state = _cooperative_fetch(ctx, state, state.stage_id(name))
         if state is None:
             return None
-    return state
-
-
-def _level_run(iters, start: int, suffix: str) -> int:
-    """How many spatial iterators from `start` on are parts of one tile level (`ax.1`, `ay.1`, ...)."""
-    n = 0
-    while start + n < len(iters):
-        it = iters[start + n]
-        if it.kind != IterKind.SPATIAL or it.annotation != Annotation.NONE or not it.name.endswith(suffix):
-            break
-        n += 1
-    return n
-
-
-def _fuse_and_bind(state: State, sid: int, pos: int, n: int, annotation: Annotation) -> State:
-    if n > 1:
-        state = state.fuse(sid, list(range(pos, pos + n)))
-    return state.bind(sid, pos, annotation)
-
-
-def _bind_tiled(state: State, sid: int, hw) -> State | None:
-    iters = state.stages[sid].iters
-    n_block = _level_run(iters, 0, ".0")
-    state = _fuse_and_bind(state, sid, 0, n_block, Annotation.BLOCK_X)
-    n_vthread = _level_run(state.stages[sid].iters, 1, ".1")
-    state = _fuse_and_bind(state, sid, 1, n_vthread, Annotation.VTHREAD)
-    if (state.stages[sid].iters[1].extent or 1) > hw.max_vthread_extent:
-        return None
-    n_thread = _level_run(state.stages[sid].iters, 2, ".2")
-    if n_thread == 0:
-        return None
-    state = _fuse_and_bind(state, sid, 2, n_thread, Annotation.THREAD_X)
-    threads = state.stages[sid].iters[2].extent or 1
-    space = math.prod(it.extent or 1 for it in state.stages[sid].iters if it.kind == IterKind.SPATIAL)
-    if threads > hw.max_threads_per_block or (threads < hw.warp_size and space > 2 * hw.warp_size):
-        return None  # past the block limit, or too few threads for a warp where the work has enough
     return state
 
 
@@ -488,12 +447,7 @@ def _cooperative_fetch(ctx: SearchContext, state: State, sid: int) -> State | No
     spatial = splits[: len(consumer.op.axes)]
     if len(spatial) != len(consumer.op.axes):
         return None
-    n = len(st.iters)
-    if n > 1:
-        state = state.fuse(sid, list(range(n)))
-    state = state.split(sid, 0, [1]).vectorize(sid, 1)
-    state = state.follow_fused_split(sid, 0, spatial, 1, True)
-    return state.bind(sid, 1, Annotation.THREAD_X)
+    return cooperative_fetch(state, sid, spatial)
 
 
 CPU_INIT_RULES = (
