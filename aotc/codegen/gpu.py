@@ -158,6 +158,7 @@ class GPUKernel:
     name: str
     params: tuple[Buffer, ...]  # the function's params and workspace buffers it uses, in that order
     launch: LaunchConfig
+    local_words: int = 0  # 32-bit words of the arrays each thread declares (its register tiles)
 
 
 @dataclass(frozen=True)
@@ -240,9 +241,27 @@ def emit_gpu(func: PrimFunc, target=None) -> GPUModule:
     return GPUModule("\n".join(texts), tuple(kernels), tuple(func.params), tuple(workspace))
 
 
+# A thread's arrays live in registers only when they fit: 255 32-bit registers per thread on NVIDIA GPUs,
+# which also hold the operands and addresses. Larger ones (sampled tiles reached 4096 outputs per thread)
+# sit in local memory and cannot be fast, so a program with them is refused rather than measured; in
+# sampled sm_90 GEMM kernels every 256-word tile spilled to the stack (ptxas -v) and no 128-word one did.
+MAX_LOCAL_WORDS_PER_THREAD = 128
+
+
 def _check_limits(kernel: GPUKernel, target) -> None:
     hw = target.hw
     launch = kernel.launch
+    words = kernel.local_words
+    if words > MAX_LOCAL_WORDS_PER_THREAD:
+        raise GPUCodegenError(
+            f"kernel {kernel.name}: {words} 32-bit words of per-thread arrays, more than the "
+            f"{MAX_LOCAL_WORDS_PER_THREAD} registers can hold"
+        )
+    if hw.registers_per_block and words * launch.threads_per_block > hw.registers_per_block:
+        raise GPUCodegenError(
+            f"kernel {kernel.name}: {launch.threads_per_block} threads with {words} words of arrays each, "
+            f"more than {target}'s {hw.registers_per_block} registers per block"
+        )
     if launch.threads_per_block > hw.max_threads_per_block:
         raise GPUCodegenError(
             f"kernel {kernel.name}: {launch.threads_per_block} threads per block, more than {target}'s "
@@ -337,7 +356,13 @@ class _KernelWriter:
             [f"__global__ void {bounds} {self.name}({args}) {{", *offsets, *shared_decls, *lines, "}", ""]
         )
         shared_bytes = sum(b.num_elements * _ITEM_BYTES[b.dtype] for b in self.shared)
-        return GPUKernel(self.name, params, LaunchConfig(grid, block, shared_bytes)), text  # type: ignore[arg-type]
+        local_words = sum(
+            b.num_elements * -(-_ITEM_BYTES[b.dtype] // 4)
+            for s in walk_stmts(root)
+            if isinstance(s, Allocate) and (b := s.buffer).scope == "local"
+        )
+        launch = LaunchConfig(grid, block, shared_bytes)  # type: ignore[arg-type]
+        return GPUKernel(self.name, params, launch, local_words), text
 
     def _check_races(self, root: Stmt) -> None:
         """Refuse an update (a store reading its own buffer) that threads could run on one element at once."""
@@ -438,7 +463,9 @@ class _KernelWriter:
             return
         if free_vars(s.extent) & self.thread_vars:
             divergent = divergent or f"for ({var} < {extent})"
-        if s.kind == ForKind.UNROLLED:
+        if s.kind == ForKind.UNROLLED or isinstance(s.extent, Const) and s.var in _local_index_vars(s.body):
+            # a thread's array stays in registers only if every index into it is a constant after
+            # unrolling; a loop left rolled put a 32-float register tile in local memory (ptxas: stack)
             out.append(f"{pad}#pragma unroll")
         self.nonneg_vars.add(s.var)
         out.append(f"{pad}for ({self.index_type} {var} = 0; {var} < {extent}; ++{var}) {{")
@@ -595,6 +622,28 @@ def _fits_int32_indices(root: Stmt, globals_: tuple[Buffer, ...], extent: dict[s
 
 def _is_zero(e: Expr) -> bool:
     return isinstance(e, Const) and e.value == 0 and not is_float(e.dtype)
+
+
+def _local_index_vars(root: Stmt) -> set[Var]:
+    """The variables in the indices of thread-local (register) arrays that `root` reads or writes."""
+    found: set[Var] = set()
+    for s in walk_stmts(root):
+        exprs: list[Expr] = []
+        if isinstance(s, BufferStore):
+            if s.buffer.scope == "local":
+                found.update(*(free_vars(i) for i in s.indices))
+            exprs = [s.value, *s.indices]
+        elif isinstance(s, For):
+            exprs = [s.extent]
+        elif isinstance(s, IfThenElse):
+            exprs = [s.cond]
+        elif isinstance(s, LetStmt):
+            exprs = [s.value]
+        for e in exprs:
+            for n in walk(e):
+                if isinstance(n, Load) and n.buffer.scope == "local":
+                    found.update(*(free_vars(i) for i in n.indices))
+    return found
 
 
 def _buffers_of(s: Stmt) -> list[Buffer]:
