@@ -7,7 +7,8 @@
 #
 # The GPU machine has PyTorch, onnx, onnxruntime, cuda-bindings and NVRTC but not llvmlite 0.50, xgboost
 # or tflite: those travel in .whl/ (ignored by git) as llvmlite.tar.xz (the wheel's files, xz-compressed
-# so that they fit the 64 MiB transfer) and wheels. Logs and tuning records go to $OUT.
+# so that they fit the 64 MiB transfer) and wheels. Logs and tuning records go to $OUT; records of an
+# earlier call, carried in .records/ (ignored by git), are copied there first, so tuning resumes from them.
 set -u
 tests=$1
 shift
@@ -15,6 +16,7 @@ out=${OUT:-/tmp/aotc-gpu-out}
 site=/tmp/aotc-site
 mkdir -p "$out" "$site"
 start=$(date +%s)
+if ls .records/*.jsonl >/dev/null 2>&1; then cp .records/*.jsonl "$out/"; fi
 if [ -f .whl/llvmlite.tar.xz ]; then tar xJf .whl/llvmlite.tar.xz -C "$site"; fi
 if ls .whl/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" .whl/*.whl
