@@ -329,7 +329,7 @@ class TaskScheduler:
         seconds = time.monotonic() - self._start
         self.log(
             f"tuning done: {self.total_trials - tuned_from} trials in {self.round_count} rounds, "
-            f"{seconds:.1f} s ({reason})"
+            f"{seconds:.1f} s ({reason}){time_split(self.rounds)}"
         )
         return TuneSummary(self.total_trials - tuned_from, self.round_count, seconds, reason)
 
@@ -573,6 +573,16 @@ class MeasurerPool:
         while self._open:
             _, m = self._open.popitem()
             m.close()
+
+
+def time_split(rounds: object) -> str:
+    """Where the tuning time went, summed over the tasks' searches ("; search 12.3 s, build ..."), or ""
+    for round runners without local searches (a cluster's)."""
+    searches = getattr(rounds, "searches", None)
+    if not searches:
+        return ""
+    parts = ", ".join(f"{k} {sum(s.seconds[k] for s in searches):.1f} s" for k in searches[0].seconds)
+    return f"; {parts}"
 
 
 class SearchRounds:
