@@ -1,6 +1,6 @@
 """aotc on an NVIDIA GPU next to PyTorch on the same GPU, in the same run: GEMM, ResNet-18, a BERT-style encoder.
 
-    python benchmarks/gpu.py [--minutes 30] [--models gemm,resnet18,bert] [--batches 1,16] [--rounds 3] [--log F]
+    python benchmarks/gpu.py [--minutes 30] [--models gemm,resnet18,bert] [--batches 1,16] [--rounds 3] [--log F [--profile N]]
 
 Needs an NVIDIA GPU, torch (`pip install torch==2.13.0`; keep pip from pulling another torch) and
 `aotc[cuda]`; without a GPU it says so and exits with status 2, touching no GPU driver. Each model is
@@ -259,6 +259,7 @@ class AotcRun:
     call: Callable[[], list]  # outputs as torch tensors on the GPU
     via: str  # "dlpack" (device tensors in and out) or "host" (numpy in and out: host copies timed)
     build_s: float
+    model: object = None  # the loaded package (aotc_runtime)
 
 
 def aotc_run(torch, path: Path, target: str, inputs: dict, seconds: float, records: Path, args):
@@ -290,7 +291,7 @@ def aotc_run(torch, path: Path, target: str, inputs: dict, seconds: float, recor
             outs = outs.values() if isinstance(outs, dict) else outs
             return [o if isinstance(o, torch.Tensor) else torch.from_dlpack(o) for o in outs]
 
-        run = AotcRun(call, "dlpack", build_s)
+        run = AotcRun(call, "dlpack", build_s, model)
     else:
         host = {name: t.cpu().numpy() for name, t in inputs.items()}
         device = next(iter(inputs.values())).device
@@ -298,7 +299,7 @@ def aotc_run(torch, path: Path, target: str, inputs: dict, seconds: float, recor
         def call_host() -> list:
             return [torch.from_numpy(o).to(device) for o in model.run(host).values()]
 
-        run = AotcRun(call_host, "host", build_s)
+        run = AotcRun(call_host, "host", build_s, model)
     run.call()  # a package that builds but fails to run fails here, as a row of the table
     return run
 
@@ -320,6 +321,26 @@ def build_log(args, path: Path) -> Callable[[str], None]:
             f.write(f"{time.strftime('%H:%M:%S')} {path.stem}: {message}\n")
 
     return write
+
+
+def log_profile(args, label: str, run: AotcRun) -> None:
+    """With --profile N and --log: the package's N costliest tasks on the device (each call timed in
+    place, summed per task), appended to the log."""
+    if not args.profile or args.log is None:
+        return
+    per_task: dict[str, list] = {}
+    for t in run.model.profile(repeat=5, warmup=1):
+        row = per_task.setdefault(t.task or t.kernel, [0.0, 0, 0])
+        row[0] += t.median_ms
+        row[1] += 1
+        row[2] += t.flops
+    total = sum(ms for ms, _, _ in per_task.values())
+    lines = [f"profile {label}: {total:.3f} ms in {sum(n for _, n, _ in per_task.values())} calls"]
+    for task, (ms, n, flops) in sorted(per_task.items(), key=lambda kv: -kv[1][0])[: args.profile]:
+        rate = f"{flops / ms / 1e6:9.1f} GFLOP/s" if flops else " " * 17
+        lines.append(f"  {ms:8.3f} ms {100 * ms / total:5.1f}%  {n:3d} calls  {rate}  {task}")
+    with open(args.log, "a") as f:
+        f.write("\n".join(lines) + "\n")
 
 
 def rel_error(got, ref) -> float:
@@ -370,6 +391,7 @@ def bench_gemm(torch, target: str, workdir: Path, seconds: float, args) -> tuple
     runners["aotc"] = ours.call
     ms = best_of_rounds(runners, torch.cuda.synchronize, args.rounds, args.repeat)
     err = rel_error(ours.call()[0], runners["eager"]())
+    log_profile(args, "gemm", ours)
     note = f"TFLOP/s: aotc {flops / ms['aotc'] / 1e9:.1f}, torch.matmul {flops / ms['eager'] / 1e9:.1f}"
     return row("gemm", "-", ms["aotc"], ours.via, ms["eager"], None, err, ours.build_s, note), True
 
@@ -397,6 +419,7 @@ def bench_model(
         runners["aotc"] = ours.call
         ms = best_of_rounds(runners, torch.cuda.synchronize, args.rounds, args.repeat)
         err = rel_error(ours.call()[0], runners["eager"]()[0])
+        log_profile(args, f"{name} batch {batch}", ours)
     return row(name, batch, ms["aotc"], ours.via, ms["eager"], ms["compile"], err, ours.build_s), True
 
 
@@ -424,6 +447,9 @@ def main(argv: list[str] | None = None) -> int:
         help="keep the tuning records (one MODEL.jsonl each) in this directory (default: temporary)",
     )
     ap.add_argument("--log", type=Path, help="append each build's messages (tuning progress) to this file")
+    ap.add_argument(
+        "--profile", type=int, default=0, help="with --log: log each package's N costliest tasks on the GPU"
+    )
     ap.add_argument(
         "--no-validate", dest="validate", action="store_false", help="skip onnxruntime validation"
     )

@@ -43,7 +43,7 @@ fi
 for run in "$@"; do
     IFS=: read -r minutes models batches <<<"$run"
     python3 benchmarks/gpu.py --minutes "$minutes" --models "$models" --batches "$batches" --rounds 2 \
-        --repeat 10 --records "$out" --log "$out/build.log" 2>&1 | tee -a "$out/bench.log"
+        --repeat 10 --records "$out" --log "$out/build.log" --profile 8 2>&1 | tee -a "$out/bench.log"
     echo "run $run done at $(($(date +%s) - start)) s"
 done
 ls -la "$out"
