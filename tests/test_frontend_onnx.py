@@ -111,6 +111,45 @@ BROADCAST = [
     case("Mul", [Input((3, 4)), np.array(2.5, np.float32)], id="mul-scalar"),
     case("Div", [Input((3, 4)), Input((4,), low=0.5, high=2.0)], id="div"),
     case("Div", [Input((2, 4), "int32", -20, 20), np.array([3, -2, 5, -7], np.int32)], id="div-int-trunc"),
+    # Mod (exact: tolerance 0): fmod=0 is the floor modulo, the divisor's sign (np.mod), fmod=1 C's fmod,
+    # the dividend's sign (np.fmod); negative operands on both sides, broadcast both ways
+    case(
+        "Mod",
+        [Input((2, 4), "int32", -20, 20), np.array([3, -2, 5, -7], np.int32)],
+        opset=13,
+        tol=(0, 0),
+        id="mod-int-floor",
+    ),
+    case(
+        "Mod",
+        [Input((2, 1, 4), "int64", -20, 20), np.array([[3], [-4], [7]], np.int64)],
+        opset=10,
+        fmod=1,
+        tol=(0, 0),
+        id="mod-int-fmod-bcast",
+    ),
+    case(
+        "Mod",
+        [Input((3, 4), low=-10, high=10), Input((4,), low=-3, high=3)],
+        opset=13,
+        fmod=1,
+        tol=(0, 0),
+        id="mod-float-fmod",
+    ),
+    case(
+        "Mod",
+        [Input((3, 4), "uint8", 0, 250), np.array([3, 7, 250, 1], np.uint8)],
+        opset=13,
+        tol=(0, 0),
+        id="mod-uint8",
+    ),
+    case(
+        "CastLike",
+        [Input((3, 4), low=-9, high=9), np.zeros((1,), np.int32)],
+        opset=15,
+        tol=(0, 0),
+        id="castlike-float-int",
+    ),
     case("Pow", [POS, f32(2.0)], id="pow-square"),
     case("Pow", [POS, Input((4,), low=-1.5, high=1.5)], id="pow-bcast"),
     case("Pow", [POS, np.array(3, np.int64)], id="pow-int-exponent"),
@@ -1130,3 +1169,82 @@ def test_clip_without_a_bound_clips_infinities_to_the_finite_range(opset, operan
     x = np.array([-np.inf, -2.0, 0.5, 3e38, np.inf], np.float32)
     graph = check_model(model, {"x0": x})
     assert np.isfinite(run_graph(graph, {"x0": x})["y0"]).all()
+
+
+# --- Mod, CastLike, float16 accumulation (issue 19) -----------------------------------------------------------
+
+EDGE_A = np.array([5.5, -5.5, 5.5, -5.5, 0.0, -0.0, 3.0, -3.0, np.inf, -np.inf, 1.0, np.nan, 7.0, -2.5])
+EDGE_B = np.array([2.0, 2.0, -2.0, -2.0, 3.0, -3.0, 0.0, -0.0, 2.0, 2.0, np.inf, 1.0, -np.inf, np.inf])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("fmod, opset", [(0, 28), (1, 13), (1, 28)])
+def test_float_mod_matches_numpy_on_signs_zeros_and_infinities(dtype, fmod, opset):
+    """Mod-28's fmod=0 is np.mod (NaN for a zero divisor or an infinite dividend, the divisor for an
+    infinite one of the other sign); fmod=1 is np.fmod (exact, as C's fmod). Bit for bit, NaNs equal."""
+    a, b = EDGE_A.astype(dtype), EDGE_B.astype(dtype)
+    model = single_op_model("Mod", [Input((14,), dtype), Input((14,), dtype)], opset=opset, fmod=fmod)
+    got = run_graph(load_onnx(model.SerializeToString()), {"x0": a, "x1": b})["y0"]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        expected = np.fmod(a, b) if fmod else np.mod(a, b)
+    assert got.dtype == dtype
+    np.testing.assert_array_equal(got, expected)
+
+
+def test_float_mod_with_fmod_0_before_mod_28_is_refused():
+    model = single_op_model("Mod", [Input((3,)), Input((3,))], opset=13)
+    with pytest.raises(ConversionError, match=r"Mod-13 \(opset 13\): fmod=0 on float32 inputs is invalid"):
+        load_onnx(model.SerializeToString())
+
+
+@pytest.mark.parametrize("opset", [15, 19, 21, 23, 24, 25])
+def test_castlike_casts_to_the_type_of_its_second_input_without_reading_it(opset):
+    model = single_op_model("CastLike", [Input((2, 3)), Input((1,), "int64")], opset=opset)
+    graph = load_onnx(model.SerializeToString())
+    x = np.array([[1.7, -1.7, 0.2], [-0.9, 5.5, -5.5]], np.float32)
+    got = run_graph(graph, {"x0": x, "x1": np.zeros(1, np.int64)})["y0"]
+    np.testing.assert_array_equal(got, np.array([[1, -1, 0], [0, 5, -5]], np.int64))
+    assert got.dtype == np.int64
+
+
+def test_castlike_and_cast_to_types_aotc_does_not_compile_are_refused_naming_the_type():
+    model = single_op_model("CastLike", [Input((2, 3)), Input((1,))], opset=21)
+    model.graph.input[1].CopyFrom(helper.make_tensor_value_info("x1", onnx.TensorProto.BFLOAT16, [1]))
+    with pytest.raises(ConversionError, match=r"input x1 has unsupported element type BFLOAT16 \(16\)"):
+        load_onnx(model.SerializeToString())
+    model = single_op_model("Cast", [Input((2, 3))], opset=21, to=onnx.TensorProto.FLOAT8E4M3FN)
+    with pytest.raises(ConversionError, match=r"cannot cast to element type FLOAT8E4M3FN \(17\)"):
+        load_onnx(model.SerializeToString())
+
+
+def test_float16_sums_accumulate_in_float32_and_softmax_follows_its_function_body():
+    """A float16 MatMul sums in float32 and rounds once (as onnxruntime and ONNX's reference do): summed in
+    float16, 512 products of ~0.5 drift by many ulp. A float16 Softmax is its ONNX function body, each
+    step a float16 tensor, equal to ONNX's reference evaluator; LogSoftmax is rounded once."""
+    from onnx.reference import ReferenceEvaluator
+
+    rng = np.random.default_rng(0)
+    a = rng.uniform(0.5, 1.0, (2, 512)).astype(np.float16)
+    b = rng.uniform(0.5, 1.0, (512, 3)).astype(np.float16)
+    model = single_op_model("MatMul", [Input((2, 512), "float16"), b], opset=17)
+    got = run_graph(load_onnx(model.SerializeToString()), {"x0": a})["y0"]
+    expected = (a.astype(np.float32) @ b.astype(np.float32)).astype(np.float16)
+    np.testing.assert_array_equal(got, expected)
+    in_float16 = np.zeros((2, 3), np.float16)
+    for k in range(512):
+        in_float16 += a[:, k : k + 1] * b[k : k + 1, :]
+    assert np.abs(in_float16.astype(np.float32) - expected).max() > 0.5
+
+    x = rng.uniform(-4, 4, (4, 7)).astype(np.float16)
+    model = single_op_model("Softmax", [Input((4, 7), "float16")], opset=17)
+    graph = load_onnx(model.SerializeToString())
+    assert "softmax" not in {node.op for node in graph.nodes}
+    (ref,) = ReferenceEvaluator(model).run(None, {"x0": x})
+    np.testing.assert_array_equal(run_graph(graph, {"x0": x})["y0"], ref)
+    # LogSoftmax in float32, rounded once: within half an ulp of the exact value
+    model = single_op_model("LogSoftmax", [Input((4, 7), "float16")], opset=17)
+    got = run_graph(load_onnx(model.SerializeToString()), {"x0": x})["y0"]
+    exact = x.astype(np.float64) - x.max(1, keepdims=True)
+    exact -= np.log(np.exp(exact).sum(1, keepdims=True))
+    assert got.dtype == np.float16
+    np.testing.assert_array_equal(got, exact.astype(np.float16))

@@ -63,6 +63,11 @@ DEFAULT_SUBSET = [
     "softmax_axis_0_expanded", "softmax_default_axis_expanded_ver18", "softmax_large_number",
     "split_1d_uneven_split_opset18", "split_equal_parts_2d_opset13", "sqrt", "sub_uint16", "sum_example",
     "tanh", "where_long_example",
+    # Mod (integer floor and fmod, float fmod, Mod-28's float floor with its edge cases), CastLike in the
+    # function bodies, float16 sums in float32 and Softmax's float16 function body (issue 19)
+    "mod_mixed_sign_int8", "mod_int64_fmod", "mod_mixed_sign_float32", "mod_float_edge_cases_fmod_0_float32",
+    "mod_broadcast", "softplus_expanded_ver18", "causal_conv_with_state_silu_fp16_expanded",
+    "attention_4d_causal_fp16_expanded",
     # opsets outside 13-21 (issue 19 item 2): opset 1 (Not-1), 7 (And-7), 11 (Dropout-10), the newest
     # versions (Conv-22, ConvTranspose-22, MaxPool-22, AveragePool-22, Cast-25, Dropout-22's mask,
     # Shape-25, Transpose-25)

@@ -51,6 +51,10 @@ SAMPLES: dict[str, list[tuple[list[TensorType], dict]]] = {
         for op in BINARY
     },
     "divide": [([t(3, 4), t(4)], {}), ([t(3, 4, dtype="int32"), t(4, dtype="int32")], {})],
+    **{
+        op: [([t(3, 4), t(4)], {}), ([t(3, 4, dtype="int32"), t(4, dtype="int32")], {})]
+        for op in ("mod", "fmod")
+    },
     "where": [([t(3, 1, dtype="bool"), t(3, 4), t(4)], {})],
     "conv2d": [
         ([X, t(4, 3, 3, 3), t(4)], WINDOW),

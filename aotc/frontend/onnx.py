@@ -37,6 +37,7 @@ from aotc.ir.expr import DTYPES, unique_name
 from aotc.topi.elemwise import broadcast_shape
 
 __all__ = [
+    "FLOAT16_ACCUMULATES_IN_FLOAT32",
     "OPSET_MAX",
     "OPSET_MIN",
     "VERSIONS",
@@ -60,6 +61,27 @@ OPSET_MAX = onnx.defs.onnx_opset_version()
 
 NONEMPTY = "aotc compiles tensors with at least one element"
 
+FLOAT16_ACCUMULATES_IN_FLOAT32 = frozenset(
+    {
+        "conv2d",
+        "conv2d_transpose",
+        "matmul",
+        "dense",
+        "avg_pool2d",
+        "reduce_sum",
+        "reduce_mean",
+        "softmax",
+        "log_softmax",
+        "layer_norm",
+        "instance_norm",
+    }
+)
+"""Graph ops that sum over many elements: on float16 operands the frontend emits them in float32 between
+casts (inputs widened, the result rounded to float16 once), as onnxruntime and ONNX's reference compute
+them. Accumulated in float16, each partial sum would round: a depthwise convolution of 4 taps was 3 ulp
+off (issue 19). A float16 constant operand folds to float32. (Softmax on float16 is emitted as its ONNX
+function body instead, each step a float16 tensor: `_softmax_op`.)"""
+
 InputShapes = Mapping[str, tuple[Sequence[int], str | None]]
 
 _DTYPES = {
@@ -76,6 +98,17 @@ _DTYPES = {
     onnx.TensorProto.UINT64: "uint64",
     onnx.TensorProto.BOOL: "bool",
 }
+
+
+_UNSUPPORTED_TYPES = "aotc compiles float16/32/64, int8 to int64, uint8 to uint64 and bool tensors"
+
+
+def _elem_type_name(elem_type: int) -> str:
+    """An ONNX element type's name and number (FLOAT8E4M3FN (17)), or just the number if onnx has no name."""
+    try:
+        return f"{onnx.TensorProto.DataType.Name(elem_type)} ({elem_type})"
+    except ValueError:
+        return str(elem_type)
 
 
 def load_onnx(path_or_bytes: str | os.PathLike | bytes, input_shapes: InputShapes | None = None) -> Graph:
@@ -372,6 +405,16 @@ class OnnxConverter:
 
         `out` is the ONNX name of the value; None makes a fresh name for an intermediate.
         """
+        if op in FLOAT16_ACCUMULATES_IN_FLOAT32 and any(
+            v is not None and v.type.dtype == "float16" for v in inputs
+        ):
+            wide = [
+                self.emit("cast", [v], {"dtype": "float32"})
+                if v is not None and v.type.dtype == "float16"
+                else v
+                for v in inputs
+            ]
+            return self.emit("cast", [self.emit(op, wide, attrs)], {"dtype": "float16"}, out)
         n = self.node
         # an empty constant may be dropped by a converter (Concat does) but no graph op takes one
         empty = [v.name for v in inputs if v is not None and v.type.num_elements == 0]
@@ -411,7 +454,9 @@ class OnnxConverter:
         data = np.asarray(data)
         dtype = "bool" if data.dtype == np.bool_ else str(data.dtype)
         if dtype not in DTYPES:
-            raise self.fail(f"constant {name} has unsupported element type {data.dtype}")
+            raise self.fail(
+                f"constant {name} has unsupported element type {data.dtype}; {_UNSUPPORTED_TYPES}"
+            )
         return Value(name, TensorType(tuple(int(s) for s in data.shape), dtype), data=data)
 
 
@@ -421,7 +466,10 @@ def _model_dims(vi: onnx.ValueInfoProto, source: str) -> list[int | str | None] 
         raise ConversionError(f"{source}: input {vi.name} is not a tensor")
     tt = vi.type.tensor_type
     if tt.elem_type not in _DTYPES:
-        raise ConversionError(f"{source}: input {vi.name} has unsupported element type {tt.elem_type}")
+        raise ConversionError(
+            f"{source}: input {vi.name} has unsupported element type {_elem_type_name(tt.elem_type)}; "
+            + _UNSUPPORTED_TYPES
+        )
     if not tt.HasField("shape"):
         return None
     dims = [d.dim_value if d.dim_value > 0 else (d.dim_param or None) for d in tt.shape.dim]
@@ -516,6 +564,7 @@ VERSIONS: dict[str, tuple[int, ...]] = {
     "AveragePool": (7, 10, 11, 19, 22),  # 7: count_include_pad; 10: ceil_mode; 19: dilations
     "BatchNormalization": (7, 9, 14, 15),  # 7: spatial (0 refused); 14: training_mode (1 refused)
     "Cast": (6, 9, 13, 19, 21, 23, 24, 25, 28),  # 19+: saturate, round_mode only for float8/4 (refused)
+    "CastLike": (15, 19, 21, 23, 24, 25),  # Cast to input 1's type; saturate/round_mode as Cast's
     "Ceil": (6, 13),
     "Clip": (6, 11, 12, 13),  # 6: min/max attributes; 11: inputs
     "Concat": (4, 11, 13),
@@ -557,6 +606,7 @@ VERSIONS: dict[str, tuple[int, ...]] = {
     "MaxPool": (1, 8, 10, 11, 12, 22),  # 8: storage_order, Indices (refused when used); 10: ceil_mode
     "Mean": (6, 8, 13),
     "Min": (6, 8, 12, 13),
+    "Mod": (10, 13, 28),  # before 28: fmod=0 integers only (floats refused); 28: floats floor too
     "Mul": (7, 13, 14),
     "Neg": (6, 13),
     "Not": (1,),
@@ -684,15 +734,42 @@ def _identity(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
     return [x]
 
 
-@converts("Cast")
+@converts("Cast", "CastLike")
 def _cast(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
-    to = n.attr("to")
-    if to not in _DTYPES:
-        raise cv.fail(f"cannot cast to element type {to}")
+    """Cast to `to`, CastLike to the element type of input 1 (whose values it does not read). `saturate`
+    and `round_mode` only apply to float8/float4 targets, which aotc does not compile: a node casting to
+    one is refused here (CastLike's input 1 of such a type already is, as an input or a constant)."""
     x = n.inputs[0]
-    if _DTYPES[to] == x.type.dtype:
+    if n.op_type == "CastLike":
+        dtype = n.inputs[1].type.dtype
+    else:
+        to = n.attr("to")
+        if to not in _DTYPES:
+            raise cv.fail(f"cannot cast to element type {_elem_type_name(to)}; {_UNSUPPORTED_TYPES}")
+        dtype = _DTYPES[to]
+    if dtype == x.type.dtype:
         return [x]
-    return [cv.emit("cast", [x], {"dtype": _DTYPES[to]}, n.outputs[0])]
+    return [cv.emit("cast", [x], {"dtype": dtype}, n.outputs[0])]
+
+
+@converts("Mod")
+def _mod(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
+    """fmod=0: the floor modulo, the divisor's sign (np.mod); fmod=1: C's fmod, the dividend's sign
+    (np.fmod). Before Mod-28, fmod=0 is defined on integers only (and fmod=1 on floats, but onnxruntime and
+    Mod-28 read it on integers as the truncated remainder, as aotc does)."""
+    a, b = n.inputs
+    fmod = n.attr("fmod", 0)
+    if fmod not in (0, 1):
+        raise cv.fail(f"fmod must be 0 or 1, got {fmod}")
+    dtype = a.type.dtype
+    if dtype == "bool" or b.type.dtype == "bool":
+        raise cv.fail("Mod is not defined on bool tensors")
+    if fmod == 0 and dtype.startswith("float") and n.older_than(28):
+        raise cv.fail_version(
+            f"fmod=0 on {dtype} inputs is invalid: this version defines it on integers only (set fmod=1 for "
+            "C's fmod; Mod-28 defines a floor modulo of floats)"
+        )
+    return [cv.emit("fmod" if fmod else "mod", [a, b], out=n.outputs[0])]
 
 
 @converts("Clip")
@@ -719,13 +796,28 @@ def _softmax(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
     shape = x.type.shape
     op = "softmax" if n.op_type == "Softmax" else "log_softmax"
     if not n.older_than(13):
-        return [cv.emit(op, [x], {"axis": onnx_axis(cv, n.attr("axis", -1), len(shape))}, n.outputs[0])]
+        axis = onnx_axis(cv, n.attr("axis", -1), len(shape))
+        return [_softmax_op(cv, op, x, axis, n.outputs[0])]
     # Softmax-1/11: over the input coerced to 2-D, [prod(shape[:axis]), prod(shape[axis:])] (axis default 1)
     axis = onnx_axis(cv, n.attr("axis", 1), len(shape)) if shape else 0
     if axis >= len(shape) - 1:  # the 2-D rows are the last axis: the same as softmax over it
-        return [cv.emit(op, [x], {"axis": max(len(shape) - 1, 0)}, n.outputs[0])]
+        return [_softmax_op(cv, op, x, max(len(shape) - 1, 0), n.outputs[0])]
     rows = cv.emit("reshape", [x], {"shape": (math.prod(shape[:axis]), math.prod(shape[axis:]))})
-    return [cv.emit("reshape", [cv.emit(op, [rows], {"axis": 1})], {"shape": shape}, n.outputs[0])]
+    return [cv.emit("reshape", [_softmax_op(cv, op, rows, 1)], {"shape": shape}, n.outputs[0])]
+
+
+def _softmax_op(cv: OnnxConverter, op: str, x: Value, axis: int, out: str | None = None) -> Value:
+    """Graph op `op` (softmax or log_softmax) of `x` along `axis`. A float16 Softmax is ONNX's function body
+    of Softmax-13 op by op, each result a float16 tensor: x - max, its exp (rounded to float16), their sum
+    (accumulated in float32), the quotient, as ONNX's reference computes it and its conformance tests expect
+    (one float32 softmax rounded once differs from that by up to 2 ulp: issue 19). A float16 LogSoftmax is
+    computed in float32 and rounded once (FLOAT16_ACCUMULATES_IN_FLOAT32): ONNX's reference takes the log of
+    the float16 softmax instead of its function body, and both are ~10 ulp off at large negative outputs."""
+    if op != "softmax" or x.type.dtype != "float16" or not x.type.shape:
+        return cv.emit(op, [x], {"axis": axis}, out)
+    reduced = {"axes": (axis,), "keepdims": True}
+    exps = cv.emit("exp", [cv.emit("subtract", [x, cv.emit("reduce_max", [x], reduced)])])
+    return cv.emit("divide", [exps, cv.emit("reduce_sum", [exps], reduced)], out=out)
 
 
 def onnx_axis(cv: OnnxConverter, axis: int, ndim: int) -> int:

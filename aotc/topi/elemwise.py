@@ -80,6 +80,29 @@ def divide(a: Expr, b: Expr) -> Expr:
     return select(logical_and(ne(a % b, const(0, a.dtype)), signs_differ), q + 1, q)
 
 
+def mod(a: Expr, b: Expr) -> Expr:
+    """Floor modulo, the sign of the divisor (Python's `%`, numpy's np.mod; ONNX Mod with fmod=0). Exact:
+    floats as numpy's npy_divmod (the C fmod, then moved into the divisor's sign), integers in integer
+    arithmetic; an integer divisor of 0 gives 0 (numpy's result; ONNX leaves it undefined)."""
+    return a % b
+
+
+def fmod(a: Expr, b: Expr) -> Expr:
+    """Truncated modulo, the sign of the dividend (C's fmod, numpy's np.fmod; ONNX Mod with fmod=1): the
+    floor modulo of the magnitudes with the dividend's sign for floats, so exact, a NaN for a zero divisor or
+    an infinite dividend, the dividend for an infinite divisor (a dividend of -0 gives +0, which ONNX
+    allows); for signed integers the floor modulo moved back by the divisor where the signs differ (no
+    overflow: |floor mod| < |b| and the result has the dividend's sign)."""
+    if a.dtype.startswith("float"):
+        m = abs_(a) % abs_(b)
+        return select(a < const(0, a.dtype), -m, m)
+    if a.dtype.startswith("uint"):
+        return a % b
+    r = a % b
+    zero = const(0, a.dtype)
+    return select(logical_and(ne(r, zero), ne(r < zero, a < zero)), r - b, r)
+
+
 def pow_(a: Expr, b: Expr) -> Expr:
     """ONNX Pow, in the base's dtype. An integer base is raised in float64 and truncated toward zero, as
     onnxruntime does (std::pow, then a cast): exact while |result| < 2**53, and 2 ** -1 is 0."""
@@ -143,6 +166,8 @@ BINARY: dict[str, Callable[[Expr, Expr], Expr]] = {
     "subtract": lambda a, b: a - b,
     "multiply": lambda a, b: a * b,
     "divide": divide,
+    "mod": mod,
+    "fmod": fmod,
     "power": pow_,
     "maximum": maximum,
     "minimum": minimum,
