@@ -3,7 +3,8 @@
 #
 #   bash benchmarks/gpu_session.sh TESTS RUN...
 #     TESTS   pytest paths of the gpu tests to run first, or "none"
-#     RUN     one benchmarks/gpu.py run each, as MINUTES:MODELS:BATCHES (e.g. 1:gemm:1 0:resnet18,bert:1,16)
+#     RUN     one benchmarks/gpu.py run each, as MINUTES:MODELS:BATCHES (e.g. 1:gemm:1 0:resnet18,bert:1,16),
+#             or "tiles": benchmarks/gpu_tiles.py
 #
 # The GPU machine has PyTorch, onnx, onnxruntime, cuda-bindings and NVRTC but not llvmlite 0.50, xgboost
 # or tflite: those travel in .whl/ (ignored by git) as llvmlite.tar.xz (the wheel's files, xz-compressed
@@ -41,6 +42,11 @@ if [ "$tests" != none ]; then
     echo "tests done at $(($(date +%s) - start)) s"
 fi
 for run in "$@"; do
+    if [ "$run" = tiles ]; then  # the untuned tilings under other preferences (benchmarks/gpu_tiles.py)
+        python3 benchmarks/gpu_tiles.py 2>&1 | tee "$out/tiles.log"
+        echo "tiles done at $(($(date +%s) - start)) s"
+        continue
+    fi
     IFS=: read -r minutes models batches <<<"$run"
     python3 benchmarks/gpu.py --minutes "$minutes" --models "$models" --batches "$batches" --rounds 2 \
         --repeat 10 --records "$out" --log "$out/build.log" --profile 8 2>&1 | tee -a "$out/bench.log"

@@ -197,6 +197,6 @@ def test_a_tiling_the_codegen_rejects_falls_back(monkeypatch):
     small = dataclasses.replace(cuda, hw=dataclasses.replace(cuda.hw, max_shared_memory_per_block=256))
     big = tiles_for(dag, _anchor(dag), cuda)
     assert all(t.shared_bytes > 256 for t in big)
-    monkeypatch.setattr(gpu_tiling, "tiles_for", lambda dag, op, target: big)
+    monkeypatch.setattr(gpu_tiling, "tiles_for", lambda dag, op, target, prefs: big)
     state = default_schedule(dag, small)
     assert state.steps == untiled_gpu_schedule(dag, small).steps

@@ -36,18 +36,29 @@ STRUCTURE = "SSSRRSRS"  # Ansor's GPU multi-level tiling: block, vthread, thread
 FUSION_LEVEL = 3  # the consumer computes the tiled stage inside its thread level
 AUTO_UNROLL = 512  # unrolls a register tile of up to 8x8 with its reduce step
 CROSS_THREAD_WIDTH = 32  # a reduction this long with fewer outputs is reduced across threads instead
-MIN_THREADS, MAX_THREADS = 128, 256  # threads per block the heuristic aims for
-REGISTER_TILE = 16  # outputs per thread it aims for (4x4) ...
-MAX_AXIS_REGISTERS = 8  # ... at most 8 along one axis ...
-MAX_REGISTER_TILE = 64  # ... and 8x8 in all
-BLOCK_OUTPUTS = 64 * 64  # outputs per block beyond which more reuse is not worth fewer blocks
-STAGED_REDUCTION = 16  # reduce length staged in shared memory per barrier: a matmul's k tile ...
-MAX_STAGED_REDUCTION = 40  # ... or a few input channels of a 3x3 window (4 x 9)
+MAX_STAGED_REDUCTION = 40  # a few input channels of a 3x3 window (4 x 9) staged at once
 MAX_WHOLE_WINDOW = 64  # reduce axes besides the longest one are staged whole up to this product
 BLOCKS_PER_CORE = 2  # blocks per SM (CUDA) the grid should at least have
 MIN_GRID = 16  # the floor of that where the target does not say how many cores it has (OpenCL)
 WARP = 32  # threads that run in lock step on most GPUs: a block of a multiple of it wastes no lanes
 CANDIDATES = 3  # tilings tried, best first, before the untiled schedule
+
+
+@dataclass(frozen=True)
+class TilePreferences:
+    """What the tiling heuristic aims for; the defaults make the untuned schedule (benchmarks/gpu_tiles.py
+    times other choices on a GPU)."""
+
+    min_threads: int = 128  # threads per block it aims for, at least ...
+    max_threads: int = 256  # ... and at most
+    register_tile: int = 16  # outputs per thread it aims for (4x4) ...
+    max_axis_registers: int = 8  # ... at most this many along one axis ...
+    max_register_tile: int = 64  # ... and this many in all (8x8)
+    block_outputs: int = 64 * 64  # outputs per block beyond which more reuse is not worth fewer blocks
+    staged_reduction: int = 16  # reduce length staged in shared memory per barrier: a matmul's k tile
+
+
+DEFAULT_PREFERENCES = TilePreferences()
 
 
 @lru_cache(maxsize=4096)
@@ -140,9 +151,9 @@ def _reads(op: ComputeOp) -> list[_Read]:
     return out
 
 
-def _reduce_tiles(op: ComputeOp) -> list[int]:
+def _reduce_tiles(op: ComputeOp, staged: int) -> list[int]:
     """Staged length per reduce axis: the short ones (a conv's window) whole, the longest (k, input
-    channels) split so that the stage holds about STAGED_REDUCTION..MAX_STAGED_REDUCTION terms."""
+    channels) split so that the stage holds about `staged`..MAX_STAGED_REDUCTION terms."""
     ext = [a.extent for a in op.reduce_axes]
     main = max(range(len(ext)), key=lambda k: (ext[k], -k))
     tiles = [1] * len(ext)
@@ -151,8 +162,8 @@ def _reduce_tiles(op: ComputeOp) -> list[int]:
         if k != main and whole * ext[k] <= MAX_WHOLE_WINDOW:
             tiles[k] = ext[k]
             whole *= ext[k]
-    most = STAGED_REDUCTION if whole == 1 else max(MAX_STAGED_REDUCTION, whole)
-    tiles[main] = max(d for d in divisors(ext[main]) if d <= STAGED_REDUCTION and d * whole <= most)
+    most = staged if whole == 1 else max(MAX_STAGED_REDUCTION, whole)
+    tiles[main] = max(d for d in divisors(ext[main]) if d <= staged and d * whole <= most)
     return tiles
 
 
@@ -187,22 +198,25 @@ def _thread_splits(extents: list[int], most: int):
             yield (t, *rest)
 
 
-def gpu_tiles(op: ComputeOp, hw: HardwareParams) -> list[GPUTiles]:
+def gpu_tiles(
+    op: ComputeOp, hw: HardwareParams, prefs: TilePreferences = DEFAULT_PREFERENCES
+) -> list[GPUTiles]:
     """Tilings of a stage for a GPU, best first (at most CANDIDATES).
 
-    A thread computes a register tile of about 4x4 (at most 8 per axis, 8x8 in all) on the two axes with
-    most reuse; a block has 128-256 threads where the extents allow, and at most 64x64 outputs; reduction
-    tiles of about 16 terms are staged in shared memory. Among the exact factorizations within the
-    target's thread and shared-memory limits, the score weighs the reuse of a block (multiply-adds per
-    element staged) and of a thread (per shared load) against too few blocks for the GPU's cores, idle
-    lanes of a partial warp, threads outside 128-256, and register tiles far from 16. The regions staged
-    are estimated from the affine read indices (a non-affine index counts its whole dimension)."""
+    With the default `prefs` a thread computes a register tile of about 4x4 (at most 8 per axis, 8x8 in
+    all) on the two axes with most reuse; a block has 128-256 threads where the extents allow, and at
+    most 64x64 outputs; reduction tiles of about 16 terms are staged in shared memory. Among the exact
+    factorizations within the target's thread and shared-memory limits, the score weighs the reuse of a
+    block (multiply-adds per element staged) and of a thread (per shared load) against too few blocks for
+    the GPU's cores, idle lanes of a partial warp, threads outside the aimed range, and register tiles far
+    from the aimed size. The regions staged are estimated from the affine read indices (a non-affine
+    index counts its whole dimension)."""
     axes = list(op.axes)
     n = len(axes)
     ext = [a.extent for a in axes]
     space = math.prod(ext)
     reads = _reads(op)
-    staged = _reduce_tiles(op)
+    staged = _reduce_tiles(op, prefs.staged_reduction)
     k_tile = math.prod(staged)
     reg_axes = _register_axes(op, reads)
     if not reg_axes:
@@ -212,13 +226,13 @@ def gpu_tiles(op: ComputeOp, hw: HardwareParams) -> list[GPUTiles]:
     min_blocks = BLOCKS_PER_CORE * hw.num_cores if hw.warp_size > 1 else MIN_GRID
     warp = max(hw.warp_size, WARP)
     found: list[GPUTiles] = []
-    options = [[d for d in divisors(ext[k]) if d <= MAX_AXIS_REGISTERS] for k in reg_axes]
+    options = [[d for d in divisors(ext[k]) if d <= prefs.max_axis_registers] for k in reg_axes]
     for regs in product(*options):
         r = [1] * n
         for k, v in zip(reg_axes, regs):
             r[k] = v
         n_regs = math.prod(r)
-        if n_regs > MAX_REGISTER_TILE:
+        if n_regs > prefs.max_register_tile:
             continue
         thread_tile = r + [1] * len(staged)
         thread_loads = sum(rd.region(thread_tile) for rd in reads)
@@ -241,9 +255,10 @@ def gpu_tiles(op: ComputeOp, hw: HardwareParams) -> list[GPUTiles]:
                 - 1.5 * max(0.0, math.log2(min_blocks / BLOCKS_PER_CORE / blocks))
                 - 0.5 * max(0.0, math.log2(min_blocks / blocks))
                 + 3 * math.log2(n_threads / (-(-n_threads // warp) * warp))
-                - max(0.0, math.log2(MIN_THREADS / n_threads)) - max(0.0, math.log2(n_threads / MAX_THREADS))
-                - max(0.0, math.log2(outputs / BLOCK_OUTPUTS))
-                - 0.5 * abs(math.log2(n_regs / REGISTER_TILE))
+                - max(0.0, math.log2(prefs.min_threads / n_threads))
+                - max(0.0, math.log2(n_threads / prefs.max_threads))
+                - max(0.0, math.log2(outputs / prefs.block_outputs))
+                - 0.5 * abs(math.log2(n_regs / prefs.register_tile))
             )  # fmt: skip
             found.append(
                 GPUTiles(
@@ -262,26 +277,32 @@ def gpu_tiles(op: ComputeOp, hw: HardwareParams) -> list[GPUTiles]:
 
 
 @lru_cache(maxsize=256)
-def _cached_tiles(key: tuple, op: ComputeOp, hw: HardwareParams) -> tuple[GPUTiles, ...]:
-    return tuple(gpu_tiles(op, hw))
+def _cached_tiles(
+    key: tuple, op: ComputeOp, hw: HardwareParams, prefs: TilePreferences
+) -> tuple[GPUTiles, ...]:
+    return tuple(gpu_tiles(op, hw, prefs))
 
 
-def tiles_for(dag: ComputeDAG, op: ComputeOp, target: Target) -> tuple[GPUTiles, ...]:
+def tiles_for(
+    dag: ComputeDAG, op: ComputeOp, target: Target, prefs: TilePreferences = DEFAULT_PREFERENCES
+) -> tuple[GPUTiles, ...]:
     """`gpu_tiles`, remembered per workload (a build asks for a task's default more than once)."""
-    return _cached_tiles((dag.workload_key, op.name, str(target), target.hw), op, target.hw)
+    return _cached_tiles((dag.workload_key, op.name, str(target), target.hw), op, target.hw, prefs)
 
 
 # ---- the state --------------------------------------------------------------------------------------
 
 
-def tiled_gpu_schedule(dag: ComputeDAG, target: Target, rank: int = 0) -> State | None:
+def tiled_gpu_schedule(
+    dag: ComputeDAG, target: Target, rank: int = 0, prefs: TilePreferences = DEFAULT_PREFERENCES
+) -> State | None:
     """The GPU sketch of `dag` with every stage that `wants_tiles` tiled by its `rank`-th best tiling and
     bound to blocks and threads; its other root stages are left unbound. None if no stage wants tiles
     (or has that many tilings)."""
     chosen: dict[str, GPUTiles] = {}
     for op in dag.compute_ops:
         if wants_tiles(dag, op, target):
-            tiles = tiles_for(dag, op, target)
+            tiles = tiles_for(dag, op, target, prefs)
             if len(tiles) <= rank:
                 return None
             chosen[op.name] = tiles[rank]
