@@ -257,3 +257,49 @@ def test_opencl_records_are_keyed_apart_from_cpu_records():
     assert key.difference(TargetKey.of(parse_target("llvm -mcpu=generic"))) == (
         "record for a opencl target, this target is llvm"
     )
+
+
+def _float_divmod_dag(dtype: str):
+    a, b = te.placeholder((64,), name="a", dtype=dtype), te.placeholder((64,), name="b", dtype=dtype)
+    mod = te.compute((64,), lambda i: a[i] % b[i], "mod")
+    div = te.compute((64,), lambda i: a[i] // b[i], "div")
+    return te.ComputeDAG([mod, div])
+
+
+def _bound(dag):
+    state = State.initial(dag)
+    for name in ("mod", "div"):
+        state = (
+            state.split(name, 0, [32]).bind(name, 0, Annotation.BLOCK_X).bind(name, 1, Annotation.THREAD_X)
+        )
+    return state
+
+
+@needs_opencl
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_float_floor_modulo_and_division_match_numpy_bit_for_bit(dtype):
+    """np.remainder and np.floor_divide, as the CPU code computes them: signs, signed zeros, a zero
+    divisor (NaN, inf) and infinities included (before, a - floor(a / b) * b missed all of these)."""
+    dag = _float_divmod_dag(dtype)
+    module = emit_gpu(lower(_bound(dag), "divmod"), parse_target("opencl"))
+    rng = np.random.default_rng(3)
+    special = [0.0, -0.0, 1.0, -1.0, 2.5, -2.5, np.inf, -np.inf, 7.0, -7.0, 1e-30, 3.0]
+    a = np.concatenate([special, rng.uniform(-100, 100, 64 - len(special))]).astype(dtype)
+    b = np.concatenate([[3.0, -3.0, 0.0, -0.0, 2.0, -2.0, 3.0, -3.0, np.inf, -np.inf, 3.0, 1e-30]])
+    b = np.concatenate([b, rng.uniform(-10, 10, 64 - len(b))]).astype(dtype)
+    mod, div = run_opencl(module, [a, b], _DEVICE)
+    with np.errstate(all="ignore"):
+        want_mod, want_div = np.remainder(a, b), np.floor_divide(a, b)
+    for got, want in ((mod, want_mod), (div, want_div)):
+        np.testing.assert_array_equal(got, want, err_msg=module.opencl_source)
+        number = ~np.isnan(want)  # a NaN's sign bit is not specified
+        np.testing.assert_array_equal(np.signbit(got[number]), np.signbit(want[number]))
+
+
+@needs_nvcc
+def test_float_floor_modulo_compiles_as_cuda():
+    for dtype in ("float32", "float64"):
+        module = emit_gpu(
+            lower(_bound(_float_divmod_dag(dtype)), f"divmod_{dtype}"), parse_target("cuda -arch=sm_90")
+        )
+        assert compile_cuda(module.cuda_source, "sm_90")[:4] == b"\x7fELF"

@@ -90,6 +90,8 @@ OPENCL_PRELUDE = """\
 #define fminf fmin
 #define fmaxf fmax
 #define powf pow
+#define fmodf fmod
+#define copysignf copysign
 typedef long i64;
 typedef ulong u64;
 """
@@ -107,6 +109,38 @@ AOTC_INLINE i64 aotc_floormod(i64 a, i64 b) {
   return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
 }
 """
+# numpy's npy_divmod for floats (np.remainder, np.floor_divide), as the CPU code computes them: exact,
+# signed zeros and a zero divisor included
+_FLOAT_HELPERS = """\
+AOTC_INLINE <T> aotc_floormod_<S>(<T> a, <T> b) {
+  <T> m = fmod<F>(a, b);
+  if (b == (<T>)0) return m;
+  if (m != (<T>)0) return ((b < (<T>)0) != (m < (<T>)0)) ? m + b : m;
+  return copysign<F>((<T>)0, b);
+}
+AOTC_INLINE <T> aotc_floordiv_<S>(<T> a, <T> b) {
+  <T> m = fmod<F>(a, b);
+  <T> q = a / b;
+  if (b == (<T>)0) return q;
+  <T> d = (a - m) / b;
+  if (m != (<T>)0 && ((b < (<T>)0) != (m < (<T>)0))) d -= (<T>)1;
+  if (d == (<T>)0) return copysign<F>((<T>)0, q);
+  <T> f = floor<F>(d);
+  return (d - f > (<T>)0.5) ? f + (<T>)1 : f;
+}
+"""
+_FLOAT_HELPER_TYPES = {"f32": ("float", "f"), "f64": ("double", "")}
+
+
+def _helpers(body: str) -> str:
+    """The helper functions a source needs: the integer ones always, a float type's where the kernels
+    call them (a double one would not build on an OpenCL device without fp64)."""
+    return _HELPERS + "".join(
+        _FLOAT_HELPERS.replace("<T>", t).replace("<S>", suffix).replace("<F>", f)
+        for suffix, (t, f) in _FLOAT_HELPER_TYPES.items()
+        if f"_{suffix}(" in body
+    )
+
 
 _C_TYPES = {
     "float32": "float",
@@ -134,7 +168,8 @@ _RESERVED_WORDS = """auto break case char const constant continue default do dou
     uchar ushort uint ulong char2 char4 float2 float3 float4 float8 float16 int2 int4 uint3 image2d_t
     image3d_t sampler_t event_t size_t ptrdiff_t intptr_t uintptr_t complex imaginary true false
     __global__ __shared__ __device__ __constant__ __kernel __global __local threadIdx blockIdx blockDim
-    gridDim warpSize barrier GPTR RESTRICT AOTC_INLINE AOTC_BLOCK i64 u64 aotc_floordiv aotc_floormod exp log sqrt
+    gridDim warpSize barrier GPTR RESTRICT AOTC_INLINE AOTC_BLOCK i64 u64 aotc_floordiv aotc_floormod
+    aotc_floordiv_f32 aotc_floormod_f32 aotc_floordiv_f64 aotc_floormod_f64 fmod fmodf copysign copysignf exp log sqrt
     tanh erf fabs floor ceil rint fmin fmax pow expf logf sqrtf tanhf erff fabsf floorf ceilf rintf fminf
     fmaxf powf min max abs select asm template class new delete this operator namespace using"""
 _RESERVED = frozenset(_RESERVED_WORDS.split())
@@ -203,9 +238,9 @@ def gpu_source(modules: list[GPUModule], language: str) -> str:
     """One source holding the kernels of `modules` ("cuda" or "opencl"); kernel names must be unique."""
     body = "\n".join(m.body for m in modules)
     if language == "cuda":
-        return f'{CUDA_PRELUDE}extern "C" {{\n{_HELPERS}\n{body}}}\n'
+        return f'{CUDA_PRELUDE}extern "C" {{\n{_helpers(body)}\n{body}}}\n'
     if language == "opencl":
-        return f"{OPENCL_PRELUDE}{_HELPERS}\n{body}"
+        return f"{OPENCL_PRELUDE}{_helpers(body)}\n{body}"
     raise ValueError(f"language must be 'cuda' or 'opencl', got {language!r}")
 
 
@@ -518,11 +553,8 @@ class _KernelWriter:
                 return f"f{e.op}{'f' if f32 else ''}({a}, {b})"
             if e.op == "pow":
                 return f"pow{'f' if f32 else ''}({a}, {b})"
-            floor = "floorf" if f32 else "floor"
-            if e.op == "floordiv":
-                return f"{floor}({a} / {b})"
-            if e.op == "floormod":
-                return f"({a} - {floor}({a} / {b}) * {b})"
+            if e.op in ("floordiv", "floormod"):
+                return f"aotc_{e.op}_{'f32' if f32 else 'f64'}({a}, {b})"
         else:
             t = c_type(e.dtype)
             if e.op in ("min", "max"):
