@@ -99,8 +99,9 @@ def test_cuda_build_without_a_gpu_is_untuned_and_says_why(tmp_path, caplog):
     assert "skipped" in json.loads((package.result.report / "report.json").read_text())["measured_latency"]
 
 
-@needs_opencl
-def test_gpu_measurer_times_right_kernels_and_catches_wrong_ones():
+def check_measurer_times_right_kernels_and_catches_wrong_ones(target: str) -> None:
+    """A relu kernel measured on `target`'s device gets three costs; one that doubles instead is
+    WRONG_ANSWER."""
     x = te.placeholder((300,), name="x")
     dag = te.ComputeDAG([nn.relu(x)])
 
@@ -112,10 +113,15 @@ def test_gpu_measurer_times_right_kernels_and_catches_wrong_ones():
     y = te.placeholder((300,), name="x")
     wrong_dag = te.ComputeDAG([te.compute((300,), lambda i: y[i] * 2.0, "double")])
     wrong = lower(bound(State.initial(wrong_dag), "double"), "k")
-    with Measurer(dag, "opencl", MeasureOptions(n_build_workers=1, min_repeat_ms=1)) as measurer:
+    with Measurer(dag, target, MeasureOptions(n_build_workers=1, min_repeat_ms=1)) as measurer:
         ok, bad = measurer.measure_funcs([right, wrong])
     assert ok.error == ErrorCode.NO_ERROR and len(ok.costs) == 3 and min(ok.costs) > 0
     assert bad.error == ErrorCode.WRONG_ANSWER, bad.error_msg
+
+
+@needs_opencl
+def test_gpu_measurer_times_right_kernels_and_catches_wrong_ones():
+    check_measurer_times_right_kernels_and_catches_wrong_ones("opencl")
 
 
 @needs_opencl

@@ -18,18 +18,14 @@ import onnx
 import pytest
 
 import aotc
-from aotc import te
 from aotc.codegen.gpu import GPUModule, compile_cuda, emit_gpu, gpu_source
 from aotc.schedule.lower import lower
-from aotc.schedule.state import Annotation, State
-from aotc.search.common import ErrorCode
-from aotc.search.measure import MeasureOptions, Measurer
 from aotc.search.model_tuning import TuningOptions
 from aotc.target import parse_target
 from aotc.te.reference import evaluate
-from aotc.topi import nn
 from recipes.zoo.onnx_models import mlp, resnet18, save, transformer_encoder
 from tests.onnx_util import run_onnxruntime
+from tests.test_gpu_build import check_measurer_times_right_kernels_and_catches_wrong_ones
 from tests.test_gpu_search import WORKLOADS, sampled_states
 
 pytestmark = pytest.mark.gpu
@@ -171,22 +167,7 @@ def test_cuda_build_tunes_on_the_gpu(arch, tmp_path):
 
 
 def test_gpu_measurer_on_cuda_times_right_kernels_and_catches_wrong_ones(arch):
-    x = te.placeholder((300,), name="x")
-    dag = te.ComputeDAG([nn.relu(x)])
-
-    def bound(state: State, stage: str) -> State:
-        state = state.split(stage, 0, [64])
-        return state.bind(stage, 0, Annotation.BLOCK_X).bind(stage, 1, Annotation.THREAD_X)
-
-    right = lower(bound(State.initial(dag), "relu"), "k")
-    y = te.placeholder((300,), name="x")
-    wrong_dag = te.ComputeDAG([te.compute((300,), lambda i: y[i] * 2.0, "double")])
-    wrong = lower(bound(State.initial(wrong_dag), "double"), "k")
-    options = MeasureOptions(n_build_workers=1, min_repeat_ms=1)
-    with Measurer(dag, f"cuda -arch={arch}", options) as measurer:
-        ok, bad = measurer.measure_funcs([right, wrong])
-    assert ok.error == ErrorCode.NO_ERROR and len(ok.costs) == 3 and min(ok.costs) > 0
-    assert bad.error == ErrorCode.WRONG_ANSWER, bad.error_msg
+    check_measurer_times_right_kernels_and_catches_wrong_ones(f"cuda -arch={arch}")
 
 
 def test_run_dlpack_replays_its_graph_on_new_input_values(arch, tmp_path):

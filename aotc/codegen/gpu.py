@@ -660,18 +660,9 @@ def _local_index_vars(root: Stmt) -> set[Var]:
     """The variables in the indices of thread-local (register) arrays that `root` reads or writes."""
     found: set[Var] = set()
     for s in walk_stmts(root):
-        exprs: list[Expr] = []
-        if isinstance(s, BufferStore):
-            if s.buffer.scope == "local":
-                found.update(*(free_vars(i) for i in s.indices))
-            exprs = [s.value, *s.indices]
-        elif isinstance(s, For):
-            exprs = [s.extent]
-        elif isinstance(s, IfThenElse):
-            exprs = [s.cond]
-        elif isinstance(s, LetStmt):
-            exprs = [s.value]
-        for e in exprs:
+        if isinstance(s, BufferStore) and s.buffer.scope == "local":
+            found.update(*(free_vars(i) for i in s.indices))
+        for e in _exprs_of(s):
             for n in walk(e):
                 if isinstance(n, Load) and n.buffer.scope == "local":
                     found.update(*(free_vars(i) for i in n.indices))
@@ -679,20 +670,22 @@ def _local_index_vars(root: Stmt) -> set[Var]:
 
 
 def _buffers_of(s: Stmt) -> list[Buffer]:
-    exprs: list[Expr] = []
-    out: list[Buffer] = []
-    if isinstance(s, BufferStore):
-        out.append(s.buffer)
-        exprs = [s.value, *s.indices]
-    elif isinstance(s, For):
-        exprs = [s.extent]
-    elif isinstance(s, IfThenElse):
-        exprs = [s.cond]
-    elif isinstance(s, LetStmt):
-        exprs = [s.value]
-    for e in exprs:
-        out.extend(n.buffer for n in walk(e) if isinstance(n, Load))
+    out = [s.buffer] if isinstance(s, BufferStore) else []
+    out.extend(n.buffer for e in _exprs_of(s) for n in walk(e) if isinstance(n, Load))
     return out
+
+
+def _exprs_of(s: Stmt) -> list[Expr]:
+    """The expressions a statement itself holds (not those of the statements inside it)."""
+    if isinstance(s, BufferStore):
+        return [s.value, *s.indices]
+    if isinstance(s, For):
+        return [s.extent]
+    if isinstance(s, IfThenElse):
+        return [s.cond]
+    if isinstance(s, LetStmt):
+        return [s.value]
+    return []
 
 
 # ---- compilers and runners -------------------------------------------------------------------
