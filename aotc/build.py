@@ -39,7 +39,6 @@ from aotc.ir.dot import dot_forms
 from aotc.progress import build_log
 from aotc.recipe import InputSpec, Recipe
 from aotc.report import build_report, measure_package, report_dir, write_report
-from aotc.schedule.default import default_schedule
 from aotc.schedule.layout import rewrite_layout
 from aotc.schedule.lower import lower
 from aotc.schedule.state import State
@@ -47,6 +46,7 @@ from aotc.search.measure import device_unavailable
 from aotc.search.model_tuning import TuningRun, deadline_reserve, tune_tasks
 from aotc.search.records import Record, load_records
 from aotc.search.scheduler import TuneSummary
+from aotc.search.untuned import untuned_schedule
 from aotc.target import Target, check_features_checkable, host_target, parse_target
 from aotc.validate import require_reference
 
@@ -232,7 +232,7 @@ def choose_schedules(
     known = _load(records)
     sources = open_sources(records, tuning.tophub)
     lookups = lookup_kernels(sources, tasks, target)
-    defaults = [default_schedule(task.dag, target) for task in tasks]
+    defaults = [untuned_schedule(task.dag, target) for task in tasks]
     transfers = transfer_candidates(sources, tasks, lookups, defaults, target, tuning.transfer)
     if explain_cache:
         for i, (task, found, transfer) in enumerate(zip(tasks, lookups, transfers)):

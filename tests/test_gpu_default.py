@@ -14,12 +14,12 @@ import pytest
 from aotc import te
 from aotc.codegen.gpu import build_opencl, compile_cuda, emit_gpu, gpu_source, opencl_device, run_opencl
 from aotc.schedule import gpu_tiling
-from aotc.schedule.default import default_schedule
 from aotc.schedule.default_gpu import untiled_gpu_schedule
 from aotc.schedule.gpu_tiling import tiled_gpu_schedule, tiles_for, wants_tiles
 from aotc.schedule.lower import lower
 from aotc.schedule.state import Annotation, ComputeAtKind
 from aotc.search.sketch import generate_sketches, sketch_signature
+from aotc.search.untuned import untuned_schedule
 from aotc.target import parse_target
 from aotc.te.reference import evaluate
 from aotc.topi import nn
@@ -80,7 +80,7 @@ def _anchor(dag):
 
 
 def _kernels(dag, target, name="k"):
-    return emit_gpu(lower(default_schedule(dag, target), name), target)
+    return emit_gpu(lower(untuned_schedule(dag, target), name), target)
 
 
 @pytest.mark.parametrize("name", sorted(WORKLOADS))
@@ -90,7 +90,7 @@ def test_tiled_default_is_the_gpu_sketch_with_lengths(name):
     register tile of several outputs per thread, fused into its element-wise consumer or a `.local` copy."""
     dag = WORKLOADS[name]()
     target = OPENCL
-    state = default_schedule(dag, target)
+    state = untuned_schedule(dag, target)
     (sketch,) = generate_sketches(dag, target)
     assert sketch_signature(state)[: len(sketch.steps)] == sketch_signature(sketch)
     names = [st.name for st in state.stages]
@@ -172,13 +172,13 @@ def test_small_shapes_get_small_valid_tiles(target):
     dense = _dense_bias_relu(1, 3072, 768)
     conv = _conv_nchw(1, 512, 7, 512)
     for dag in (dense, conv):
-        state = default_schedule(dag, target)
+        state = untuned_schedule(dag, target)
         assert any(st.name.endswith(".shared") for st in state.stages)
         (kernel,) = emit_gpu(lower(state, "k"), target).kernels
         assert kernel.launch.threads_per_block <= target.hw.max_threads_per_block
     gemv = _dense_bias_relu(1, 768, 3072)
     assert not wants_tiles(gemv, _anchor(gemv), target)
-    state = default_schedule(gemv, target)
+    state = untuned_schedule(gemv, target)
     assert not any(st.name.endswith(".shared") for st in state.stages)
 
 
@@ -186,7 +186,7 @@ def test_stages_without_reuse_keep_the_untiled_schedule():
     x = te.placeholder((4, 8, 9, 9), name="x")
     for dag in (te.ComputeDAG([nn.relu(x)]), te.ComputeDAG([nn.pool2d_nchw(x, "max", 3, 2, 1)])):
         assert tiled_gpu_schedule(dag, TARGETS[1]) is None
-        assert default_schedule(dag, TARGETS[1]).steps == untiled_gpu_schedule(dag, TARGETS[1]).steps
+        assert untuned_schedule(dag, TARGETS[1]).steps == untiled_gpu_schedule(dag, TARGETS[1]).steps
 
 
 def test_a_tiling_the_codegen_rejects_falls_back(monkeypatch):
@@ -198,5 +198,5 @@ def test_a_tiling_the_codegen_rejects_falls_back(monkeypatch):
     big = tiles_for(dag, _anchor(dag), cuda)
     assert all(t.shared_bytes > 256 for t in big)
     monkeypatch.setattr(gpu_tiling, "tiles_for", lambda dag, op, target, prefs: big)
-    state = default_schedule(dag, small)
+    state = untuned_schedule(dag, small)
     assert state.steps == untiled_gpu_schedule(dag, small).steps

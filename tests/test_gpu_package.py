@@ -2,9 +2,10 @@
 strictly as CPU packages and runs them on an OpenCL device (PoCL on the CPU here) or an NVIDIA GPU.
 
 Packages are built the way aotc.build does (partition, one schedule per task, lower, package_spec) from
-the untuned GPU schedule (default_schedule: every root stage one thread per output point, the rest
-inlined). Tests skip, naming what is missing, without an OpenCL platform or a CUDA compiler; the `gpu`
-tests run a CUDA package on a real GPU and skip where a subprocess probe finds no driver or device.
+the untuned GPU schedule (aotc.search.untuned.untuned_schedule: tiled where a stage has reuse, else one
+thread per output point, the rest inlined). Tests skip, naming what is missing, without an OpenCL
+platform or a CUDA compiler; the `gpu` tests run a CUDA package on a real GPU and skip where a
+subprocess probe finds no driver or device.
 """
 
 from __future__ import annotations
@@ -34,8 +35,8 @@ from aotc.frontend.onnx import load_onnx
 from aotc.graph.partition import extract_tasks, partition
 from aotc.graph.passes import optimize
 from aotc.package import describe_package, write_package
-from aotc.schedule.default import default_schedule
 from aotc.schedule.lower import lower
+from aotc.search.untuned import untuned_schedule
 from aotc.signing import generate_keypair
 from aotc.target import parse_target
 from recipes.zoo.onnx_models import small_cnn
@@ -67,7 +68,7 @@ def gpu_package(path, target: str, batches=(1,), name: str = "cnn", sign_key=Non
         variants.append((graph, partition(graph)))
     tasks = merge_tasks([extract_tasks(groups) for _, groups in variants])
     t = parse_target(target)
-    funcs = [lower(default_schedule(task.dag, t), kernel_symbol(i, task)) for i, task in enumerate(tasks)]
+    funcs = [lower(untuned_schedule(task.dag, t), kernel_symbol(i, task)) for i, task in enumerate(tasks)]
     sources = [{"schedule": "default"} for _ in tasks]
     spec = package_spec(name, variants, tasks, funcs, t, sources, [{} for _ in tasks])
     write_package(spec, str(path), sign_key=sign_key)

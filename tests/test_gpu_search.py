@@ -15,7 +15,6 @@ import pytest
 
 from aotc import te
 from aotc.codegen.gpu import build_opencl, compile_cuda, emit_gpu, gpu_source, opencl_device, run_opencl
-from aotc.schedule.default import default_schedule
 from aotc.schedule.default_gpu import untiled_gpu_schedule
 from aotc.schedule.lower import lower
 from aotc.schedule.state import Annotation, ComputeAtKind, IterKind
@@ -23,6 +22,7 @@ from aotc.search.annotation import sample_state
 from aotc.search.evolution import mutate
 from aotc.search.lowering import lowered
 from aotc.search.sketch import SearchContext, generate_sketches
+from aotc.search.untuned import untuned_schedule
 from aotc.target import parse_target
 from aotc.te.reference import evaluate
 from aotc.te.tensor import LAYOUT_FREE
@@ -145,7 +145,7 @@ def sampled_states(dag, target, n: int, seed: int) -> list:
     ctx = SearchContext(dag, target)
     sketches = generate_sketches(dag, target)
     rng = random.Random(seed)
-    states = [default_schedule(dag, target)]
+    states = [untuned_schedule(dag, target)]
     for _ in range(40 * n):
         if len(states) > 2 * n:
             break
@@ -277,7 +277,7 @@ def test_long_reductions_get_cross_thread_sketches(name):
 def test_untuned_gpu_schedule_reduces_long_rows_across_threads():
     """Softmax over 300 columns of 3 rows: its max and sum stages give each row a block whose 32 threads
     reduce it together; the element-wise normalization keeps one thread per point."""
-    s = default_schedule(_long_softmax(), CUDA)
+    s = untuned_schedule(_long_softmax(), CUDA)
     by_name = {st.name: st for st in s.stages}
     for name in ("softmax_maxelem", "softmax_expsum"):
         bound = {it.annotation: it for it in by_name[name].iters if it.annotation != Annotation.NONE}

@@ -44,10 +44,10 @@ MAX_TILE_SCRATCH_BYTES = 256 * 1024
 
 
 def default_schedule(dag: ComputeDAG, target: Target) -> State:
+    """The untuned schedule of `dag` for the CPU `target`; for GPUs (whose untuned schedule needs the GPU
+    codegen's verdict) aotc.search.untuned.untuned_schedule."""
     if target.is_gpu:
-        from aotc.schedule.default_gpu import gpu_default_schedule
-
-        return gpu_default_schedule(dag, target)
+        raise ValueError(f"{target}: the untuned GPU schedule is aotc.search.untuned.untuned_schedule")
     s = State.initial(dag)
     for op in reversed(dag.compute_ops):
         if dag.analysis[op].is_strictly_inlineable:

@@ -1,4 +1,5 @@
-"""The untuned GPU schedule of any DAG: what a GPU build compiles where no record exists.
+"""The pieces of the untuned GPU schedule of any DAG (aotc.search.untuned puts them together: what a GPU
+build compiles where no record exists).
 
 A stage with data reuse (matmul, dense, batch matmul, conv2d) gets Ansor's GPU multi-level tiling with
 tile sizes from a heuristic (`aotc.schedule.gpu_tiling`): register tiles per thread, blocks of threads,
@@ -9,7 +10,7 @@ spatial loops fused, split by the block size and bound to blockIdx.x / threadIdx
 a serial loop per thread; but a stage with fewer outputs than its reduction is long (softmax rows, a
 global pool, a batch-1 dense layer with a long reduction) reduces each output across the 32 threads of a
 block. Where the tiled program does not lower, or the GPU codegen rejects it against the target's
-limits, the next best tiling is tried, and at last the untiled schedule (correct for every DAG and GPU).
+limits, the next best tiling is used, and at last the untiled schedule (correct for every DAG and GPU).
 """
 
 from __future__ import annotations
@@ -17,8 +18,7 @@ from __future__ import annotations
 import math
 
 from aotc.schedule.gpu_tiling import CANDIDATES, CROSS_THREAD_WIDTH, tiled_gpu_schedule
-from aotc.schedule.lower import lower
-from aotc.schedule.state import Annotation, ComputeAtKind, IterKind, ScheduleError, State
+from aotc.schedule.state import Annotation, ComputeAtKind, IterKind, State
 from aotc.target import Target
 from aotc.te.dag import ComputeDAG
 from aotc.te.tensor import CONST_INDEX_AXES
@@ -26,27 +26,17 @@ from aotc.te.tensor import CONST_INDEX_AXES
 THREADS_PER_BLOCK = 128  # four warps: enough to hide latency, within every OpenCL device's 256
 
 
-def gpu_default_schedule(dag: ComputeDAG, target: Target) -> State:
-    """The tiled schedule (the best valid of the heuristic's tilings), else the untiled one."""
+def tiled_gpu_candidates(dag: ComputeDAG, target: Target) -> list[State]:
+    """The heuristic's tilings of `dag`, best first, each with its other root stages bound as the untiled
+    schedule binds them; none where no stage wants tiles. Whether the GPU codegen accepts one is the
+    caller's question (aotc.search.untuned: the codegen comes after this stage)."""
+    found = []
     for rank in range(CANDIDATES):
         tiled = tiled_gpu_schedule(dag, target, rank)
         if tiled is None:
             break
-        s = bind_root_stages(tiled, target)
-        if gpu_program_error(s, target) is None:
-            return s
-    return untiled_gpu_schedule(dag, target)
-
-
-def gpu_program_error(s: State, target: Target) -> str | None:
-    """Why the state does not lower, or the GPU codegen refuses its program for the target; None if valid."""
-    from aotc.codegen.gpu import GPUCodegenError, emit_gpu  # codegen is downstream: no import cycle
-
-    try:
-        emit_gpu(lower(s, "default"), target)
-    except (ScheduleError, GPUCodegenError) as err:
-        return str(err)
-    return None
+        found.append(bind_root_stages(tiled, target))
+    return found
 
 
 def untiled_gpu_schedule(dag: ComputeDAG, target: Target) -> State:

@@ -203,11 +203,11 @@ def tune_tasks(
     `seeds[i]` (schedules of other CPUs) join the default schedule in task i's first round and then seed
     its search; `trials=0` measures only those first rounds. `warm_start(cost_model)` trains the shared
     cost model on stored records before a tuning (not a seeds-only) run."""
-    from aotc.schedule.default import default_schedule
     from aotc.search.cost_model import XGBCostModel
+    from aotc.search.untuned import untuned_schedule
 
     seeds = list(seeds) or [[] for _ in tasks]
-    initial = [[default_schedule(t.dag, target), *seed] for t, seed in zip(tasks, seeds)]
+    initial = [[untuned_schedule(t.dag, target), *seed] for t, seed in zip(tasks, seeds)]
     model = XGBCostModel()
     params = options.search
     with options.measurers(target) as open_measurer:  # a cluster's driver lives as long as the run
