@@ -44,11 +44,15 @@ __all__ = [
     "ConvWindow",
     "OnnxConverter",
     "OnnxNode",
+    "RunTimeValueError",
+    "CONSTANTS_KEY",
     "attr_value",
+    "constant_arrays",
     "conv_window",
     "converts",
     "load_onnx",
     "onnx_axis",
+    "specialized_model",
     "supported_operators",
 ]
 
@@ -111,17 +115,39 @@ def _elem_type_name(elem_type: int) -> str:
         return str(elem_type)
 
 
-def load_onnx(path_or_bytes: str | os.PathLike | bytes, input_shapes: InputShapes | None = None) -> Graph:
+CONSTANTS_KEY = "constants"
+"""The recipe key (and `aotc.compile` argument) that gives graph inputs values fixed at build time."""
+
+
+class RunTimeValueError(ConversionError):
+    """A node needs the value of an input at compile time (axes, pads, shapes, ...) that the model computes
+    or feeds at run time. `value` names that input's value; `inputs` are the graph inputs it derives from
+    (empty when none does): given in the recipe's `constants`, they make it a constant."""
+
+    def __init__(self, message: str, value: str, inputs: Sequence[str]):
+        super().__init__(message)
+        self.value = value
+        self.inputs = tuple(inputs)
+
+
+def load_onnx(
+    path_or_bytes: str | os.PathLike | bytes,
+    input_shapes: InputShapes | None = None,
+    constants: Mapping[str, Any] | None = None,
+) -> Graph:
     """Read an ONNX model into a Graph.
 
     `input_shapes` maps a graph input's name to `(shape, dtype)` (dtype None keeps the model's); it must
-    fix every dimension the model leaves dynamic.
+    fix every dimension the model leaves dynamic. `constants` maps graph inputs to values fixed at build
+    time (the recipe's `constants`): a numpy array of the input's dtype, or numbers / nested lists of them
+    (converted to its dtype where that is exact); those inputs are then constants, not package inputs.
     """
     model, source = _read(path_or_bytes)
     opset = _check_opset(model, source)
     _check_operators(model.graph, source)
     _check_versions(model.graph, opset, source)
     conv = OnnxConverter(model.graph, source, opset)
+    conv.bind_constants(constant_arrays(model.graph, constants or {}, source, input_shapes or {}))
     inputs = conv.bind_inputs(dict(input_shapes or {}))
     for i, proto in enumerate(model.graph.node):
         conv.convert(proto, i)
@@ -141,6 +167,81 @@ def _check_outputs_nonempty(graph: onnx.GraphProto, outputs: list[Value], source
             ]
             by = f" of node {made_by[0]}" if made_by else ""
             raise ConversionError(f"{source}: output {o.name}{by} is empty ({v.type}); {NONEMPTY}")
+
+
+def constant_arrays(
+    graph: onnx.GraphProto,
+    constants: Mapping[str, Any],
+    source: str,
+    input_shapes: Mapping[str, Any] | None = None,
+) -> dict[str, np.ndarray]:
+    """`constants` (graph input -> value) checked against the model and converted to each input's dtype:
+    a name that is not a graph input fed at run time, a numpy array of another dtype, numbers that the
+    input's dtype does not hold exactly, or a shape the model's does not allow is an InputShapeError
+    naming the input and the key."""
+    initialized = {t.name for t in graph.initializer}
+    runtime = {vi.name: vi for vi in graph.input if vi.name not in initialized}
+    out = {}
+    for name, given in constants.items():
+        key = f"{CONSTANTS_KEY}.{name}"
+        if name not in runtime:
+            what = "an initializer (a weight)" if name in initialized else "not a graph input"
+            raise InputShapeError(
+                f"{source}: {key}: {name!r} is {what}; the model's run-time inputs are "
+                f"{', '.join(runtime) or 'none'}"
+            )
+        if name in (input_shapes or {}):
+            raise InputShapeError(f"{source}: {key}: input {name} is given both a shape (inputs) and a value")
+        vi = runtime[name]
+        dims = _model_dims(vi, source)
+        dtype = _DTYPES[vi.type.tensor_type.elem_type]
+        array = _constant_array(given, dtype, f"{source}: {key}")
+        if dims is not None and (
+            len(dims) != array.ndim or any(isinstance(d, int) and d != s for d, s in zip(dims, array.shape))
+        ):
+            raise InputShapeError(
+                f"{source}: {key}: a value of shape {list(array.shape)} for input {name}, whose shape in the "
+                f"model is {_dims_str(dims)}"
+            )
+        if array.size == 0:
+            raise InputShapeError(f"{source}: {key}: the value is empty; {NONEMPTY}")
+        out[name] = array
+    return out
+
+
+def _constant_array(given: Any, dtype: str, where: str) -> np.ndarray:
+    """`given` as an array of `dtype`: a numpy array must have it; numbers and lists are converted when
+    every value survives the conversion (1 for an int64 input, not 1.5; 0/1 or true/false for bool)."""
+    if isinstance(given, np.ndarray):
+        if str(given.dtype) != dtype:
+            raise InputShapeError(f"{where}: an array of dtype {given.dtype}; the input is {dtype}")
+        return given
+    try:
+        raw = np.asarray(given)
+    except (TypeError, ValueError) as e:
+        raise InputShapeError(f"{where}: not a number or a (rectangular) list of numbers: {e}") from None
+    if raw.dtype.kind not in "biuf":
+        raise InputShapeError(f"{where}: expected numbers (or a .npy file), got {given!r}")
+    with np.errstate(all="ignore"):
+        array = raw.astype(dtype)
+        exact = np.array_equal(array.astype(raw.dtype), raw, equal_nan=raw.dtype.kind == "f")
+    if not exact or (dtype == "bool" and not np.isin(raw, (0, 1)).all()):
+        raise InputShapeError(
+            f"{where}: {raw.tolist()} is not exactly representable as {dtype}, the input's dtype"
+        )
+    return array
+
+
+def specialized_model(path_or_bytes: str | os.PathLike | bytes, constants: Mapping[str, Any]) -> bytes:
+    """The model with the graph inputs `constants` names turned into initializers of those values (checked
+    and converted as load_onnx does): what onnxruntime runs to check a package built with constants."""
+    model, source = _read(path_or_bytes)
+    arrays = constant_arrays(model.graph, constants, source)
+    kept = [vi for vi in model.graph.input if vi.name not in arrays]
+    del model.graph.input[:]
+    model.graph.input.extend(kept)
+    model.graph.initializer.extend(numpy_helper.from_array(a, name) for name, a in arrays.items())
+    return model.SerializeToString()
 
 
 def supported_operators() -> list[str]:
@@ -338,6 +439,11 @@ class OnnxConverter:
         where = f"node {n.name} ({n.op_type})" if n else "graph"
         return ConversionError(f"{self.source}: {where}: {msg}{self.batch.note() if n else ''}")
 
+    def bind_constants(self, arrays: Mapping[str, np.ndarray]) -> None:
+        """Graph inputs given values at build time (`constant_arrays`): constants from now on."""
+        for name, array in arrays.items():
+            self.values[name] = self._constant_value(name, array)
+
     def bind_inputs(self, shapes: dict[str, Any]) -> list[Value]:
         runtime = [vi for vi in self.graph.input if vi.name not in self.values]
         unknown = sorted(set(shapes) - {vi.name for vi in runtime})
@@ -439,14 +545,29 @@ class OnnxConverter:
         return self._constant_value(name, np.asarray(data, dtype))
 
     def const_input(self, n: OnnxNode, i: int, what: str) -> np.ndarray | None:
-        """The value of optional input `i`, which must be a constant (it sets an attribute)."""
+        """The value of optional input `i`, which must be a constant (it sets an attribute): one fed or
+        computed at run time is refused with a RunTimeValueError naming the graph inputs it derives from,
+        which the recipe's `constants` can fix."""
         v = n.input(i)
         if v is None:
             return None
         if not v.is_constant:
-            raise self.fail(
-                f"input {i} ({what}, value {v.name}) must be a constant: aotc needs it at compile time "
-                f"to fix shapes, but it is computed at run time"
+            sources = _graph_inputs_of(v)
+            if sources == [v.name]:
+                how = f"it is graph input {v.name}, fed at run time"
+            elif sources:
+                how = f"it is computed at run time from graph input{'s' if len(sources) > 1 else ''} {', '.join(sources)}"
+            else:
+                how = "it is computed at run time"
+            example = ", ".join(f"{s}: [...]" for s in sources) or "name: [...]"
+            raise RunTimeValueError(
+                f"{self.source}: node {n.name} ({n.op_type}): input {i} ({what}, value {v.name}) must be a "
+                f"constant: aotc needs its value at compile time, but {how}; give "
+                f"{'it' if len(sources) <= 1 else 'them'} in the recipe's `{CONSTANTS_KEY}` "
+                f"({CONSTANTS_KEY}: {{{example}}}, a value or a .npy file; aotc.compile(..., "
+                f"{CONSTANTS_KEY}=...)){self.batch.note()}",
+                v.name,
+                sources,
             )
         return v.data
 
@@ -545,6 +666,23 @@ def _split_given(name: str, given: Any) -> tuple[tuple[int, ...], str | None]:
 
 def _dims_str(dims: Sequence[int | str | None]) -> str:
     return "[" + ", ".join("?" if d is None else str(d) for d in dims) + "]"
+
+
+def _graph_inputs_of(value: Value) -> list[str]:
+    """The graph inputs a value computed at run time derives from, in the order they are found."""
+    found: dict[str, None] = {}
+    seen: set[int] = set()
+    todo = [value]
+    while todo:
+        v = todo.pop()
+        if v is None or v.is_constant or id(v) in seen:
+            continue
+        seen.add(id(v))
+        if v.producer is None:
+            found[v.name] = None
+        else:
+            todo.extend(reversed(v.producer.inputs))
+    return list(found)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -781,6 +919,9 @@ def _clip(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
         big = float(np.finfo(np.float32).max)
         attrs = {"min": n.attr("min", -big), "max": n.attr("max", big)}
         return [cv.emit("clip", [x], attrs, n.outputs[0])]
+    lo_v, hi_v = n.input(1), n.input(2)
+    if any(v is not None and not v.is_constant for v in (lo_v, hi_v)):
+        return [_clip_run_time(cv, n, x, lo_v, hi_v)]
     lo, hi = cv.const_input(n, 1, "min"), cv.const_input(n, 2, "max")
     limits = np.finfo(x.type.dtype) if x.type.dtype.startswith("float") else None
     attrs = {
@@ -788,6 +929,26 @@ def _clip(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
         "max": hi.item() if hi is not None else None if limits is None else float(limits.max),
     }
     return [cv.emit("clip", [x], attrs, n.outputs[0])]
+
+
+def _clip_run_time(cv: OnnxConverter, n: OnnxNode, x: Value, lo: Value | None, hi: Value | None) -> Value:
+    """Clip-11+ with a bound fed or computed at run time: min(max(x, lo), hi) with the bounds as kernel
+    inputs (scalars that broadcast), so min > max gives max, as the operator says. An absent bound is no
+    bound here: numeric_limits' one only differs on infinite inputs (the constant path keeps it)."""
+    for i, v in ((1, lo), (2, hi)):
+        if v is not None and (v.type.shape not in ((), (1,)) or v.type.dtype != x.type.dtype):
+            raise cv.fail(f"input {i} ({v.name}) must be a scalar of the input's type, got {v.type}")
+    y = x
+    if lo is not None:
+        y = cv.emit("maximum", [y, _scalar(cv, lo)], out=n.outputs[0] if hi is None else None)
+    if hi is not None:
+        y = cv.emit("minimum", [y, _scalar(cv, hi)], out=n.outputs[0])
+    return y
+
+
+def _scalar(cv: OnnxConverter, v: Value) -> Value:
+    """A one-element value as a 0-d one (so it broadcasts without raising the rank of a 0-d operand)."""
+    return v if v.type.shape == () else cv.emit("reshape", [v], {"shape": ()})
 
 
 @converts("Softmax", "LogSoftmax")
@@ -1040,6 +1201,12 @@ def _reduce(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
             return [x]
         axes = list(range(ndim))
     attrs = {"axes": tuple(sorted(set(axes))), "keepdims": bool(n.attr("keepdims", 1))}
+    if x.type.dtype == "bool" and n.op_type in ("ReduceMax", "ReduceMin"):
+        # ReduceMax/Min-20 on bool (any / all): over 0/1 bytes, which the codegen orders
+        wide = cv.emit("cast", [x], {"dtype": "uint8"})
+        return [
+            cv.emit("cast", [cv.emit(_REDUCE[n.op_type], [wide], attrs)], {"dtype": "bool"}, n.outputs[0])
+        ]
     return [cv.emit(_REDUCE[n.op_type], [x], attrs, n.outputs[0])]
 
 
@@ -1225,7 +1392,8 @@ def _pad(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
             raise cv.fail_version("needs pads")
     else:
         pads = cv.const_input(n, 1, "pads")
-        value = cv.const_input(n, 2, "constant_value")
+        fed = n.input(2)
+        value = None if fed is not None and not fed.is_constant else cv.const_input(n, 2, "constant_value")
         axes = cv.const_input(n, 3, "axes")
     axes = list(range(ndim)) if axes is None else [onnx_axis(cv, int(a), ndim) for a in axes]
     if len(pads) != 2 * len(axes):
@@ -1244,7 +1412,17 @@ def _pad(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
         "mode": mode,
         "value": 0 if value is None or value.size == 0 else value.item(),
     }
-    return [cv.emit("pad", [x], attrs, n.outputs[0])]
+    fed = None if n.older_than(11) else n.input(2)
+    if mode != "constant" or fed is None or fed.is_constant:
+        return [cv.emit("pad", [x], attrs, n.outputs[0])]
+    # a constant_value fed at run time: a kernel input, written where a constant mask says the padding is
+    if fed.type.num_elements != 1 or fed.type.dtype != x.type.dtype:
+        raise cv.fail(f"input 2 ({fed.name}) must be one value of the input's type, got {fed.type}")
+    padded = cv.emit("pad", [x], attrs)
+    inside = np.zeros(padded.type.shape, bool)
+    inside[tuple(slice(max(b, 0), b + s) for b, s in zip(before, x.type.shape))] = True
+    mask = cv.constant(inside, "inside")
+    return [cv.emit("where", [mask, padded, _scalar(cv, fed)], out=n.outputs[0])]
 
 
 _TRANSFORMATIONS = ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric", "half_pixel_symmetric")
@@ -1283,7 +1461,17 @@ def _resize(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
             size[a], scale[a] = int(s), float(r)
     elif scales is not None and scales.size:
         for a, s in zip(axes, scales.astype(np.float32)):
-            size[a], scale[a] = int(np.floor(s * np.float32(shape[a]))), float(s)
+            length = s * np.float32(shape[a])  # ONNX's length_resized, which the output's extent floors
+            size[a], scale[a] = int(np.floor(length)), float(s)
+            if length != size[a] and (
+                ctm == "align_corners" or (ctm == "pytorch_half_pixel" and size[a] == 1)
+            ):
+                # these modes read length_resized itself (pytorch_half_pixel: whether it is > 1), not the
+                # extent, which aotc's resize takes
+                raise cv.fail(
+                    f"{ctm} with scale {float(s):g} on axis {a} (extent {shape[a]}): the scaled length "
+                    f"{float(length):g} is not a whole number, which aotc's resize does not compute"
+                )
     else:
         raise cv.fail("needs scales or sizes")
     if tuple(size) == shape and all(s == 1.0 for s in scale):
