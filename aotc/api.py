@@ -21,7 +21,7 @@ from pathlib import Path
 from aotc.build import BuildResult, build
 from aotc.files import atomic_file
 from aotc.frontend.options import DEFAULT_REQUANTIZE
-from aotc.recipe import DEFAULT_TARGET, MODEL_SUFFIXES, InputSpec, Recipe, same_file
+from aotc.recipe import DEFAULT_TARGET, MODEL_SUFFIXES, ConstantValue, InputSpec, Recipe, same_file
 from aotc.search.model_tuning import TuningOptions
 from aotc.target import Target, parse_target
 
@@ -74,6 +74,7 @@ def compile(  # noqa: A001 - the verb users expect, as in aotc.compile(...)
     weights: str = "compact",
     memory_limit: int | None = None,
     requantize: str = DEFAULT_REQUANTIZE,
+    constants: Mapping[str, ConstantValue] | None = None,
     sign_key: str | os.PathLike | None = None,
     resume: bool = False,
     explain_cache: bool = False,
@@ -87,7 +88,10 @@ def compile(  # noqa: A001 - the verb users expect, as in aotc.compile(...)
     the build flags (`sign_key`, `resume`, `explain_cache`, `callbacks`, `log`). Without `output` the
     package is written to a temporary directory: `save` it where it belongs. Messages go to `log`, by
     default the `aotc.build` logger (INFO), so `logging` settings decide where they show. `requantize`
-    says how a TFLite model's int8 kernels requantize (aotc.frontend.options.DEFAULT_REQUANTIZE)."""
+    says how a TFLite model's int8 kernels requantize (aotc.frontend.options.DEFAULT_REQUANTIZE).
+    `constants` gives graph inputs of an ONNX model values fixed at build time, as the recipe key does
+    (name -> a number, a list of numbers, a numpy array or a .npy path): what sets shapes (axes, pads,
+    Reshape shapes, ...) must be known then; those inputs are not inputs of the package."""
     scratch = None
     if isinstance(model, Recipe):
         recipe = model
@@ -113,6 +117,7 @@ def compile(  # noqa: A001 - the verb users expect, as in aotc.compile(...)
             weights=weights,
             memory_limit=memory_limit,
             requantize=requantize,
+            constants=dict(constants or {}),
         )
         check_outputs(recipe)
     result = build(

@@ -187,7 +187,7 @@ def load_model(recipe: Recipe, inputs: dict[str, InputSpec] | None = None) -> Gr
     if suffix == ".onnx":
         from aotc.frontend.onnx import load_onnx
 
-        graph = load_onnx(str(recipe.model), input_shapes=shapes)
+        graph = load_onnx(str(recipe.model), input_shapes=shapes, constants=recipe.constant_values())
     elif suffix == ".tflite":
         from aotc.frontend.tflite import load_tflite
 
@@ -402,6 +402,14 @@ def write_package_and_report(
             logging.getLogger("aotc.build").warning(
                 f"validation skipped: {why_not}; validate it where it runs with `aotc validate`"
             )
+        elif recipe.validate and recipe.constants:
+            # onnxruntime runs the model with the constants' inputs fixed to their values, as aotc built it
+            from aotc.frontend.onnx import specialized_model
+
+            with tempfile.TemporaryDirectory(prefix="aotc-validate-") as scratch:
+                model = Path(scratch) / recipe.model.name
+                model.write_bytes(specialized_model(str(recipe.model), recipe.constant_values()))
+                validation = validate_variants(tmp, model, spec, recipe.requantize)
         elif recipe.validate:
             validation = validate_variants(tmp, recipe.model, spec, recipe.requantize)
         with timed(timings, "measure"):

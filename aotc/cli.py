@@ -99,6 +99,31 @@ def input_spec(text: str) -> tuple[str, tuple[int, ...], str | None]:
     return name, shape, dtype or None
 
 
+def constant_entry(text: str) -> tuple[str, object]:
+    """An argparse type: `NAME=VALUE`, VALUE a number, a YAML list of numbers (`axes=[1]`, `[[0, 1]]`) or
+    a .npy file: the recipe's `constants` entry for graph input NAME."""
+    import yaml
+
+    name, sep, rest = text.partition("=")
+    try:
+        value = yaml.safe_load(rest) if rest.strip() else None
+    except yaml.YAMLError:
+        value = None
+    if isinstance(value, str) and value.lower().endswith(".npy"):
+        return name, value
+    if not sep or not name or not _numbers(value):
+        raise argparse.ArgumentTypeError(
+            f"expected NAME=VALUE with a number, a list of numbers or a .npy file, e.g. axes=[1], got {text!r}"
+        )
+    return name, value
+
+
+def _numbers(value: object) -> bool:
+    if isinstance(value, list):
+        return all(_numbers(v) for v in value)
+    return isinstance(value, (int, float, bool))
+
+
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """Shows each option's default in its help, except where there is none to show (None, off)."""
 
@@ -224,6 +249,14 @@ def _parser() -> argparse.ArgumentParser:
         action="append",
         metavar="NAME=SHAPE[:DTYPE]",
         help="fix an input's shape (and dtype), e.g. input=1,3,224,224:float32; repeatable",
+    )
+    b.add_argument(
+        "--constant",
+        type=constant_entry,
+        action="append",
+        metavar="NAME=VALUE",
+        help="fix an ONNX graph input's value at build time (the recipe's constants), e.g. axes=[1] or "
+        "shape=shape.npy; repeatable",
     )
     b.add_argument("--print-config", action="store_true", help="print the resolved recipe and exit")
     b.add_argument(
@@ -352,6 +385,13 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("package", type=Path, help="the .aotc package")
     v.add_argument("--model", type=Path, required=True, help="the model it was built from (.onnx, .tflite)")
     v.add_argument("--seed", type=bounded_int(0, MAX_SEED), default=0, help="seed of the random inputs")
+    v.add_argument(
+        "--constant",
+        type=constant_entry,
+        action="append",
+        metavar="NAME=VALUE",
+        help="a graph input the package was built with a value for (the build's constants); repeatable",
+    )
     v.add_argument(
         "--requantize",
         choices=REQUANTIZE_CHOICES,
@@ -521,6 +561,10 @@ def build_recipe(args: argparse.Namespace):
         for key, value in (("target", args.target), ("output", args.output), ("validate", args.validate))
         if value is not None
     }
+    if args.constant:
+        # a relative .npy path on the command line is relative to the working directory, not the recipe
+        given = {name: Path(v).resolve() if isinstance(v, str) else v for name, v in args.constant}
+        changes["constants"] = {**recipe.constants, **given}
     if args.memory_limit is not None:
         changes["memory_limit"] = args.memory_limit
     if changes:
@@ -712,10 +756,16 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from aotc.validate import ATOL, RTOL, format_report_row, validate_package
-
     model = load_package(args)
     shapes = {t.name: (tuple(t.shape), t.dtype) for t in model.inputs}
+    if args.constant:
+        return _validate_with_constants(args, model, shapes)
+    return _run_validate(args, model, shapes)
+
+
+def _run_validate(args: argparse.Namespace, model, shapes: dict) -> int:
+    from aotc.validate import ATOL, RTOL, format_report_row, validate_package
+
     report = validate_package(
         args.package,
         args.model,
@@ -729,6 +779,25 @@ def cmd_validate(args: argparse.Namespace) -> int:
     for row in report:
         print(format_report_row(row))
     return OK
+
+
+def _validate_with_constants(args: argparse.Namespace, model, shapes: dict) -> int:
+    """`aotc validate --constant`: the reference runs the model with those inputs fixed to their values."""
+    import tempfile
+
+    from aotc.frontend.onnx import specialized_model
+    from aotc.recipe import load_constant
+
+    if args.model.suffix.lower() != ".onnx":
+        raise ValueError(f"--constant applies to ONNX models, not {args.model}")
+    constants = {
+        name: load_constant(Path(v).resolve()) if isinstance(v, str) else v for name, v in args.constant
+    }
+    with tempfile.TemporaryDirectory(prefix="aotc-validate-") as scratch:
+        specialized = Path(scratch) / args.model.name
+        specialized.write_bytes(specialized_model(str(args.model), constants))
+        args = argparse.Namespace(**{**vars(args), "model": specialized, "constant": None})
+        return _run_validate(args, model, shapes)
 
 
 def cmd_benchmark(args: argparse.Namespace) -> int:

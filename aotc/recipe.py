@@ -44,6 +44,7 @@ _TOP_KEYS = (
     "weights",
     "memory_limit",
     "requantize",
+    "constants",
 )
 # compact: each weight stored once in its smallest form, Winograd transforms computed when the package
 # loads (CPU targets); prepacked: stored as the kernels read them (larger package, faster load)
@@ -57,6 +58,43 @@ _SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?", re.IGNORECASE)
 _SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
 _SIZE_UNITS |= {"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 MAX_MEMORY_LIMIT = 2**60
+
+
+ConstantValue = Any
+"""A value of the recipe's `constants`: a number, a (nested) list of numbers, a numpy array, or the Path of a
+.npy file (a str or PathLike ending in .npy given to Recipe/aotc.compile becomes one)."""
+
+
+def constant_value(value: Any, base: Path) -> ConstantValue:
+    """A `constants` value as the Recipe holds it: a path to a .npy file resolved against `base` (and
+    checked to exist), anything else as given; a string that names no .npy file is an error."""
+    if isinstance(value, (str, os.PathLike)):
+        path = (base / Path(os.fspath(value)).expanduser()).resolve()
+        if path.suffix.lower() != ".npy":
+            raise ValueError(f"expected a number, a list of numbers or a .npy file, got '{value}'")
+        if not path.is_file():
+            raise ValueError(f"no such file: {path}")
+        return path
+    return value
+
+
+def load_constant(value: ConstantValue) -> Any:
+    """The value a `constants` entry gives: a .npy file's array (read without pickles), else itself."""
+    if isinstance(value, Path):
+        import numpy as np
+
+        try:
+            return np.load(value, allow_pickle=False)
+        except (OSError, ValueError) as err:
+            raise ValueError(f"{value}: not a readable .npy file ({err})") from None
+    return value
+
+
+def constants_problem(constants: dict, model: Path) -> str | None:
+    """Why `constants` does not fit `model`, or None: graph inputs are given values for ONNX models."""
+    if constants and model.suffix.lower() != ".onnx":
+        return "applies to ONNX models (values of their graph inputs)"
+    return None
 
 
 def requantize_problem(value: str, model: Path) -> str | None:
@@ -132,6 +170,9 @@ class Recipe:
     weights: str = "compact"  # one of WEIGHTS_MODES
     memory_limit: int | None = None  # bytes a run may need (workspace + weights + I/O); None: physical memory
     requantize: str = DEFAULT_REQUANTIZE  # a TFLite model's int8 conv/dense arithmetic (REQUANTIZE_CHOICES)
+    # graph input -> its value, fixed at build time (an ONNX model's axes, pads, shapes, ...): a number, a
+    # list of numbers, an array, or a .npy file (ConstantValue)
+    constants: dict[str, ConstantValue] = field(default_factory=dict)
     path: Path | None = None
 
     def __post_init__(self) -> None:
@@ -142,6 +183,17 @@ class Recipe:
             raise ValueError(f"requantize: {problem}")
         model = Path(os.fspath(self.model)).expanduser().resolve()
         object.__setattr__(self, "model", model)
+        problem = constants_problem(self.constants, model)
+        if problem:
+            raise ValueError(f"constants: {problem}")
+        base = self.path.resolve().parent if self.path is not None else Path.cwd()
+        constants = {}
+        for name, value in self.constants.items():
+            try:
+                constants[name] = constant_value(value, base)
+            except ValueError as err:
+                raise ValueError(f"constants.{name}: {err}") from None
+        object.__setattr__(self, "constants", constants)
         if self.output is None:
             base = self.path.resolve().parent if self.path is not None else Path.cwd()
             object.__setattr__(self, "output", base / "build" / f"{model.stem}.aotc")
@@ -188,7 +240,25 @@ class Recipe:
             "weights": self.weights,
             "memory_limit": self.memory_limit,
             "requantize": self.requantize,
+            "constants": {name: _constant_json(v) for name, v in self.constants.items()},
         }
+
+    def constant_values(self) -> dict[str, Any]:
+        """`constants` with each .npy file read (an error names the entry and the file)."""
+        out = {}
+        for name, value in self.constants.items():
+            try:
+                out[name] = load_constant(value)
+            except ValueError as err:
+                raise ValueError(f"constants.{name}: {err}") from None
+        return out
+
+
+def _constant_json(value: ConstantValue) -> Any:
+    """A constants value as a recipe writes it: a .npy path as a string, an array as a list."""
+    if isinstance(value, Path):
+        return str(value)
+    return value.tolist() if hasattr(value, "tolist") else value
 
 
 def format_recipe(recipe: Recipe) -> str:
@@ -265,6 +335,9 @@ class _Loader:
             memory_limit=self.optional(entries, "memory_limit", self.memory_limit, None),
             requantize=self.optional(
                 entries, "requantize", lambda node, key: self.requantize(node, key, model), DEFAULT_REQUANTIZE
+            ),
+            constants=self.optional(
+                entries, "constants", lambda node, key: self.constants(node, key, model), {}
             ),
         )
         self.check_outputs(recipe, entries, root)
@@ -482,6 +555,33 @@ class _Loader:
         problem = requantize_problem(value, model)
         if problem:
             raise self.fail(node, key, problem)
+        return value
+
+    def constants(self, node: Node, key: str, model: Path) -> dict[str, ConstantValue]:
+        """graph input -> a number, a list of numbers (nested for more dimensions), or a .npy file path
+        (relative to the recipe), read here so that a bad file is reported at its line."""
+        entries = self.mapping(node, key, ())
+        problem = constants_problem(dict(entries), model)
+        if problem:
+            raise self.fail(node, key, problem)
+        out = {}
+        for name, value in entries.items():
+            where = _join(key, name)
+            if isinstance(value, ScalarNode) and value.tag == _TAG + "str":
+                try:
+                    out[name] = constant_value(value.value, self.base)
+                    load_constant(out[name])
+                except ValueError as err:
+                    raise self.fail(value, where, str(err)) from None
+            else:
+                out[name] = self.numbers(value, where)
+        return out
+
+    def numbers(self, node: Node, key: str) -> Any:
+        """A number, true/false, or a list of them (lists nested for more dimensions)."""
+        if isinstance(node, SequenceNode):
+            return [self.numbers(item, f"{key}[{i}]") for i, item in enumerate(node.value)]
+        value = self.scalar(node, key, "a number, a list of numbers or a .npy file", "int", "float", "bool")
         return value
 
     def memory_limit(self, node: Node, key: str) -> int:
