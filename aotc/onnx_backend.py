@@ -9,6 +9,10 @@ A build goes through the public path a user takes (`aotc.compile`, then `aotc_ru
 cached on disk, keyed by the model's bytes, its input shapes and dtypes, the target and a digest of aotc's
 own files, so a second run of the same model loads the package it built before.
 
+A model that feeds a value aotc needs at compile time (the axes of a reduction, the pads of a Pad, a
+Reshape's shape: `aotc.frontend.onnx.RunTimeValueError`) as a graph input is built at each `run` with the
+values given to those inputs as the build's `constants`, and cached by those values too.
+
 What aotc cannot compile is refused with one of `REFUSALS` (the frontend's errors, which name the node, the
 operator and the reason; `BuildError`): a caller tells a refusal from a bug (any other exception) by type.
 """
@@ -31,6 +35,7 @@ from onnx.backend.base import Backend, BackendRep
 from aotc.errors import BuildError
 from aotc.files import write_atomic
 from aotc.frontend.errors import FrontendError
+from aotc.frontend.onnx import RunTimeValueError
 from aotc.recipe import DEFAULT_TARGET, InputSpec
 
 __all__ = [
@@ -47,6 +52,8 @@ REFUSALS: tuple[type[Exception], ...] = (FrontendError, BuildError)
 """What aotc raises for a model it cannot compile; any other exception from `prepare` or `run` is a bug."""
 
 Shapes = tuple[tuple[str, tuple[int, ...], str], ...]
+Constants = tuple[tuple[str, str, tuple[int, ...], bytes], ...]
+"""Graph inputs built as constants: (name, dtype, shape, the values' bytes), in graph-input order."""
 
 
 def backend_cache_dir() -> Path:
@@ -123,7 +130,8 @@ def _static_shapes(model: onnx.ModelProto) -> Shapes | None:
 
 class AotcBackendRep(BackendRep):
     """A prepared model: its package (built now when the model fixes every input shape, else on the
-    first `run`, at the given arrays' shapes), run by aotc_runtime."""
+    first `run`, at the given arrays' shapes), run by aotc_runtime. Graph inputs whose values aotc needs
+    at compile time (`fixed`) are built as constants with the values of each run."""
 
     def __init__(self, model: onnx.ModelProto, target: str, cache_dir: Path, num_threads: int | None):
         self.model_bytes = model.SerializeToString()
@@ -133,21 +141,33 @@ class AotcBackendRep(BackendRep):
         self.target = target
         self.cache_dir = cache_dir
         self.num_threads = num_threads
-        self._loaded: dict[Shapes, Any] = {}
+        self._loaded: dict[tuple[Shapes, Constants], Any] = {}
+        self.fixed: tuple[str, ...] = ()
         self.static = _static_shapes(model)
         if self.static is not None:
-            self.compiled(self.static)
+            try:
+                self.compiled(self.static)
+            except RunTimeValueError as e:
+                if not self._fixable(e):
+                    raise
+                self.fixed = e.inputs  # known at run time: built then, with their values
 
-    def compiled(self, shapes: Shapes) -> Any:
-        """The package built for these input shapes, loaded by aotc_runtime (built unless cached)."""
-        if shapes not in self._loaded:
+    def _fixable(self, e: RunTimeValueError) -> bool:
+        """Whether the value a refusal needs derives from graph inputs only, none of them fixed already."""
+        return bool(e.inputs) and all(n in self.input_names and n not in self.fixed for n in e.inputs)
+
+    def compiled(self, shapes: Shapes, constants: Constants = ()) -> Any:
+        """The package built for these input shapes (and constants), loaded by aotc_runtime (built unless
+        cached)."""
+        key = (shapes, constants)
+        if key not in self._loaded:
             import aotc_runtime
 
-            path = self._package(shapes)
-            self._loaded[shapes] = aotc_runtime.load(str(path), num_threads=self.num_threads)
-        return self._loaded[shapes]
+            path = self._package(shapes, constants)
+            self._loaded[key] = aotc_runtime.load(str(path), num_threads=self.num_threads)
+        return self._loaded[key]
 
-    def _package(self, shapes: Shapes) -> Path:
+    def _package(self, shapes: Shapes, constants: Constants) -> Path:
         """`<cache>/<source>/<key>/<graph name>.aotc`, built unless there; the model file stays beside it,
         so a refusal's message names a file that exists."""
         from aotc.target import parse_target
@@ -156,6 +176,8 @@ class AotcBackendRep(BackendRep):
         key = hashlib.sha256()
         for part in (self.model_bytes, repr(shapes).encode(), target.encode()):
             key.update(hashlib.sha256(part).digest())
+        if constants:
+            key.update(hashlib.sha256(repr(constants).encode()).digest())
         entry = source_cache(self.cache_dir) / key.hexdigest()[:32]
         stem = _file_stem(self.name)
         path = entry / f"{stem}.aotc"
@@ -163,18 +185,25 @@ class AotcBackendRep(BackendRep):
             model_path = entry / f"{stem}.onnx"
             if not model_path.is_file():
                 write_atomic(model_path, self.model_bytes)
-            self._build(model_path, shapes, path)
+            self._build(model_path, shapes, constants, path)
         return path
 
-    def _build(self, model_path: Path, shapes: Shapes, path: Path) -> None:
+    def _build(self, model_path: Path, shapes: Shapes, constants: Constants, path: Path) -> None:
         from aotc.api import compile as aotc_compile
         from aotc.search.model_tuning import TuningOptions
 
         # untuned (stored records still apply, no schedules of other CPUs measured) and not validated:
         # the caller compares the outputs with its own reference
         tuning = TuningOptions(trials=0, transfer=False)
+        values = {
+            name: np.frombuffer(data, dtype).reshape(shape).copy() for name, dtype, shape, data in constants
+        }
         # a model that fixes its shapes is built as it is (its own checks speak); others at the run's shapes
-        inputs = None if shapes == self.static else {name: InputSpec(shape) for name, shape, _ in shapes}
+        inputs = (
+            None
+            if shapes == self.static
+            else {name: InputSpec(shape) for name, shape, _ in shapes if name not in values}
+        )
         with tempfile.TemporaryDirectory(prefix="aotc-onnx-backend-") as tmp:
             package = aotc_compile(
                 model_path,
@@ -183,6 +212,7 @@ class AotcBackendRep(BackendRep):
                 tuning=tuning,
                 validate=False,
                 output=Path(tmp) / path.name,
+                constants=values,
             )
             package.save(path)  # whole or not at all: a concurrent run finds a complete package or none
 
@@ -207,9 +237,25 @@ class AotcBackendRep(BackendRep):
         else:
             raise TypeError(f"inputs must be a sequence or a mapping of arrays, got {type(inputs).__name__}")
         shapes = tuple((name, tuple(a.shape), str(a.dtype)) for name, a in by_name.items())
-        model = self.compiled(shapes)
+        model = self._compiled_for(shapes, by_name)
         outputs = model.run({t.name: by_name[t.name] for t in model.inputs})
         return tuple(outputs[name] for name in self.output_names)
+
+    def _compiled_for(self, shapes: Shapes, by_name: dict[str, np.ndarray]) -> Any:
+        """The package for a run: with the `fixed` inputs' values as constants, fixing more inputs while
+        a build names further ones it needs at compile time (a value computed from a fixed one may be)."""
+        while True:
+            constants = tuple(
+                (name, str(a.dtype), tuple(a.shape), np.ascontiguousarray(a).tobytes())
+                for name, a in by_name.items()
+                if name in self.fixed
+            )
+            try:
+                return self.compiled(shapes, constants)
+            except RunTimeValueError as e:
+                if not self._fixable(e):
+                    raise
+                self.fixed += e.inputs
 
 
 def _file_stem(name: str) -> str:
