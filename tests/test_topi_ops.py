@@ -144,3 +144,38 @@ def test_injective_ops_have_no_reductions(op):
     for types, attrs in SAMPLES[op]:
         _, (out,) = node_compute(Node(op, [], [], attrs), types)
         assert not ComputeDAG([out]).compute_ops[-1].reduce_axes
+
+
+@pytest.mark.parametrize(
+    "op, dtypes, message",
+    [
+        ("negative", ["bool"], "negative is not defined on bool operands"),
+        ("relu", ["bool"], "relu is not defined on bool operands"),
+        ("add", ["bool", "bool"], "add is not defined on bool operands"),
+        ("maximum", ["bool", "bool"], "maximum is not defined on bool operands"),
+        ("prelu", ["bool", "bool"], "prelu is not defined on bool operands"),
+        ("logical_not", ["int8"], "logical_not needs bool operands, got int8"),
+        ("logical_and", ["float32", "bool"], "logical_and needs bool operands"),
+        ("where", ["int32", "float32", "float32"], "where needs a bool condition, got int32"),
+        ("reduce_sum", ["bool"], "reduce_sum is not defined on bool tensors"),
+        ("reduce_max", ["bool"], "reduce_max is not defined on bool tensors"),
+        ("softmax", ["float32"], "softmax needs an input of rank 1 or more"),
+        ("log_softmax", ["float32"], "log_softmax needs an input of rank 1 or more"),
+    ],
+)
+def test_operands_an_op_is_not_defined_on_are_refused_when_the_graph_is_built(op, dtypes, message):
+    """A ValueError (TEError) at type inference, which the frontends turn into a refusal naming the node:
+    not a CodegenError of the kernel later (found by tests/test_onnx_fuzz.py)."""
+    shape = () if "softmax" in op else (2, 3)
+    attrs = {"axes": (0,), "keepdims": False} if op.startswith("reduce") else {}
+    with pytest.raises(ValueError, match=message):
+        node_compute(Node(op, [], [], attrs), [t(*shape, dtype=d) for d in dtypes])
+
+
+@pytest.mark.parametrize("op", ["identity", "cast", "equal", "less", "greater_equal", "where"])
+def test_bool_operands_stay_allowed_where_they_mean_something(op):
+    dtypes = {"cast": ["bool"], "identity": ["bool"], "where": ["bool", "bool", "bool"]}.get(
+        op, ["bool", "bool"]
+    )
+    attrs = {"dtype": "float32"} if op == "cast" else {}
+    node_compute(Node(op, [], [], attrs), [t(2, 3, dtype=d) for d in dtypes])

@@ -181,3 +181,21 @@ BINARY: dict[str, Callable[[Expr, Expr], Expr]] = {
     "prelu": lambda a, slope: select(a >= _zero(a), a, a * slope),
 }
 """Scalar function of each broadcasting binary operator."""
+
+LOGICAL = frozenset({"logical_not", "logical_and", "logical_or"})
+"""Operators of bool operands only."""
+NOT_ON_BOOL = (frozenset(UNARY) | frozenset(BINARY)) - LOGICAL - {"identity", "cast", "equal"}
+NOT_ON_BOOL -= {"less", "less_equal", "greater", "greater_equal"}
+"""Operators that are arithmetic on their operands, which must not be bool (False < True compares)."""
+
+
+def check_operands(name: str, dtypes: Sequence[str]) -> None:
+    """Raise TEError when operator `name` is not defined on operands of `dtypes` (bool arithmetic, logical
+    operators or a `where` condition on other types): a refusal when the graph is built, not a codegen
+    error of the kernel later."""
+    if name in LOGICAL and any(d != "bool" for d in dtypes):
+        raise te.TEError(f"{name} needs bool operands, got {', '.join(dtypes)}")
+    if name == "where" and dtypes and dtypes[0] != "bool":
+        raise te.TEError(f"where needs a bool condition, got {dtypes[0]}")
+    if name in NOT_ON_BOOL and "bool" in dtypes:
+        raise te.TEError(f"{name} is not defined on bool operands ({', '.join(dtypes)})")

@@ -270,6 +270,8 @@ def uniform_windows(out: int, s: int, d: int, k: int, p_begin: int, lo: int, hi:
 def softmax(x: Operation, axis: int = -1, name: str = "softmax") -> Operation:
     """Numerically stable softmax along `axis` (four stages: max, exp, sum, normalize)."""
     nd = len(x.shape)
+    if not nd:
+        raise te.TEError(f"{name} needs an input of rank 1 or more, got a 0-d tensor")
     axis = axis % nd
     k = te.reduce_axis(x.shape[axis], "k")
 
@@ -300,6 +302,8 @@ def softmax(x: Operation, axis: int = -1, name: str = "softmax") -> Operation:
 
 def log_softmax(x: Operation, axis: int = -1, name: str = "log_softmax") -> Operation:
     """x - max - log(sum(exp(x - max))) along `axis` (three stages: max, sum of exp, output)."""
+    if not x.ndim:
+        raise te.TEError(f"{name} needs an input of rank 1 or more, got a 0-d tensor")
     axis %= x.ndim
     red_shape = tuple(s for d, s in enumerate(x.shape) if d != axis)
 
@@ -341,6 +345,8 @@ def reduce(
     x: Operation, kind: str, axes: Sequence[int], keepdims: bool = False, name: str = "reduce"
 ) -> Operation:
     """Sum / max / min / mean of `x` over `axes` (all axes with keepdims=False gives a 0-d tensor)."""
+    if x.dtype == "bool":  # refused here, where the graph is built, rather than by the codegen later
+        raise te.TEError(f"reduce_{kind} is not defined on bool tensors")
     nd = len(x.shape)
     axes = sorted({a % nd for a in axes})
     raxes = {a: te.reduce_axis(x.shape[a], f"k{a}") for a in axes}

@@ -19,12 +19,14 @@ def _register_unary(name: str, fn: Callable) -> None:
     @register(name, OpPattern.ELEMWISE)
     def compute(inputs, attrs):
         x = inputs[0]
+        elemwise.check_operands(name, [x.dtype])
         return [te.compute(x.shape, lambda *i: fn(x[i], **attrs), name, tag="elemwise")]
 
 
 def _register_broadcast(name: str, fn: Callable) -> None:
     @register(name, OpPattern.BROADCAST)
     def compute(inputs, attrs):
+        elemwise.check_operands(name, [t.dtype for t in inputs])
         return [elemwise.map_inputs(inputs, fn, name)]
 
 
