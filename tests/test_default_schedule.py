@@ -49,3 +49,23 @@ def test_row_reductions_run_in_parallel():
     s = default_schedule(dag, parse_target("llvm -mcpu=znver4"))
     for name in ("softmax_maxelem", "softmax_expsum"):
         assert s.stages[s.stage_id(name)].iters[0].annotation.name == "PARALLEL"
+
+
+@pytest.mark.parametrize("dtype", ["int8", "float16"])
+def test_vectors_stay_within_the_codegens_lane_limit(dtype, tmp_path):
+    """An axis of 90 narrow elements (no power of two divides it; it fits four AVX-512 registers) is not
+    vectorized whole: 90 lanes were past the codegen's 64 (found by the ONNX fuzz test)."""
+    from aotc import te
+    from aotc.codegen.module import build_module
+    from aotc.ir.stmt import MAX_VECTOR_LANES, For, ForKind, walk_stmts
+    from aotc.schedule.lower import lower
+
+    x = placeholder((3, 90), dtype, name="x")
+    dag = ComputeDAG([te.compute((3, 90), lambda i, j: x[i, j] + x[i, j], "add")])
+    target = parse_target("llvm -mcpu=znver4")
+    func = lower(default_schedule(dag, target), "k")
+    lanes = [
+        s.max_extent for s in walk_stmts(func.body) if isinstance(s, For) and s.kind == ForKind.VECTORIZED
+    ]
+    assert lanes and max(lanes) <= MAX_VECTOR_LANES
+    build_module([func], target, str(tmp_path / "k.so"))

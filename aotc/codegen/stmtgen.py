@@ -22,6 +22,7 @@ from aotc.codegen.vecmath import VecLib
 from aotc.ir.dot import DotForm, Operand, affine_offset, tensorized_dot
 from aotc.ir.expr import Buffer, Expr, Load, Var, walk
 from aotc.ir.stmt import (
+    MAX_VECTOR_LANES,
     Allocate,
     BufferStore,
     For,
@@ -36,7 +37,6 @@ from aotc.ir.stmt import (
 
 MAX_STACK_BYTES = 256 * 1024
 MAX_UNROLL = 512
-MAX_LANES = 64
 CACHE_LINE = 64
 CHUNKS_PER_THREAD = 8
 _MISSING = object()
@@ -271,7 +271,7 @@ class StmtGen(ExprGen):
                 with self.bind(s.var, const_val(k, "int64")):
                     self.stmt(s.body)
             return
-        if ext.const is not None or s.max_extent > MAX_LANES:
+        if ext.const is not None or s.max_extent > MAX_VECTOR_LANES:
             self.loop(s.var, const_val(0, "int64"), ext, lambda: self.stmt(s.body))
             return
         fb = self.fb
@@ -291,8 +291,10 @@ class StmtGen(ExprGen):
             raise CodegenError(
                 f"vectorized loop {s.var.name!r} nested inside vectorized loop {self.vec.var.name!r}"
             )
-        if lanes > MAX_LANES:
-            raise CodegenError(f"vectorized loop {s.var.name!r} has {lanes} lanes (at most {MAX_LANES})")
+        if lanes > MAX_VECTOR_LANES:
+            raise CodegenError(
+                f"vectorized loop {s.var.name!r} has {lanes} lanes (at most {MAX_VECTOR_LANES})"
+            )
         if ext.const is not None:
             if ext.const > lanes:
                 raise CodegenError(f"vectorized loop {s.var.name!r}: extent {ext.const} > max_extent {lanes}")

@@ -7,6 +7,9 @@ from enum import StrEnum
 
 from aotc.ir.expr import Buffer, Expr, Var
 
+# the most lanes a VECTORIZED loop may have (a wider one is refused by the codegen)
+MAX_VECTOR_LANES = 64
+
 
 class ForKind(StrEnum):
     SERIAL = "serial"

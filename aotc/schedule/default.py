@@ -15,6 +15,7 @@ import numpy as np
 
 from aotc.ir.dot import dot_forms
 from aotc.ir.expr import free_vars
+from aotc.ir.stmt import MAX_VECTOR_LANES
 from aotc.schedule.lower import infer_bound
 from aotc.schedule.state import ComputeAtKind, IterKind, State
 from aotc.schedule.steps import effective_consumers
@@ -100,14 +101,14 @@ def _lanes(dtype: str, target: Target) -> int:
 
 def _vector_tile(extent: int, lanes: int) -> int:
     """A vector length that divides the axis: a power of two from half a register to two registers,
-    else the whole axis if it fits in four registers (a padded row of 58: one partial register, where
+    else the whole axis if it fits in four registers and the codegen's lane limit (a padded row of 58: one partial register, where
     splitting it by 16 leaves a masked tail in every row and runs 2.8x slower), else the largest divisor
     within one register."""
     lanes = min(lanes, 32)
     for c in (2 * lanes, lanes, lanes // 2):
         if c > 1 and extent % c == 0:
             return c
-    if extent <= 4 * lanes:
+    if extent <= min(4 * lanes, MAX_VECTOR_LANES):
         return extent
     best = max(d for d in range(1, lanes + 1) if extent % d == 0)
     if best > lanes // 4:

@@ -13,12 +13,13 @@ import random
 from dataclasses import replace
 from functools import lru_cache
 
+from aotc.ir.stmt import MAX_VECTOR_LANES
 from aotc.schedule.default_gpu import bind_one_thread_per_point, bind_outer_to_blocks
 from aotc.schedule.gpu_tiling import bind_tiled, cooperative_fetch, divisors, level_run
 from aotc.schedule.lower import infer_bound
 from aotc.schedule.state import Annotation, ComputeAtKind, IterKind, ScheduleError, State
 from aotc.schedule.steps import SplitStep, Step, effective_consumers, replay
-from aotc.search.lowering import MAX_LANES, DistinctStates
+from aotc.search.lowering import DistinctStates
 from aotc.search.params import SearchParams
 from aotc.search.sketch import (
     SearchContext,
@@ -312,7 +313,7 @@ def annotate_vectorize(ctx: SearchContext, state: State, rng: random.Random) -> 
         if st.is_placeholder or st.compute_at == ComputeAtKind.INLINED:
             continue
         lanes = ctx.lanes(st.op.dtype)
-        limit = min(MAX_LANES, 2 * lanes)
+        limit = min(MAX_VECTOR_LANES, 2 * lanes)
         attached = _attached_at(state, sid)
         tiled = is_tiled(state, sid)
         lengths: list[int] = []

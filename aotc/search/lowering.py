@@ -15,17 +15,25 @@ from collections.abc import Iterable
 from aotc.ir.dot import dot_forms, match_dot, tensorized_dot
 from aotc.ir.expr import free_vars
 from aotc.ir.printer import func_str
-from aotc.ir.stmt import Allocate, For, ForKind, IfThenElse, LetStmt, PrimFunc, Seq, Stmt, walk_stmts
+from aotc.ir.stmt import (
+    MAX_VECTOR_LANES,
+    Allocate,
+    For,
+    ForKind,
+    IfThenElse,
+    LetStmt,
+    PrimFunc,
+    Seq,
+    Stmt,
+    walk_stmts,
+)
 from aotc.schedule.lower import lower
 from aotc.schedule.state import ScheduleError, State
 from aotc.search.sketch import is_complete
 from aotc.target import Target
 from aotc.te.dag import ComputeDAG
 
-MAX_LANES = 64  # the widest vector loop codegen accepts
-
 __all__ = [
-    "MAX_LANES",
     "DistinctStates",
     "bind_target",
     "is_valid",
@@ -85,7 +93,7 @@ def _loop_error(s: Stmt, vec: For | None, par: bool, target: Target | None) -> s
         if s.kind == ForKind.VECTORIZED and s.max_extent > 1:
             if vec is not None:
                 return f"vectorized loop {s.var.name} inside vectorized loop {vec.var.name}"
-            if s.max_extent > MAX_LANES:
+            if s.max_extent > MAX_VECTOR_LANES:
                 return f"vectorized loop {s.var.name} has {s.max_extent} lanes"
             return _loop_error(s.body, s, par, target)
         return _loop_error(s.body, vec, par, target)
