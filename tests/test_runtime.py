@@ -422,3 +422,27 @@ def test_runtime_imports_nothing_from_aotc():
     env = {**os.environ, "PYTHONPATH": str(RUNTIME_DIR)}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_random_inputs_of_a_scalar_bool_are_arrays(tmp_path):
+    """A 0-d bool input's random value is a 0-d array, which run() takes (a numpy bool scalar was refused,
+    and every build of such a model failed timing its package; found by the ONNX fuzz test)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    import aotc
+
+    graph = helper.make_graph(
+        [helper.make_node("Not", ["x"], ["y"])],
+        "not",
+        [helper.make_tensor_value_info("x", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("y", TensorProto.BOOL, [])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "not.onnx")
+    package = aotc.compile(tmp_path / "not.onnx", output=tmp_path / "not.aotc")
+    loaded = aotc_runtime.load(str(package.path))
+    (x,) = loaded.random_inputs(0)
+    assert isinstance(x, np.ndarray) and x.shape == () and x.dtype == np.bool_
+    assert loaded.run({"x": x})["y"] == ~x

@@ -645,5 +645,5 @@ def _random_array(rng: np.random.Generator, t: TensorInfo) -> np.ndarray:
     if t.dtype.kind == "f":
         return rng.standard_normal(t.shape).astype(t.dtype)
     if t.dtype.kind == "b":
-        return rng.random(t.shape) < 0.5
+        return np.asarray(rng.random(t.shape) < 0.5)  # a 0-d comparison is a numpy scalar, not an array
     return rng.integers(0, 2, t.shape).astype(t.dtype)
