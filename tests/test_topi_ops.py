@@ -49,6 +49,14 @@ SAMPLES: dict[str, list[tuple[list[TensorType], dict]]] = {
             )
         ]
         for op in BINARY
+        if op not in ("left_shift", "right_shift")
+    },
+    **{
+        op: [
+            ([t(3, 1, 5, dtype="int8"), t(4, 1, dtype="int8")], {}),
+            ([t(3, 4, dtype="uint32"), t(4, dtype="uint32")], {}),
+        ]
+        for op in ("left_shift", "right_shift")
     },
     "divide": [([t(3, 4), t(4)], {}), ([t(3, 4, dtype="int32"), t(4, dtype="int32")], {})],
     **{
@@ -90,6 +98,19 @@ SAMPLES: dict[str, list[tuple[list[TensorType], dict]]] = {
     "strided_slice": [([X], {"begin": (1, 2, 0, 4), "end": (2, -1, 6, 0), "strides": (1, -1, 2, -3)})],
     "take": [([X, t(2, 2, dtype="int64")], {"axis": 2}), ([t(10, 4), t(3, dtype="int32")], {"axis": 0})],
     "broadcast_to": [([t(3, 1)], {"shape": (2, 3, 4)})],
+    "gather_elements": [
+        ([t(3, 4), t(2, 4, dtype="int64")], {"axis": 0}),
+        ([X, t(2, 3, 6, 2, dtype="int32")], {"axis": -1}),
+    ],
+    "trilu": [([t(2, 4, 5)], {"k": 1, "upper": False}), ([t(4, 3, dtype="int32")], {"k": -1, "upper": True})],
+    **{
+        op: [
+            ([X], {"axis": 1, "keepdims": False}),
+            ([t(4, 6, dtype="int32")], {"axis": 1, "keepdims": True, "select_last_index": True}),
+        ]
+        for op in ("argmax", "argmin")
+    },
+    "rms_norm": [([t(2, 3, 8), t(8)], {"axis": 2, "epsilon": 1e-5}), ([t(2, 3, 4)], {"axis": 0})],
     "pad": [
         ([X], {"before": (0, 0, 2, 1), "after": (0, 1, 1, 3), "mode": "constant", "value": 0.5}),
         ([X], {"before": (0, 0, 2, 1), "after": (0, 0, 1, 3), "mode": "reflect"}),

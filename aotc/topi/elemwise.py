@@ -12,10 +12,12 @@ from aotc.ir.expr import (
     cast,
     ceil,
     const,
+    dtype_bits,
     eq,
     erf,
     exp,
     floor,
+    is_int,
     log,
     logical_and,
     logical_not,
@@ -111,6 +113,47 @@ def pow_(a: Expr, b: Expr) -> Expr:
     return cast(a.dtype, power(cast("float64", a), cast("float64", b)))
 
 
+def _unsigned(dtype: str) -> str:
+    return dtype if dtype.startswith("uint") else f"u{dtype}"
+
+
+def _power_of_two(s: Expr, bits: int, dtype: str) -> Expr:
+    """2 ** s in `dtype` for 0 <= s < bits (bits a power of two): one factor 2 ** (2 ** b) per bit b of s,
+    each a constant of `dtype` (an unsigned one, whose products wrap: 2 ** 63 is one)."""
+    p = const(1, dtype)
+    for b in range(bits.bit_length() - 1):
+        bit = eq((s // (1 << b)) % 2, const(1, s.dtype))
+        p = p * select(bit, const(1 << (1 << b), dtype), const(1, dtype))
+    return p
+
+
+def left_shift(a: Expr, s: Expr) -> Expr:
+    """ONNX BitShift LEFT (BitShift-28's semantics): a * 2 ** s modulo 2 ** bits, computed in the unsigned
+    type of a's width (bits shifted past the sign bit are dropped); a shift that is negative or not
+    smaller than the width gives 0. (The loop IR has no shift: products of powers of two are exact.)"""
+    bits = dtype_bits(a.dtype)
+    valid = logical_and(s >= const(0, s.dtype), s < const(bits, s.dtype))
+    count = select(valid, s, const(0, s.dtype))
+    u = _unsigned(a.dtype)
+    shifted = cast(a.dtype, cast(u, a) * _power_of_two(count, bits, u))
+    return select(valid, shifted, const(0, a.dtype))
+
+
+def right_shift(a: Expr, s: Expr) -> Expr:
+    """ONNX BitShift RIGHT (BitShift-28's semantics): floor(a / 2 ** s), so arithmetic (sign-extending) on
+    signed types; a shift that is negative or not smaller than the width gives the sign fill alone (-1
+    for a negative a, else 0), as does a shift of width - 1 of a signed a (2 ** (bits - 1) does not fit)."""
+    bits = dtype_bits(a.dtype)
+    signed = not a.dtype.startswith("uint")
+    top = bits - 1 if signed else bits  # shifts from here on give the sign fill
+    fill = (
+        select(a < const(0, a.dtype), const(-1, a.dtype), const(0, a.dtype)) if signed else const(0, a.dtype)
+    )
+    valid = logical_and(s >= const(0, s.dtype), s < const(top, s.dtype))
+    count = select(valid, s, const(0, s.dtype))
+    return select(valid, a // _power_of_two(count, bits, a.dtype), fill)
+
+
 def clip(v: Expr, lo: float | None, hi: float | None) -> Expr:
     if lo is not None:
         v = maximum(v, const(lo, v.dtype))
@@ -179,11 +222,15 @@ BINARY: dict[str, Callable[[Expr, Expr], Expr]] = {
     "logical_and": logical_and,
     "logical_or": logical_or,
     "prelu": lambda a, slope: select(a >= _zero(a), a, a * slope),
+    "left_shift": left_shift,
+    "right_shift": right_shift,
 }
 """Scalar function of each broadcasting binary operator."""
 
 LOGICAL = frozenset({"logical_not", "logical_and", "logical_or"})
 """Operators of bool operands only."""
+INTEGER_ONLY = frozenset({"left_shift", "right_shift"})
+"""Operators of integer operands of one type only."""
 NOT_ON_BOOL = (frozenset(UNARY) | frozenset(BINARY)) - LOGICAL - {"identity", "cast", "equal"}
 NOT_ON_BOOL -= {"less", "less_equal", "greater", "greater_equal"}
 """Operators that are arithmetic on their operands, which must not be bool (False < True compares)."""
@@ -197,5 +244,7 @@ def check_operands(name: str, dtypes: Sequence[str]) -> None:
         raise te.TEError(f"{name} needs bool operands, got {', '.join(dtypes)}")
     if name == "where" and dtypes and dtypes[0] != "bool":
         raise te.TEError(f"where needs a bool condition, got {dtypes[0]}")
+    if name in INTEGER_ONLY and (not all(is_int(d) for d in dtypes) or len(set(dtypes)) > 1):
+        raise te.TEError(f"{name} needs integer operands of one type, got {', '.join(dtypes)}")
     if name in NOT_ON_BOOL and "bool" in dtypes:
         raise te.TEError(f"{name} is not defined on bool operands ({', '.join(dtypes)})")

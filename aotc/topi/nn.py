@@ -6,7 +6,20 @@ import math
 from collections.abc import Callable, Sequence
 
 from aotc import te
-from aotc.ir.expr import Expr, const, dtype_min, eq, exp, log, logical_and, maximum, minimum, rsqrt, select
+from aotc.ir.expr import (
+    Expr,
+    const,
+    dtype_min,
+    eq,
+    exp,
+    log,
+    logical_and,
+    maximum,
+    minimum,
+    rsqrt,
+    select,
+    sqrt,
+)
 from aotc.te.tensor import IterVar, Operation
 from aotc.topi.elemwise import broadcast_index, broadcast_read, broadcast_shape, divide
 
@@ -529,3 +542,72 @@ def as_pads(p: int | Sequence[int]) -> tuple[int, int, int, int]:
         return p[0], p[1], p[0], p[1]
     t, l, b, r = p
     return int(t), int(l), int(b), int(r)
+
+
+def arg_reduce(
+    x: Operation,
+    kind: str,
+    axis: int,
+    keepdims: bool = True,
+    select_last_index: bool = False,
+    name: str = "arg_reduce",
+) -> Operation:
+    """ONNX ArgMax / ArgMin (`kind` max or min): the int64 index along `axis` of the first (or, with
+    `select_last_index`, the last) greatest or smallest element. Two stages: the extreme value, then the
+    smallest (largest) index holding it."""
+    if kind not in ("max", "min"):
+        raise te.TEError(f"arg_reduce: unknown kind {kind!r}")
+    if x.dtype == "bool":
+        raise te.TEError(f"arg{kind} is not defined on bool tensors")
+    if not x.ndim:
+        raise te.TEError(f"arg{kind} needs an input of rank 1 or more, got a 0-d tensor")
+    axis %= x.ndim
+    extent = x.shape[axis]
+    kept = tuple(s for d, s in enumerate(x.shape) if d != axis)
+    out_shape = tuple(1 if d == axis else s for d, s in enumerate(x.shape)) if keepdims else kept
+
+    def source(i, k):
+        rest = i[:axis] + i[axis + 1 :] if keepdims else i
+        return (*rest[:axis], k, *rest[axis:])
+
+    k1 = te.reduce_axis(extent, "k")
+    combiner = te.max if kind == "max" else te.min
+    best = te.compute(
+        out_shape, lambda *i: combiner(x[source(i, k1.var)], k1), f"{name}_value", tag="arg_reduce"
+    )
+    k2 = te.reduce_axis(extent, "k")
+    if select_last_index:
+        return te.compute(
+            out_shape,
+            lambda *i: te.max(select(eq(x[source(i, k2.var)], best[i]), k2.var, const(-1)), k2),
+            name,
+            tag="arg_reduce",
+        )
+    return te.compute(
+        out_shape,
+        lambda *i: te.min(select(eq(x[source(i, k2.var)], best[i]), k2.var, const(extent)), k2),
+        name,
+        tag="arg_reduce",
+    )
+
+
+def rms_norm(x: Operation, scale: Operation | None, axis: int = -1, epsilon: float = 1e-5) -> Operation:
+    """ONNX RMSNormalization: x / sqrt(mean(x * x) + epsilon) over axes [axis, ndim), times `scale`
+    (broadcast against those trailing axes) when given. Two stages: the sum of squares, the output."""
+    axis %= x.ndim
+    axes = range(axis, x.ndim)
+    red_shape = x.shape[:axis]
+    count = float(math.prod(x.shape[a] for a in axes))
+    ks = [te.reduce_axis(x.shape[a], f"k{a}") for a in axes]
+
+    def sq(*i):
+        v = x[(*i, *(k.var for k in ks))]
+        return te.sum(v * v, ks)
+
+    sqsum = te.compute(red_shape, sq, "rms_norm_sqsum", tag="norm_reduce")
+
+    def body(*i):
+        y = x[i] / sqrt(sqsum[i[:axis]] / count + epsilon)
+        return y * broadcast_read(scale, i[axis:]) if scale is not None else y
+
+    return te.compute(x.shape, body, "rms_norm", tag="norm")

@@ -221,3 +221,42 @@ def _resize(inputs, attrs):
             attrs.get("nearest_mode", "round_prefer_floor"),
         )
     ]
+
+
+@register("gather_elements", OpPattern.INJECTIVE)
+def _gather_elements(inputs, attrs):
+    """data, int32/int64 indices of data's rank; attrs: axis."""
+    return [transform.gather_elements(inputs[0], inputs[1], attrs.get("axis", 0))]
+
+
+@register("trilu", OpPattern.INJECTIVE)
+def _trilu(inputs, attrs):
+    """attrs: k (the diagonal), upper."""
+    return [transform.trilu(inputs[0], attrs.get("k", 0), attrs.get("upper", True))]
+
+
+def _register_arg_reduce(kind: str) -> None:
+    @register(f"arg{kind}", OpPattern.COMM_REDUCE)
+    def compute(inputs, attrs):
+        """attrs: axis, keepdims, select_last_index; an int64 result."""
+        return [
+            nn.arg_reduce(
+                inputs[0],
+                kind,
+                attrs.get("axis", 0),
+                attrs.get("keepdims", True),
+                attrs.get("select_last_index", False),
+                f"arg{kind}",
+            )
+        ]
+
+
+for _kind in ("max", "min"):
+    _register_arg_reduce(_kind)
+
+
+@register("rms_norm", OpPattern.COMM_REDUCE)
+def _rms_norm(inputs, attrs):
+    """x, optional scale; attrs: axis, epsilon."""
+    scale = inputs[1] if len(inputs) > 1 else None
+    return [nn.rms_norm(inputs[0], scale, attrs.get("axis", -1), attrs.get("epsilon", 1e-5))]

@@ -227,3 +227,45 @@ def resize(
         return out
 
     return te.compute(size, body, name, tag=f"resize_{mode}")
+
+
+def gather_elements(
+    data: Operation, indices: Operation, axis: int = 0, name: str = "gather_elements"
+) -> Operation:
+    """ONNX GatherElements: out[i] = data[i with axis `axis` replaced by indices[i]], of indices' shape
+    (every other axis no longer than data's); negative indices count from the end, out-of-range ones are
+    clamped."""
+    axis %= data.ndim
+    if indices.ndim != data.ndim or any(
+        n > m for d, (n, m) in enumerate(zip(indices.shape, data.shape)) if d != axis
+    ):
+        raise te.TEError(
+            f"gather_elements: indices of shape {list(indices.shape)} do not fit data of shape "
+            f"{list(data.shape)} off axis {axis}"
+        )
+    if indices.dtype not in ("int32", "int64"):
+        raise te.TEError(f"gather_elements: indices must be int32 or int64, got {indices.dtype}")
+    extent = data.shape[axis]
+
+    def body(*i):
+        k = cast(INDEX, indices[i])
+        k = select(k < 0, k + extent, k)
+        k = minimum(maximum(k, const(0)), const(extent - 1))
+        return data[i[:axis] + (k,) + i[axis + 1 :]]
+
+    return te.compute(indices.shape, body, name, tag="gather_elements")
+
+
+def trilu(x: Operation, k: int = 0, upper: bool = True, name: str = "trilu") -> Operation:
+    """ONNX Trilu over the last two axes: the elements on and above (upper) or on and below (lower) the
+    k-th diagonal are kept, the others are 0 (False for bool)."""
+    if x.ndim < 2:
+        raise te.TEError(f"trilu: needs a tensor of rank 2 or more, got {list(x.shape)}")
+    zero = const(0, x.dtype)
+
+    def body(*i):
+        offset = i[-1] - i[-2]
+        keep = offset >= const(k) if upper else offset <= const(k)
+        return select(keep, x[i], zero)
+
+    return te.compute(x.shape, body, name, tag="trilu")
