@@ -552,24 +552,31 @@ class OnnxConverter:
         if v is None:
             return None
         if not v.is_constant:
-            sources = _graph_inputs_of(v)
-            if sources == [v.name]:
-                how = f"it is graph input {v.name}, fed at run time"
-            elif sources:
-                how = f"it is computed at run time from graph input{'s' if len(sources) > 1 else ''} {', '.join(sources)}"
-            else:
-                how = "it is computed at run time"
-            example = ", ".join(f"{s}: [...]" for s in sources) or "name: [...]"
-            raise RunTimeValueError(
-                f"{self.source}: node {n.name} ({n.op_type}): input {i} ({what}, value {v.name}) must be a "
-                f"constant: aotc needs its value at compile time, but {how}; give "
-                f"{'it' if len(sources) <= 1 else 'them'} in the recipe's `{CONSTANTS_KEY}` "
-                f"({CONSTANTS_KEY}: {{{example}}}, a value or a .npy file; aotc.compile(..., "
-                f"{CONSTANTS_KEY}=...)){self.batch.note()}",
-                v.name,
-                sources,
-            )
+            raise self.run_time_value_error(n, i, what, "aotc needs its value at compile time")
         return v.data
+
+    def run_time_value_error(self, n: OnnxNode, i: int, what: str, why: str) -> RunTimeValueError:
+        """The error for input `i` of node `n` (spec name `what`), which must be a constant (`why`) but is fed
+        or computed at run time: it names the graph inputs the value derives from, which the recipe's
+        `constants` can fix."""
+        v = n.inputs[i]
+        sources = _graph_inputs_of(v)
+        if sources == [v.name]:
+            how = f"it is graph input {v.name}, fed at run time"
+        elif sources:
+            how = f"it is computed at run time from graph input{'s' if len(sources) > 1 else ''} {', '.join(sources)}"
+        else:
+            how = "it is computed at run time"
+        example = ", ".join(f"{s}: [...]" for s in sources) or "name: [...]"
+        return RunTimeValueError(
+            f"{self.source}: node {n.name} ({n.op_type}): input {i} ({what}, value {v.name}) must be a "
+            f"constant: {why}, but {how}; give "
+            f"{'it' if len(sources) <= 1 else 'them'} in the recipe's `{CONSTANTS_KEY}` "
+            f"({CONSTANTS_KEY}: {{{example}}}, a value or a .npy file; aotc.compile(..., "
+            f"{CONSTANTS_KEY}=...)){self.batch.note()}",
+            v.name,
+            sources,
+        )
 
     def _constant_value(self, name: str, data: np.ndarray) -> Value:
         data = np.asarray(data)
@@ -699,8 +706,11 @@ VERSIONS: dict[str, tuple[int, ...]] = {
     "Abs": (6, 13),
     "Add": (7, 13, 14),  # 7: numpy broadcasting (6 had broadcast/axis attributes)
     "And": (7,),
+    "ArgMax": (1, 11, 12, 13),  # 11: negative axis; 12: select_last_index
+    "ArgMin": (1, 11, 12, 13),  # 11: negative axis; 12: select_last_index
     "AveragePool": (7, 10, 11, 19, 22),  # 7: count_include_pad; 10: ceil_mode; 19: dilations
     "BatchNormalization": (7, 9, 14, 15),  # 7: spatial (0 refused); 14: training_mode (1 refused)
+    "BitShift": (11, 28),  # 28: signed types; negative or too wide shifts give the sign fill (11: undefined)
     "Cast": (6, 9, 13, 19, 21, 23, 24, 25, 28),  # 19+: saturate, round_mode only for float8/4 (refused)
     "CastLike": (15, 19, 21, 23, 24, 25),  # Cast to input 1's type; saturate/round_mode as Cast's
     "Ceil": (6, 13),
@@ -722,6 +732,7 @@ VERSIONS: dict[str, tuple[int, ...]] = {
     "Flatten": (1, 9, 11, 13, 21, 23, 24, 25),
     "Floor": (6, 13),
     "Gather": (1, 11, 13),
+    "GatherElements": (11, 13),
     "Gelu": (20,),
     "Gemm": (7, 9, 11, 13),  # 7: unidirectional broadcasting of C; 11: C optional
     "GlobalAveragePool": (1, 22),
@@ -732,7 +743,7 @@ VERSIONS: dict[str, tuple[int, ...]] = {
     "HardSwish": (14, 22),
     "Identity": (1, 13, 14, 16, 19, 21, 23, 24, 25),
     "InstanceNormalization": (6, 22),
-    "LayerNormalization": (17,),
+    "LayerNormalization": (17,),  # Mean and InvStdDev outputs in float32 for float16 inputs (stash_type 1)
     "LeakyRelu": (6, 16),
     "Less": (7, 9, 13),
     "LessOrEqual": (12, 16),
@@ -746,6 +757,7 @@ VERSIONS: dict[str, tuple[int, ...]] = {
     "Min": (6, 8, 12, 13),
     "Mod": (10, 13, 28),  # before 28: fmod=0 integers only (floats refused); 28: floats floor too
     "Mul": (7, 13, 14),
+    "NegativeLogLikelihoodLoss": (12, 13, 22),  # 13: bfloat16 (refused as a type); 22: no change
     "Neg": (6, 13),
     "Not": (1,),
     "Or": (7,),
@@ -755,6 +767,7 @@ VERSIONS: dict[str, tuple[int, ...]] = {
     "QLinearConv": (10,),
     "QLinearMatMul": (10, 21),
     "QuantizeLinear": (10, 13, 19, 21, 23, 24, 25, 28),  # 10: per tensor; 13: axis; 21: output_dtype
+    "RMSNormalization": (23,),  # stash_type 1 only (float16 computed in float32)
     "Range": (11, 27),  # 27: stash_type (float16 computed in float32)
     "Reciprocal": (6, 13),
     "ReduceMax": (1, 11, 12, 13, 18, 20),  # before 18: axes attribute
@@ -770,6 +783,7 @@ VERSIONS: dict[str, tuple[int, ...]] = {
     "Size": (1, 13, 19, 21, 23, 24, 25),
     "Slice": (1, 10, 11, 13),  # 1: starts/ends/axes attributes; 10: inputs and steps
     "Softmax": (1, 11, 13),  # before 13: over the input coerced to 2-D at axis (default 1)
+    "SoftmaxCrossEntropyLoss": (12, 13),  # 13: bfloat16 (refused as a type)
     "Softplus": (1, 22),
     "Split": (2, 11, 13, 18),  # before 13: split attribute; before 18: equal parts must divide
     "Sqrt": (6, 13),
@@ -778,6 +792,7 @@ VERSIONS: dict[str, tuple[int, ...]] = {
     "Sum": (6, 8, 13),
     "Tanh": (6, 13),
     "Transpose": (1, 13, 21, 23, 24, 25),
+    "Trilu": (14,),
     "Unsqueeze": (1, 11, 13, 21, 23, 24, 25),  # before 13: axes attribute
     "Upsample": (7, 9),  # 7: scales attribute; 9: input; 10: deprecated (Resize)
     "Where": (9, 16),
@@ -1172,10 +1187,57 @@ def _batch_norm(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
 
 @converts("LayerNormalization")
 def _layer_norm(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
+    """Y, and when used, Mean and InvStdDev (1 / sqrt(variance + epsilon)) over axes [axis, ndim), of shape
+    [d0, ..., d(axis-1), 1, ..., 1]; computed in float32 for float16 inputs (stash_type 1, the only one
+    aotc computes), and of that type, as the schema's U."""
     x = n.inputs[0]
+    ndim = len(x.type.shape)
+    axis = onnx_axis(cv, n.attr("axis", -1), ndim)
+    epsilon = n.attr("epsilon", 1e-5)
     inputs = [v for v in n.inputs[:3] if v is not None]
+    y = cv.emit("layer_norm", inputs, {"axis": axis, "epsilon": epsilon}, n.outputs[0])
+    wanted = [i for i in (1, 2) if i < len(n.outputs) and n.outputs[i] in cv.used]
+    if not wanted:
+        return [y]
+    if n.attr("stash_type", 1) != 1:
+        raise cv.fail(
+            f"stash_type={n.attr('stash_type')} is not supported with outputs Mean or InvStdDev (1)"
+        )
+    wide = cv.emit("cast", [x], {"dtype": "float32"}) if x.type.dtype == "float16" else x
+    reduced = {"axes": tuple(range(axis, ndim)), "keepdims": True}
+    mean = cv.emit("reduce_mean", [wide], reduced, n.outputs[1] if 1 in wanted else None)
+    if 2 not in wanted:
+        return [y, mean]
+    centered = cv.emit("subtract", [wide, mean])
+    var = cv.emit("reduce_mean", [cv.emit("multiply", [centered, centered])], reduced)
+    eps = cv.constant(epsilon, "epsilon", wide.type.dtype)
+    one = cv.constant(1.0, "one", wide.type.dtype)
+    std = cv.emit("sqrt", [cv.emit("add", [var, eps])])
+    return [y, mean, cv.emit("divide", [one, std], out=n.outputs[2])]
+
+
+@converts("RMSNormalization")
+def _rms_norm(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
+    """X / sqrt(mean(X * X) + epsilon) over axes [axis, ndim), times Scale. stash_type 1 (the default, the
+    only one aotc computes): a float16 X is normalized in float32 and rounded, then scaled in float16, as
+    the function body casts back before its Mul."""
+    x, scale = n.inputs[:2]
+    dtype = x.type.dtype
+    if not dtype.startswith("float"):
+        raise cv.fail(f"RMSNormalization is defined on float tensors, got {dtype}")
+    if scale.type.dtype != dtype:
+        raise cv.fail(f"a scale of type {scale.type.dtype} for an input of type {dtype} is not supported")
+    if n.attr("stash_type", 1) != 1:
+        raise cv.fail(f"stash_type={n.attr('stash_type')} is not supported (1: float32)")
     attrs = {"axis": onnx_axis(cv, n.attr("axis", -1), len(x.type.shape)), "epsilon": n.attr("epsilon", 1e-5)}
-    return [cv.emit("layer_norm", inputs, attrs, n.outputs[0])]
+    try:
+        broadcast_shape(x.type.shape, scale.type.shape)
+    except ValueError as e:
+        raise cv.fail(f"scale {scale.type} does not broadcast to the input {x.type}: {e}") from e
+    if dtype != "float16":
+        return [cv.emit("rms_norm", [x, scale], attrs, n.outputs[0])]
+    wide = cv.emit("rms_norm", [cv.emit("cast", [x], {"dtype": "float32"})], attrs)
+    return [cv.emit("multiply", [cv.emit("cast", [wide], {"dtype": "float16"}), scale], out=n.outputs[0])]
 
 
 @converts("InstanceNormalization")
@@ -1208,6 +1270,91 @@ def _reduce(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
             cv.emit("cast", [cv.emit(_REDUCE[n.op_type], [wide], attrs)], {"dtype": "bool"}, n.outputs[0])
         ]
     return [cv.emit(_REDUCE[n.op_type], [x], attrs, n.outputs[0])]
+
+
+@converts("ArgMax", "ArgMin")
+def _arg_reduce(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
+    """The int64 index of the first (select_last_index: the last) greatest or smallest element along
+    `axis` (default 0), the axis kept with extent 1 unless keepdims=0."""
+    x = n.inputs[0]
+    if x.type.dtype == "bool":
+        raise cv.fail(f"{n.op_type} is not defined on bool tensors")
+    if not x.type.shape:
+        raise cv.fail(f"{n.op_type} needs an input of rank 1 or more, got {x.type}")
+    attrs = {
+        "axis": onnx_axis(cv, n.attr("axis", 0), len(x.type.shape)),
+        "keepdims": bool(n.attr("keepdims", 1)),
+        "select_last_index": bool(n.attr("select_last_index", 0)),
+    }
+    return [cv.emit(n.op_type.lower(), [x], attrs, n.outputs[0])]
+
+
+_REDUCTIONS = ("none", "sum", "mean")
+
+
+@converts("NegativeLogLikelihoodLoss", "SoftmaxCrossEntropyLoss")
+def _loss(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
+    """loss[n, d...] = -input[n, target[n, d...], d...] * weight[target] (0 where target is ignore_index),
+    then reduced: none, sum, or mean (the sum over the sum of the weights of the targets not ignored, their
+    count without weights). SoftmaxCrossEntropyLoss is that loss of log_softmax(scores) along axis 1,
+    which is also its optional output log_prob. A target that is neither a class nor ignore_index is
+    undefined (here it reads the nearest class)."""
+    x, target, weight = n.input(0), n.input(1), n.input(2)
+    shape = x.type.shape
+    reduction = n.attr("reduction", "mean")
+    if reduction not in _REDUCTIONS:
+        raise cv.fail(f"reduction must be one of {', '.join(_REDUCTIONS)}, got {reduction!r}")
+    if not x.type.dtype.startswith("float"):
+        raise cv.fail(f"{n.op_type} is defined on float tensors, got {x.type.dtype}")
+    if target.type.dtype not in ("int32", "int64"):
+        raise cv.fail(f"the target must be int32 or int64, got {target.type.dtype}")
+    if len(shape) < 2 or target.type.shape != (shape[0], *shape[2:]):
+        raise cv.fail(
+            f"a target {target.type} for an input {x.type}: it must have the input's shape without axis 1"
+        )
+    if weight is not None and (weight.type.shape != (shape[1],) or weight.type.dtype != x.type.dtype):
+        raise cv.fail(f"the weight {weight.type} must be one {x.type.dtype} per class ({shape[1]})")
+    log_prob = None
+    if n.op_type == "SoftmaxCrossEntropyLoss":
+        out = n.outputs[1] if len(n.outputs) > 1 and n.outputs[1] else None
+        log_prob = x = _softmax_op(cv, "log_softmax", x, 1, out)
+    dtype = x.type.dtype
+    index = cv.emit("reshape", [target], {"shape": (shape[0], 1, *shape[2:])})
+    picked = cv.emit("gather_elements", [x, index], {"axis": 1})
+    loss = cv.emit("negative", [cv.emit("reshape", [picked], {"shape": target.type.shape})])
+    ignore = n.attr("ignore_index")
+    kept = None
+    if ignore is not None:
+        kept = cv.emit(
+            "logical_not",
+            [cv.emit("equal", [target, cv.constant(ignore, "ignore_index", target.type.dtype)])],
+        )
+    zero = cv.constant(0, "zero", dtype)
+    weights = None
+    if weight is not None:
+        weights = cv.emit("take", [weight, target], {"axis": 0})
+        if kept is not None:
+            weights = cv.emit("where", [kept, weights, zero])
+        loss = cv.emit("multiply", [loss, weights])
+    elif kept is not None:
+        weights = cv.emit("cast", [kept], {"dtype": dtype})
+    if kept is not None:
+        loss = cv.emit("where", [kept, loss, zero])
+    out = n.outputs[0]
+    if reduction == "none":
+        return [loss, log_prob] if log_prob is not None else [loss]
+    everything = {"axes": tuple(range(len(target.type.shape))), "keepdims": False}
+    if reduction == "sum":
+        total = cv.emit("reduce_sum", [loss], everything, out)
+    elif weights is None:
+        total = cv.emit("reduce_mean", [loss], everything, out)
+    else:
+        total = cv.emit(
+            "divide",
+            [cv.emit("reduce_sum", [loss], everything), cv.emit("reduce_sum", [weights], everything)],
+            out=out,
+        )
+    return [total, log_prob] if log_prob is not None else [total]
 
 
 # --- shapes, layout, indexing -------------------------------------------------------------------------------
@@ -1367,6 +1514,50 @@ def _gather(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
         raise cv.fail(f"indices must be int32 or int64, got {indices.type.dtype}")
     axis = onnx_axis(cv, n.attr("axis", 0), len(data.type.shape))
     return [cv.emit("take", [data, indices], {"axis": axis}, n.outputs[0])]
+
+
+@converts("GatherElements")
+def _gather_elements(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
+    data, indices = n.inputs[:2]
+    if indices.type.dtype not in ("int32", "int64"):
+        raise cv.fail(f"indices must be int32 or int64, got {indices.type.dtype}")
+    ndim = len(data.type.shape)
+    if not ndim or len(indices.type.shape) != ndim:
+        raise cv.fail(f"indices {indices.type} must have the rank of data {data.type} (at least 1)")
+    axis = onnx_axis(cv, n.attr("axis", 0), ndim)
+    return [cv.emit("gather_elements", [data, indices], {"axis": axis}, n.outputs[0])]
+
+
+@converts("Trilu")
+def _trilu(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
+    """The upper (upper=1, the default) or lower triangle of the last two axes from the k-th diagonal (input
+    1, a scalar, default 0, needed at compile time); the other elements are 0."""
+    x = n.inputs[0]
+    if len(x.type.shape) < 2:
+        raise cv.fail(f"Trilu needs an input of rank 2 or more, got {x.type}")
+    k = cv.const_input(n, 1, "k")
+    if k is not None and k.size != 1:
+        raise cv.fail(f"k must be a scalar, got {k.size} values")
+    attrs = {"k": int(k.item()) if k is not None else 0, "upper": bool(n.attr("upper", 1))}
+    return [cv.emit("trilu", [x], attrs, n.outputs[0])]
+
+
+@converts("BitShift")
+def _bitshift(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
+    """BitShift-28's semantics on every version (11 defines only unsigned types and leaves shifts of the
+    width or more undefined): a right shift of a signed type is arithmetic; a shift that is negative or not
+    smaller than the width gives the sign fill alone (-1 for a right shift of a negative X, else 0)."""
+    x, y = n.inputs[:2]
+    direction = n.attr("direction")
+    if direction not in ("LEFT", "RIGHT"):
+        raise cv.fail(f"direction must be LEFT or RIGHT, got {direction!r}")
+    for v in (x, y):
+        if v.type.dtype not in DTYPES or not v.type.dtype.startswith(("int", "uint")):
+            raise cv.fail(f"BitShift is defined on integer tensors, got {v.name} of type {v.type.dtype}")
+    if x.type.dtype != y.type.dtype:
+        raise cv.fail(f"X and Y must have one type, got {x.type.dtype} and {y.type.dtype}")
+    op = "left_shift" if direction == "LEFT" else "right_shift"
+    return [cv.emit(op, [x, y], out=n.outputs[0])]
 
 
 @converts("Expand")

@@ -623,9 +623,12 @@ def _constant_weight(cv: OnnxConverter, n: OnnxNode, i: int, name: str, q: QPara
     """Weight input `i` (spec name `name`), which must be a constant, with one zero point (`one_zero_point`)."""
     w = n.inputs[i]
     if not w.is_constant:
-        raise cv.fail(
-            f"input {i} ({name}, value {w.name}) must be a constant: quantized weights are laid out at "
-            f"compile time, and a product of two run-time tensors has no qnn kernel"
+        raise cv.run_time_value_error(
+            n,
+            i,
+            name,
+            "quantized weights are laid out at compile time, and a product of two run-time tensors has no "
+            "qnn kernel",
         )
     data, one = one_zero_point(cv, name, w.data, q)
     return (w if one is q else cv.constant(data, f"{name}_recoded")), one
