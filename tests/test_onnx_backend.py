@@ -81,10 +81,15 @@ DEFAULT_SUBSET = [
     # run-time values (issue 19 item 3): axes and starts fed as inputs, built at each run with their values
     # as constants; Clip's bounds and Pad's value as kernel inputs
     "reduce_sum_keepdims_example", "slice", "clip", "constant_pad",
+    # coverage (issue 19 item 4): BitShift, GatherElements, ArgMax/ArgMin, Trilu (k fed as an input),
+    # RMSNormalization, LayerNormalization's Mean and InvStdDev, the two losses
+    "bitshift_right_int8_negative_input", "gather_elements_negative_indices", "argmax_default_axis_example",
+    "argmin_keepdims_random_select_last_index", "tril_neg", "rms_normalization_3d_axis1_epsilon",
+    "layer_normalization_2d_axis0", "nllloss_NCd1_mean_weight_negative_ii", "sce_mean_weight_ii_log_prob",
     # refused: operator, attribute value, optional output (a value needed at compile time that no run gives:
     # tests/test_onnx_constants.py)
-    "acos", "argmax_default_axis_example", "cumsum_1d", "resize_upsample_scales_cubic",
-    "layer_normalization_2d_axis0", "resize_downsample_scales_linear_align_corners",
+    "acos", "cumsum_1d", "resize_upsample_scales_cubic", "maxpool_with_argmax_2d_precomputed_pads",
+    "resize_downsample_scales_linear_align_corners",
     # excluded: one per exclusion
     "sequence_insert_at_back", "optional_get_element_tensor", "ai_onnx_ml_binarizer", "string_concat", "adam",
     "training_dropout", "bernoulli",
