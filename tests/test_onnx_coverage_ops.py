@@ -1,5 +1,6 @@
 """ONNX operators of issue 19's coverage item: BitShift, GatherElements, ArgMax/ArgMin, Trilu, RMSNormalization,
-LayerNormalization's Mean and InvStdDev outputs, NegativeLogLikelihoodLoss and SoftmaxCrossEntropyLoss, against onnxruntime (or ONNX's reference evaluator where
+LayerNormalization's Mean and InvStdDev outputs, NegativeLogLikelihoodLoss, SoftmaxCrossEntropyLoss,
+ReduceL1/L2/SumSquare/LogSumExp and Xor, against onnxruntime (or ONNX's reference evaluator where
 onnxruntime has no kernel for the opset), through the frontend and the graph interpreter and, once, compiled.
 
 Integer and index results must be equal; float results within rtol 1e-4, atol 1e-5 (float16: rtol 1e-3,
@@ -95,6 +96,13 @@ CASES = [
     case("SoftmaxCrossEntropyLoss", [Input((3, 5)), np.array([1, 4, 0])], opset=13, id="sce-mean"),
     case("SoftmaxCrossEntropyLoss", [Input((2, 5, 2)), np.array([[1, 3], [0, 2]]), Input((5,), low=0.1)], outputs=2, reduction="none", ignore_index=3, opset=13, id="sce-none-weight-ii-log-prob"),
     case("SoftmaxCrossEntropyLoss", [Input((3, 5), "float64"), np.array([1, 4, 0])], reduction="sum", opset=12, id="sce-sum-float64"),
+    case("ReduceL1", [Input((3, 4, 5))], axes=[1], opset=13, id="reduce-l1"),
+    case("ReduceL1", [Input((3, 4), "int32", -9, 9), np.array([-1])], keepdims=0, opset=18, id="reduce-l1-int-18"),
+    case("ReduceL2", [Input((3, 4, 5))], keepdims=0, opset=13, id="reduce-l2-all"),
+    case("ReduceSumSquare", [Input((3, 4, 5)), np.array([0, 2])], opset=18, id="reduce-sum-square"),
+    case("ReduceLogSumExp", [Input((3, 4, 5), low=-50, high=80)], axes=[2], keepdims=0, opset=13, id="reduce-log-sum-exp"),
+    case("ReduceLogSumExp", [Input((2, 6), "float64"), np.array([1])], opset=28, id="reduce-log-sum-exp-28"),
+    case("Xor", [Input((3, 4), "bool"), Input((4,), "bool")], id="xor-bcast"),
 ]  # fmt: skip
 
 
@@ -141,6 +149,8 @@ def test_bitshift_11_matches_onnxruntime_with_broadcasting():
         ("Trilu", [Input((4,))], {"opset": 14}, r"Trilu needs an input of rank 2 or more, got float32\[4\]"),
         ("RMSNormalization", [Input((2, 3)), Input((3,))], {"stash_type": 0, "opset": 23}, r"stash_type=0 is not supported"),
         ("RMSNormalization", [Input((2, 3)), Input((3,), "float64")], {"opset": 23}, r"a scale of type float64 for an input of type float32"),
+        ("ReduceL2", [Input((2, 3), "int32")], {"opset": 13}, r"ReduceL2 is computed on float tensors here, got int32"),
+        ("ReduceL1", [Input((2, 3)), np.zeros(0, np.int64)], {"noop_with_empty_axes": 1, "opset": 18}, r"noop_with_empty_axes with no axes is not supported"),
         ("NegativeLogLikelihoodLoss", [Input((2, 3)), np.array([0, 1])], {"reduction": "max", "opset": 13}, r"reduction must be one of none, sum, mean, got 'max'"),
         ("NegativeLogLikelihoodLoss", [Input((2, 3)), np.array([0, 1, 2])], {"opset": 13}, r"a target int64\[3\] for an input float32\[2, 3\]"),
     ],

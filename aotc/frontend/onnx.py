@@ -771,9 +771,13 @@ VERSIONS: dict[str, tuple[int, ...]] = {
     "Range": (11, 27),  # 27: stash_type (float16 computed in float32)
     "Reciprocal": (6, 13),
     "ReduceMax": (1, 11, 12, 13, 18, 20),  # before 18: axes attribute
+    "ReduceL1": (1, 11, 13, 18),  # before 18: axes attribute
+    "ReduceL2": (1, 11, 13, 18),  # before 18: axes attribute
+    "ReduceLogSumExp": (1, 11, 13, 18, 28),  # before 18: axes attribute; 28: float types only
     "ReduceMean": (1, 11, 13, 18),  # before 18: axes attribute
     "ReduceMin": (1, 11, 12, 13, 18, 20),  # before 18: axes attribute
     "ReduceSum": (1, 11, 13),  # before 13: axes attribute
+    "ReduceSumSquare": (1, 11, 13, 18),  # before 18: axes attribute
     "Relu": (6, 13, 14),
     "Reshape": (5, 13, 14, 19, 21, 23, 24, 25),  # 14: allowzero
     "Resize": (10, 11, 13, 18, 19),  # 10: asymmetric, scales input 1; 11: roi/scales/sizes; 18: axes
@@ -796,6 +800,7 @@ VERSIONS: dict[str, tuple[int, ...]] = {
     "Unsqueeze": (1, 11, 13, 21, 23, 24, 25),  # before 13: axes attribute
     "Upsample": (7, 9),  # 7: scales attribute; 9: input; 10: deprecated (Resize)
     "Where": (9, 16),
+    "Xor": (7,),
 }
 """ONNX operator -> the versions of it that aotc converts."""
 
@@ -1253,16 +1258,24 @@ _REDUCE = {
 }
 
 
-@converts(*_REDUCE)
+_COMPOSITE_REDUCE = ("ReduceL1", "ReduceL2", "ReduceSumSquare", "ReduceLogSumExp")
+"""Reductions made of graph ops: sum(|x|), sqrt(sum(x * x)), sum(x * x), max + log(sum(exp(x - max)))."""
+
+
+@converts(*_REDUCE, *_COMPOSITE_REDUCE)
 def _reduce(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
     x = n.inputs[0]
     ndim = len(x.type.shape)
     axes = _axes(cv, n, ndim)
     if not axes:
         if n.attr("noop_with_empty_axes", 0):
+            if n.op_type in _COMPOSITE_REDUCE:
+                raise cv.fail("noop_with_empty_axes with no axes is not supported")
             return [x]
         axes = list(range(ndim))
     attrs = {"axes": tuple(sorted(set(axes))), "keepdims": bool(n.attr("keepdims", 1))}
+    if n.op_type in _COMPOSITE_REDUCE:
+        return [_composite_reduce(cv, n, x, attrs)]
     if x.type.dtype == "bool" and n.op_type in ("ReduceMax", "ReduceMin"):
         # ReduceMax/Min-20 on bool (any / all): over 0/1 bytes, which the codegen orders
         wide = cv.emit("cast", [x], {"dtype": "uint8"})
@@ -1270,6 +1283,36 @@ def _reduce(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
             cv.emit("cast", [cv.emit(_REDUCE[n.op_type], [wide], attrs)], {"dtype": "bool"}, n.outputs[0])
         ]
     return [cv.emit(_REDUCE[n.op_type], [x], attrs, n.outputs[0])]
+
+
+def _composite_reduce(cv: OnnxConverter, n: OnnxNode, x: Value, attrs: dict) -> Value:
+    dtype = x.type.dtype
+    floats_only = n.op_type in ("ReduceL2", "ReduceLogSumExp")
+    if dtype == "bool" or (floats_only and not dtype.startswith("float")):
+        kinds = "float" if floats_only else "numeric"
+        raise cv.fail(f"{n.op_type} is computed on {kinds} tensors here, got {dtype}")
+    out = n.outputs[0]
+    if n.op_type == "ReduceL1":
+        magnitudes = x if dtype.startswith("uint") else cv.emit("abs", [x])
+        return cv.emit("reduce_sum", [magnitudes], attrs, out)
+    if n.op_type != "ReduceLogSumExp":
+        squares = cv.emit("multiply", [x, x])
+        if n.op_type == "ReduceSumSquare":
+            return cv.emit("reduce_sum", [squares], attrs, out)
+        return cv.emit("sqrt", [cv.emit("reduce_sum", [squares], attrs)], out=out)
+    # max + log(sum(exp(x - max))): no overflow of exp for large inputs
+    peak = cv.emit("reduce_max", [x], {**attrs, "keepdims": True})
+    sums = cv.emit("reduce_sum", [cv.emit("exp", [cv.emit("subtract", [x, peak])])], attrs)
+    top = peak if attrs["keepdims"] else cv.emit("reshape", [peak], {"shape": sums.type.shape})
+    return cv.emit("add", [cv.emit("log", [sums]), top], out=out)
+
+
+@converts("Xor")
+def _xor(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
+    a, b = n.inputs[:2]
+    if a.type.dtype != "bool" or b.type.dtype != "bool":
+        raise cv.fail(f"Xor needs bool operands, got {a.type.dtype} and {b.type.dtype}")
+    return [cv.emit("logical_not", [cv.emit("equal", [a, b])], out=n.outputs[0])]
 
 
 @converts("ArgMax", "ArgMin")
