@@ -151,6 +151,9 @@ def load_onnx(
     inputs = conv.bind_inputs(dict(input_shapes or {}))
     for i, proto in enumerate(model.graph.node):
         conv.convert(proto, i)
+    for v in inputs:  # an empty input no node read as a tensor (CastLike's input 1, one only passed on)
+        if v.name in conv.empty_inputs:
+            raise InputShapeError(conv.empty_inputs[v.name])
     outputs = [conv.values[o.name] for o in model.graph.output]
     _check_outputs_nonempty(model.graph, outputs, source)
     graph = Graph(inputs, outputs, live_nodes(conv.nodes, outputs), model.graph.name or _stem(source))
@@ -193,7 +196,7 @@ def constant_arrays(
         if name in (input_shapes or {}):
             raise InputShapeError(f"{source}: {key}: input {name} is given both a shape (inputs) and a value")
         vi = runtime[name]
-        dims = _model_dims(vi, source)
+        dims = _model_dims(vi, source, {})  # an empty value is fine for what is read at compile time
         dtype = _DTYPES[vi.type.tensor_type.elem_type]
         array = _constant_array(given, dtype, f"{source}: {key}")
         if dims is not None and (
@@ -203,8 +206,6 @@ def constant_arrays(
                 f"{source}: {key}: a value of shape {list(array.shape)} for input {name}, whose shape in the "
                 f"model is {_dims_str(dims)}"
             )
-        if array.size == 0:
-            raise InputShapeError(f"{source}: {key}: the value is empty; {NONEMPTY}")
         out[name] = array
     return out
 
@@ -426,6 +427,9 @@ class OnnxConverter:
         self.node_names: set[str] = set()
         self.node: OnnxNode | None = None
         self.batch = BatchTracker(source)
+        self.empty_inputs: dict[str, str] = {}
+        """Graph inputs of zero size -> the InputShapeError raised when one is read as a tensor: one that
+        a node reads at compile time (empty axes, fed at run time) is a RunTimeValueError first."""
         for t in graph.initializer:
             self.values[t.name] = self._constant_value(t.name, numpy_helper.to_array(t))
 
@@ -454,7 +458,7 @@ class OnnxConverter:
             )
         problems, inputs = [], []
         for vi in runtime:
-            dims, given = _model_dims(vi, self.source), shapes.get(vi.name)
+            dims, given = _model_dims(vi, self.source, self.empty_inputs), shapes.get(vi.name)
             if given is None and not _is_static(dims):
                 problems.append((vi.name, dims))
                 continue
@@ -524,6 +528,8 @@ class OnnxConverter:
         n = self.node
         # an empty constant may be dropped by a converter (Concat does) but no graph op takes one
         empty = [v.name for v in inputs if v is not None and v.type.num_elements == 0]
+        if empty and empty[0] in self.empty_inputs and not self.values[empty[0]].is_constant:
+            raise InputShapeError(self.empty_inputs[empty[0]])
         if empty:
             raise self.fail(f"input {empty[0]} is empty; {NONEMPTY}")
         try:
@@ -588,8 +594,12 @@ class OnnxConverter:
         return Value(name, TensorType(tuple(int(s) for s in data.shape), dtype), data=data)
 
 
-def _model_dims(vi: onnx.ValueInfoProto, source: str) -> list[int | str | None] | None:
-    """The model's dims of graph input `vi`: ints, symbolic names, None for unknown; None if rank unknown."""
+def _model_dims(
+    vi: onnx.ValueInfoProto, source: str, empty: dict[str, str] | None = None
+) -> list[int | str | None] | None:
+    """The model's dims of graph input `vi`: ints, symbolic names, None for unknown; None if rank unknown.
+    A zero-size dimension is an InputShapeError, unless `empty` is given: its message is then kept there
+    under the input's name, to be raised if the input is ever read as a tensor (`zero_size_inputs`)."""
     if not vi.type.HasField("tensor_type"):
         raise ConversionError(f"{source}: input {vi.name} is not a tensor")
     tt = vi.type.tensor_type
@@ -606,11 +616,15 @@ def _model_dims(vi: onnx.ValueInfoProto, source: str) -> list[int | str | None] 
         i for i, d in enumerate(tt.shape.dim) if d.WhichOneof("value") == "dim_value" and d.dim_value == 0
     ]
     if zero:
-        raise InputShapeError(
+        message = (
             f"{source}: input '{vi.name}' has zero-size dimension {', '.join(map(str, zero))} "
             f"(shape {[d.dim_value if d.WhichOneof('value') == 'dim_value' else '?' for d in tt.shape.dim]}); "
             + NONEMPTY
         )
+        if empty is None:
+            raise InputShapeError(message)
+        empty[vi.name] = message
+        dims = [0 if i in zero else d for i, d in enumerate(dims)]
     return dims
 
 
