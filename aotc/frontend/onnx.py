@@ -1505,6 +1505,11 @@ def _slice(cv: OnnxConverter, x: Value, ranges: dict[int, range], out: str | Non
     if all(r == range(s) for r, s in zip(full, x.type.shape)):
         return x
     if any(len(r) == 0 for r in full):
+        if x.is_constant:  # an empty slice of a constant (a shape's) folds; no graph op may take it
+            data = x.data
+            for d, r in enumerate(full):
+                data = np.take(data, np.array(list(r), np.int64), axis=d)
+            return cv.constant(data, "slice", out=out)
         raise cv.fail(f"the slice of {x.type} is empty; zero-sized tensors are not supported")
     attrs = {
         "begin": tuple(r.start for r in full),
