@@ -232,3 +232,16 @@ def test_empty_axes_fed_at_run_time_are_a_run_time_value_and_given_empty_reduce_
     relu = make_graph_model([helper.make_node("Relu", ["x"], ["y"])], {"x": Input((1, 0, 4))}, ["y"])
     with pytest.raises(InputShapeError, match=r"input 'x' has zero-size dimension 1 \(shape \[1, 0, 4\]\)"):
         load_onnx(relu.SerializeToString())
+
+
+def test_an_empty_slice_of_a_shape_folds_and_concat_drops_it():
+    """As the _expanded LayerNormalization bodies do with axis 0: Shape, an empty Slice of it, Concat."""
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("Slice", ["s", "zero", "zero"], ["none"]),
+        helper.make_node("Concat", ["none", "six"], ["shape"], axis=0),
+        helper.make_node("Reshape", ["x", "shape"], ["y"]),
+    ]
+    inits = {"zero": np.array([0]), "six": np.array([6])}
+    model = make_graph_model(nodes, {"x": Input((2, 3))}, ["y"], inits, opset=13)
+    check(model, random_feeds(model))
