@@ -110,6 +110,10 @@ SAMPLES: dict[str, list[tuple[list[TensorType], dict]]] = {
         ]
         for op in ("argmax", "argmin")
     },
+    "cumsum": [
+        ([X], {"axis": 2}),
+        ([t(4, 6, dtype="int32")], {"axis": 0, "exclusive": True, "reverse": True}),
+    ],
     "rms_norm": [([t(2, 3, 8), t(8)], {"axis": 2, "epsilon": 1e-5}), ([t(2, 3, 4)], {"axis": 0})],
     "pad": [
         ([X], {"before": (0, 0, 2, 1), "after": (0, 1, 1, 3), "mode": "constant", "value": 0.5}),

@@ -611,3 +611,25 @@ def rms_norm(x: Operation, scale: Operation | None, axis: int = -1, epsilon: flo
         return y * broadcast_read(scale, i[axis:]) if scale is not None else y
 
     return te.compute(x.shape, body, "rms_norm", tag="norm")
+
+
+def cumsum(x: Operation, axis: int, exclusive: bool = False, reverse: bool = False) -> Operation:
+    """ONNX CumSum along `axis`: out[.., i, ..] = the sum of x[.., k, ..] over k <= i (k < i when
+    `exclusive`; k >= i, k > i when `reverse`), one reduction over the whole axis with the other terms 0."""
+    if x.dtype == "bool":
+        raise te.TEError("cumsum is not defined on bool tensors")
+    if not x.ndim:
+        raise te.TEError("cumsum needs an input of rank 1 or more, got a 0-d tensor")
+    axis %= x.ndim
+    k = te.reduce_axis(x.shape[axis], "k")
+    zero = const(0, x.dtype)
+
+    def body(*i):
+        at, here = k.var, i[axis]
+        if reverse:
+            keep = at > here if exclusive else at >= here
+        else:
+            keep = at < here if exclusive else at <= here
+        return te.sum(select(keep, x[(*i[:axis], at, *i[axis + 1 :])], zero), k)
+
+    return te.compute(x.shape, body, "cumsum", tag="cumsum")

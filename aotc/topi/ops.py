@@ -260,3 +260,9 @@ def _rms_norm(inputs, attrs):
     """x, optional scale; attrs: axis, epsilon."""
     scale = inputs[1] if len(inputs) > 1 else None
     return [nn.rms_norm(inputs[0], scale, attrs.get("axis", -1), attrs.get("epsilon", 1e-5))]
+
+
+@register("cumsum", OpPattern.COMM_REDUCE)
+def _cumsum(inputs, attrs):
+    """attrs: axis, exclusive, reverse."""
+    return [nn.cumsum(inputs[0], attrs["axis"], attrs.get("exclusive", False), attrs.get("reverse", False))]
