@@ -1,6 +1,6 @@
 """ONNX operators of issue 19's coverage item: BitShift, GatherElements, ArgMax/ArgMin, Trilu, RMSNormalization,
 LayerNormalization's Mean and InvStdDev outputs, NegativeLogLikelihoodLoss, SoftmaxCrossEntropyLoss,
-ReduceL1/L2/SumSquare/LogSumExp and Xor, against onnxruntime (or ONNX's reference evaluator where
+ReduceL1/L2/SumSquare/LogSumExp, Xor, CumSum and Hardmax, against onnxruntime (or ONNX's reference evaluator where
 onnxruntime has no kernel for the opset), through the frontend and the graph interpreter and, once, compiled.
 
 Integer and index results must be equal; float results within rtol 1e-4, atol 1e-5 (float16: rtol 1e-3,
@@ -103,6 +103,13 @@ CASES = [
     case("ReduceLogSumExp", [Input((3, 4, 5), low=-50, high=80)], axes=[2], keepdims=0, opset=13, id="reduce-log-sum-exp"),
     case("ReduceLogSumExp", [Input((2, 6), "float64"), np.array([1])], opset=28, id="reduce-log-sum-exp-28"),
     case("Xor", [Input((3, 4), "bool"), Input((4,), "bool")], id="xor-bcast"),
+    case("CumSum", [Input((5,)), np.array(0)], id="cumsum"),
+    case("CumSum", [Input((3, 4), "int32", -9, 9), np.array(-1, np.int32)], exclusive=1, reverse=1, opset=14, id="cumsum-int-exclusive-reverse"),
+    case("CumSum", [Input((3, 4, 2), "float64"), np.array(1)], reverse=1, id="cumsum-reverse"),
+    case("Hardmax", [Input((3, 4, 5))], opset=13, id="hardmax"),
+    case("Hardmax", [Input((3, 4, 5))], axis=0, opset=13, id="hardmax-axis0"),
+    case("Hardmax", [Input((3, 4, 5))], opset=11, id="hardmax-11-2d"),
+    case("Hardmax", [Input((3, 4), "float16")], axis=-1, opset=11, id="hardmax-11-last"),
 ]  # fmt: skip
 
 

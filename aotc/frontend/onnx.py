@@ -733,6 +733,7 @@ VERSIONS: dict[str, tuple[int, ...]] = {
     "Constant": (1, 9, 11, 12, 13, 19, 21, 23, 24, 25),  # 11: sparse_value (refused); 12: value_*
     "ConstantOfShape": (9, 20, 21, 23, 24, 25),
     "Conv": (1, 11, 22),  # 11 only reworded auto_pad (the version converter: compatible)
+    "CumSum": (11, 14),  # 14: float16, bfloat16 (refused as a type)
     "ConvInteger": (10,),
     "ConvTranspose": (1, 11, 22),  # 1 splits derived odd padding the other way round: refused
     "DequantizeLinear": (10, 13, 19, 21, 23, 24, 25, 28),  # 10: per tensor; 13: axis; 23: output_dtype
@@ -753,6 +754,7 @@ VERSIONS: dict[str, tuple[int, ...]] = {
     "GlobalMaxPool": (1, 22),
     "Greater": (7, 9, 13),
     "GreaterOrEqual": (12, 16),
+    "Hardmax": (1, 11, 13),  # before 13: over the input coerced to 2-D at axis (default 1)
     "HardSigmoid": (6, 22),
     "HardSwish": (14, 22),
     "Identity": (1, 13, 14, 16, 19, 21, 23, 24, 25),
@@ -1319,6 +1321,51 @@ def _composite_reduce(cv: OnnxConverter, n: OnnxNode, x: Value, attrs: dict) -> 
     sums = cv.emit("reduce_sum", [cv.emit("exp", [cv.emit("subtract", [x, peak])])], attrs)
     top = peak if attrs["keepdims"] else cv.emit("reshape", [peak], {"shape": sums.type.shape})
     return cv.emit("add", [cv.emit("log", [sums]), top], out=out)
+
+
+@converts("CumSum")
+def _cumsum(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
+    """Cumulative sums along `axis` (input 1, a scalar needed at compile time), `exclusive` leaving out each
+    element itself, `reverse` summing from the end."""
+    x = n.inputs[0]
+    if x.type.dtype == "bool" or not x.type.shape:
+        raise cv.fail(f"CumSum needs a numeric tensor of rank 1 or more, got {x.type}")
+    axis = cv.const_input(n, 1, "axis")
+    if axis is None or axis.size != 1:
+        raise cv.fail("axis must be one value")
+    attrs = {
+        "axis": onnx_axis(cv, int(axis.item()), len(x.type.shape)),
+        "exclusive": bool(n.attr("exclusive", 0)),
+        "reverse": bool(n.attr("reverse", 0)),
+    }
+    return [cv.emit("cumsum", [x], attrs, n.outputs[0])]
+
+
+@converts("Hardmax")
+def _hardmax(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
+    """1 at the first greatest element along `axis`, 0 elsewhere (before Hardmax-13 over the input coerced
+    to 2-D at `axis`, default 1, as Softmax's versions): the one-hot of ArgMax."""
+    x = n.inputs[0]
+    shape = x.type.shape
+    if not x.type.dtype.startswith("float") or not shape:
+        raise cv.fail(f"Hardmax needs a float tensor of rank 1 or more, got {x.type}")
+    rows = x
+    if n.older_than(13):
+        axis = onnx_axis(cv, n.attr("axis", 1), len(shape))
+        if axis < len(shape) - 1:
+            rows = cv.emit("reshape", [x], {"shape": (math.prod(shape[:axis]), math.prod(shape[axis:]))})
+        axis = len(rows.type.shape) - 1
+    else:
+        axis = onnx_axis(cv, n.attr("axis", -1), len(shape))
+    best = cv.emit("argmax", [rows], {"axis": axis, "keepdims": True, "select_last_index": False})
+    extent = rows.type.shape[axis]
+    iota = np.arange(extent, dtype=np.int64).reshape(
+        [extent if d == axis else 1 for d in range(len(rows.type.shape))]
+    )
+    hot = cv.emit("equal", [best, cv.constant(iota, "iota")])
+    out = n.outputs[0] if rows is x else None
+    y = cv.emit("cast", [hot], {"dtype": x.type.dtype}, out)
+    return [y if rows is x else cv.emit("reshape", [y], {"shape": shape}, n.outputs[0])]
 
 
 @converts("Xor")
