@@ -82,13 +82,15 @@ DEFAULT_SUBSET = [
     # as constants; Clip's bounds and Pad's value as kernel inputs
     "reduce_sum_keepdims_example", "slice", "clip", "constant_pad",
     # coverage (issue 19 item 4): BitShift, GatherElements, ArgMax/ArgMin, Trilu (k fed as an input),
-    # RMSNormalization, LayerNormalization's Mean and InvStdDev, the two losses
+    # RMSNormalization, LayerNormalization's Mean and InvStdDev, the two losses, CumSum, Hardmax, the
+    # composite reductions with axes fed empty at run time
+    "cumsum_1d_reverse_exclusive", "hardmax_axis_0", "reduce_log_sum_exp_default_axes_keepdims_random",
     "bitshift_right_int8_negative_input", "gather_elements_negative_indices", "argmax_default_axis_example",
     "argmin_keepdims_random_select_last_index", "tril_neg", "rms_normalization_3d_axis1_epsilon",
     "layer_normalization_2d_axis0", "nllloss_NCd1_mean_weight_negative_ii", "sce_mean_weight_ii_log_prob",
     # refused: operator, attribute value, optional output (a value needed at compile time that no run gives:
     # tests/test_onnx_constants.py)
-    "acos", "cumsum_1d", "resize_upsample_scales_cubic", "maxpool_with_argmax_2d_precomputed_pads",
+    "acos", "resize_upsample_scales_cubic", "maxpool_with_argmax_2d_precomputed_pads",
     "resize_downsample_scales_linear_align_corners",
     # excluded: one per exclusion
     "sequence_insert_at_back", "optional_get_element_tensor", "ai_onnx_ml_binarizer", "string_concat", "adam",
