@@ -1,6 +1,6 @@
 """ONNX operators of issue 19's coverage item: BitShift, GatherElements, ArgMax/ArgMin, Trilu, RMSNormalization,
 LayerNormalization's Mean and InvStdDev outputs, NegativeLogLikelihoodLoss, SoftmaxCrossEntropyLoss,
-ReduceL1/L2/SumSquare/LogSumExp, Xor, CumSum and Hardmax, against onnxruntime (or ONNX's reference evaluator where
+ReduceL1/L2/SumSquare/LogSumExp, Xor, CumSum, Hardmax, OneHot and LpNormalization, against onnxruntime (or ONNX's reference evaluator where
 onnxruntime has no kernel for the opset), through the frontend and the graph interpreter and, once, compiled.
 
 Integer and index results must be equal; float results within rtol 1e-4, atol 1e-5 (float16: rtol 1e-3,
@@ -110,6 +110,12 @@ CASES = [
     case("Hardmax", [Input((3, 4, 5))], axis=0, opset=13, id="hardmax-axis0"),
     case("Hardmax", [Input((3, 4, 5))], opset=11, id="hardmax-11-2d"),
     case("Hardmax", [Input((3, 4), "float16")], axis=-1, opset=11, id="hardmax-11-last"),
+    case("OneHot", [Input((2, 3), "int64", -5, 7), np.array(5), np.array([0.5, 3.0], np.float32)], opset=11, id="one-hot"),
+    case("OneHot", [Input((4,), "int64", 0, 3), np.array([3]), Input((2,))], axis=0, opset=11, id="one-hot-axis0-run-time-values"),
+    case("OneHot", [Input((2, 2), "float32", -3, 3), np.array(3), np.array([0, 1])], axis=1, opset=28, id="one-hot-float-indices"),
+    case("LpNormalization", [Input((3, 4))], id="lp-norm-l2"),
+    case("LpNormalization", [Input((3, 4, 2))], axis=1, p=1, opset=22, id="lp-norm-l1"),
+    case("LpNormalization", [np.array([[0.0, 0.0], [3.0, 4.0]], np.float32)], axis=1, id="lp-norm-zero-norm"),
 ]  # fmt: skip
 
 

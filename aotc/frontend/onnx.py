@@ -765,6 +765,7 @@ VERSIONS: dict[str, tuple[int, ...]] = {
     "LessOrEqual": (12, 16),
     "Log": (6, 13),
     "LogSoftmax": (1, 11, 13),  # before 13: over the input coerced to 2-D at axis (default 1)
+    "LpNormalization": (1, 22),
     "MatMul": (1, 9, 13),
     "MatMulInteger": (10,),
     "Max": (6, 8, 12, 13),  # 6: equal shapes (broadcasting is the superset)
@@ -776,6 +777,7 @@ VERSIONS: dict[str, tuple[int, ...]] = {
     "NegativeLogLikelihoodLoss": (12, 13, 22),  # 13: bfloat16 (refused as a type); 22: no change
     "Neg": (6, 13),
     "Not": (1,),
+    "OneHot": (9, 11, 28),  # 9: negative indices undefined (11 counts them from the end)
     "Or": (7,),
     "PRelu": (7, 9, 16),
     "Pad": (2, 11, 13, 18, 19, 21, 23, 24, 25),  # 2: pads/value attributes; 11: inputs; 18: axes; 19: wrap
@@ -1366,6 +1368,54 @@ def _hardmax(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
     out = n.outputs[0] if rows is x else None
     y = cv.emit("cast", [hot], {"dtype": x.type.dtype}, out)
     return [y if rows is x else cv.emit("reshape", [y], {"shape": shape}, n.outputs[0])]
+
+
+@converts("OneHot")
+def _one_hot(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
+    """values[1] where a (new) axis `axis` of extent `depth` (input 1, needed at compile time) equals the
+    index, values[0] elsewhere; negative indices count from the end (an index still out of range matches
+    nothing); float indices are truncated."""
+    indices, values = n.inputs[0], n.inputs[2]
+    if indices.type.dtype == "bool":
+        raise cv.fail("indices must be numeric, got bool")
+    depth = cv.const_input(n, 1, "depth")
+    if depth.size != 1 or not depth.reshape(-1)[0] >= 1:
+        raise cv.fail(f"depth must be one value of at least 1, got {depth.reshape(-1).tolist()}")
+    depth = int(depth.reshape(-1)[0])
+    if values.type.num_elements != 2 or len(values.type.shape) != 1:
+        raise cv.fail(f"values must be [off_value, on_value], got {values.type}")
+    rank = len(indices.type.shape) + 1
+    axis = onnx_axis(cv, n.attr("axis", -1), rank)
+    index = cv.emit("cast", [indices], {"dtype": "int64"}) if indices.type.dtype != "int64" else indices
+    negative = cv.emit("less", [index, cv.constant(0, "zero", "int64")])
+    index = cv.emit("where", [negative, cv.emit("add", [index, cv.constant(depth, "depth", "int64")]), index])
+    shape = indices.type.shape
+    index = cv.emit("reshape", [index], {"shape": (*shape[:axis], 1, *shape[axis:])})
+    iota = np.arange(depth, dtype=np.int64).reshape([depth if d == axis else 1 for d in range(rank)])
+    hot = cv.emit("equal", [index, cv.constant(iota, "iota")])
+    off, on = (_scalar(cv, _slice(cv, values, {0: range(i, i + 1)}, None)) for i in (0, 1))
+    return [cv.emit("where", [hot, on, off], out=n.outputs[0])]
+
+
+@converts("LpNormalization")
+def _lp_norm(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
+    """x divided by its L1 (p=1) or L2 (p=2) norm along `axis` (0 where that norm is 0)."""
+    x = n.inputs[0]
+    if not x.type.dtype.startswith("float") or not x.type.shape:
+        raise cv.fail(f"LpNormalization needs a float tensor of rank 1 or more, got {x.type}")
+    p = n.attr("p", 2)
+    if p not in (1, 2):
+        raise cv.fail(f"p must be 1 or 2, got {p}")
+    axis = onnx_axis(cv, n.attr("axis", -1), len(x.type.shape))
+    reduced = {"axes": (axis,), "keepdims": True}
+    if p == 1:
+        norm = cv.emit("reduce_sum", [cv.emit("abs", [x])], reduced)
+    else:
+        norm = cv.emit("sqrt", [cv.emit("reduce_sum", [cv.emit("multiply", [x, x])], reduced)])
+    # a zero norm means zeros along the axis, which stay 0 (not 0 / 0), as onnxruntime and the reference give
+    zero = cv.emit("equal", [norm, cv.constant(0, "zero", x.type.dtype)])
+    norm = cv.emit("where", [zero, cv.constant(1, "one", x.type.dtype), norm])
+    return [cv.emit("divide", [x, norm], out=n.outputs[0])]
 
 
 @converts("Xor")
