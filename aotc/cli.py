@@ -203,7 +203,8 @@ def load_package(args: argparse.Namespace):
     )
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
+    """The `aotc` command's argument parser, every subcommand included."""
     from aotc import __version__
     from aotc.recipe import DEFAULT_TARGET, MAX_TRIALS
 
@@ -435,7 +436,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_command(argv: list[str] | None) -> int:
-    args = _parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     from aotc.progress import configure_logging
 
     configure_logging(args.verbose)

@@ -180,7 +180,7 @@ def test_version(capsys):
 def test_every_option_has_help_and_shows_its_default():
     import argparse
 
-    from aotc.cli import _parser
+    from aotc.cli import build_parser
 
     def parsers(parser):
         yield parser
@@ -190,7 +190,7 @@ def test_every_option_has_help_and_shows_its_default():
                     yield from parsers(child)
 
     seen = 0
-    for parser in parsers(_parser()):
+    for parser in parsers(build_parser()):
         for action in parser._actions:
             if action.option_strings and action.dest not in ("help", "version"):
                 seen += 1
@@ -198,7 +198,7 @@ def test_every_option_has_help_and_shows_its_default():
         help_text = parser.format_help()
         assert "(default: None)" not in help_text and "(default: False)" not in help_text, parser.prog
     assert seen > 40
-    tune_help = _parser()._subparsers._group_actions[0].choices["tune-op"].format_help()
+    tune_help = build_parser()._subparsers._group_actions[0].choices["tune-op"].format_help()
     assert "(default: 200)" in tune_help
 
 
