@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import argparse
 import math
-import statistics
 import sys
 from collections.abc import Callable
+
+from gpu import median_ms
 
 from aotc import te
 from aotc.schedule.gpu_tiling import TilePreferences, tiled_gpu_schedule, tiles_for, wants_tiles
@@ -77,16 +78,7 @@ def torch_ms(shape: tuple[int, int, int]) -> float | None:
     torch.backends.cuda.matmul.allow_tf32 = False
     m, k, n = shape
     x, w = torch.rand(m, k, device="cuda"), torch.rand(n, k, device="cuda")
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(30):
-        start.record()
-        for _ in range(5):
-            torch.matmul(x, w.T)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 5)
-    return statistics.median(times[5:])
+    return median_ms(lambda: torch.matmul(x, w.T), torch.cuda.synchronize, repeat=20)
 
 
 def sweep(name: str, target, ranks: int) -> list[str]:
