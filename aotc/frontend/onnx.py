@@ -1937,6 +1937,18 @@ def _check_quantize_version(cv: OnnxConverter, n: OnnxNode) -> None:
 _VERSION_CHECKS["QuantizeLinear"] = _VERSION_CHECKS["DequantizeLinear"] = _check_quantize_version
 
 
-# The quantized operators (QuantizeLinear, DequantizeLinear, QLinear*) register themselves here; they build
-# on this module's converter, so they are imported once it is defined.
-from aotc.frontend import onnx_quant  # noqa: E402, F401
+# Operator families converted in modules of their own. They build on this module's converter API, so they
+# are imported once it is defined, and each registers its converters with `converts`. The quantized
+# operators' versions are listed in VERSIONS above; every other family owns its VERSIONS, merged here.
+from aotc.frontend import (  # noqa: E402, F401
+    onnx_attention,
+    onnx_indexing,
+    onnx_math,
+    onnx_nn,
+    onnx_quant,
+    onnx_recurrent,
+    onnx_sampling,
+)
+
+for _family in (onnx_attention, onnx_indexing, onnx_math, onnx_nn, onnx_recurrent, onnx_sampling):
+    VERSIONS.update(_family.VERSIONS)
