@@ -85,7 +85,7 @@ SAMPLES: dict[str, list[tuple[list[TensorType], dict]]] = {
     ],
     **{
         f"reduce_{k}": [([X], {"axes": (1, 3), "keepdims": False}), ([t(4, 5)], {"axes": (0, 1)})]
-        for k in ("sum", "mean", "max", "min")
+        for k in ("sum", "mean", "max", "min", "prod")
     },
     "softmax": [([t(3, 7)], {"axis": 1})],
     "log_softmax": [([X], {"axis": 1})],
@@ -112,6 +112,10 @@ SAMPLES: dict[str, list[tuple[list[TensorType], dict]]] = {
     },
     "cumsum": [
         ([X], {"axis": 2}),
+        ([t(4, 6, dtype="int32")], {"axis": 0, "exclusive": True, "reverse": True}),
+    ],
+    "cumprod": [
+        ([X], {"axis": 3}),
         ([t(4, 6, dtype="int32")], {"axis": 0, "exclusive": True, "reverse": True}),
     ],
     "rms_norm": [([t(2, 3, 8), t(8)], {"axis": 2, "epsilon": 1e-5}), ([t(2, 3, 4)], {"axis": 0})],

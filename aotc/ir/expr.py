@@ -18,7 +18,7 @@ DTYPES = FLOAT_DTYPES + INT_DTYPES + ("bool",)
 BINARY_OPS = ("add", "sub", "mul", "div", "floordiv", "floormod", "min", "max", "pow")
 COMPARE_OPS = ("lt", "le", "gt", "ge", "eq", "ne")
 MATH_CALLS = ("exp", "log", "sqrt", "rsqrt", "tanh", "erf", "sigmoid", "abs", "floor", "ceil", "round")
-REDUCE_COMBINERS = ("sum", "max", "min")
+REDUCE_COMBINERS = ("sum", "max", "min", "prod")
 
 
 def is_float(dtype: str) -> bool:
@@ -280,6 +280,8 @@ def reduce_identity(combiner: str, dtype: str) -> Const:
         return const(dtype_min(dtype), dtype)
     if combiner == "min":
         return const(dtype_max(dtype), dtype)
+    if combiner == "prod":
+        return const(1, dtype)
     raise ValueError(f"unknown reduce combiner {combiner!r}")
 
 

@@ -686,6 +686,8 @@ def _loop_order_strides(shape: tuple[int, ...], positions: list[int]) -> tuple[i
 def _combine(combiner: str, cur: Expr, value: Expr) -> Expr:
     if combiner == "sum":
         return cur + value
+    if combiner == "prod":
+        return cur * value
     return Binary("max" if combiner == "max" else "min", cur, value)
 
 

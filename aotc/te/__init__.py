@@ -36,6 +36,7 @@ from aotc.te.tensor import (
     max,
     min,
     placeholder,
+    prod,
     reduce_axis,
     sum,
 )
@@ -69,6 +70,7 @@ __all__ = [
     "ne",
     "placeholder",
     "power",
+    "prod",
     "reduce_axis",
     "round_",
     "rsqrt",

@@ -72,7 +72,7 @@ def _evaluate_op(op: ComputeOp, values: dict[Operation, np.ndarray], fdt: str | 
         ident = reduce_identity(body.combiner, op.dtype).value
         src = np.where(cond, src, ident)
     red_dims = tuple(range(len(op.axes), ndim))
-    fn = {"sum": np.sum, "max": np.max, "min": np.min}[body.combiner]
+    fn = {"sum": np.sum, "max": np.max, "min": np.min, "prod": np.prod}[body.combiner]
     return np.asarray(fn(src, axis=red_dims), dtype=_dt(op.dtype, fdt))
 
 

@@ -187,5 +187,9 @@ def min(expr: ExprLike, axis: IterVar | Sequence[IterVar], where: ExprLike | Non
     return _reduce("min", expr, axis, where)
 
 
+def prod(expr: ExprLike, axis: IterVar | Sequence[IterVar], where: ExprLike | None = None) -> Expr:
+    return _reduce("prod", expr, axis, where)
+
+
 def all_of(*conds: ExprLike) -> Expr:
     return logical_and(*conds)

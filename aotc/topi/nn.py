@@ -357,7 +357,7 @@ def reduced_index(ndim: int, raxes: dict[int, IterVar], keepdims: bool, out_inde
 def reduce(
     x: Operation, kind: str, axes: Sequence[int], keepdims: bool = False, name: str = "reduce"
 ) -> Operation:
-    """Sum / max / min / mean of `x` over `axes` (all axes with keepdims=False gives a 0-d tensor)."""
+    """Sum / max / min / mean / product of `x` over `axes` (all axes with keepdims=False gives a 0-d tensor)."""
     if x.dtype == "bool":  # refused here, where the graph is built, rather than by the codegen later
         raise te.TEError(f"reduce_{kind} is not defined on bool tensors")
     nd = len(x.shape)
@@ -368,7 +368,7 @@ def reduce(
         if keepdims
         else tuple(s for d, s in enumerate(x.shape) if d not in raxes)
     )
-    combiner = {"sum": te.sum, "mean": te.sum, "max": te.max, "min": te.min}.get(kind)
+    combiner = {"sum": te.sum, "mean": te.sum, "max": te.max, "min": te.min, "prod": te.prod}.get(kind)
     if combiner is None:
         raise te.TEError(f"reduce: unknown kind {kind!r}")
 

@@ -130,7 +130,7 @@ def _register_reduce(kind: str) -> None:
         return [nn.reduce(inputs[0], kind, attrs["axes"], attrs.get("keepdims", False), f"reduce_{kind}")]
 
 
-for _kind in ("sum", "mean", "max", "min"):
+for _kind in ("sum", "mean", "max", "min", "prod"):
     _register_reduce(_kind)
 
 
