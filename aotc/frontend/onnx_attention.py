@@ -1,6 +1,373 @@
-"""ONNX frontend: Attention-family operators (Attention, RotaryEmbedding and the newer sequence-model operators)."""
+"""ONNX frontend: Attention-family operators (Attention, RotaryEmbedding and the newer sequence-model operators).
+
+Each operator is decomposed into existing graph ops (matmul, softmax, elementwise, reshape, transpose,
+concat, strided_slice, take), following ONNX's reference implementation (onnx/reference/ops) step by step
+where its numerics are defined there: the scale split as sqrt(scale) on Q and on K, the additive bias of
+0 / -inf, the fully-masked-row guard decided on that bias.
+"""
 
 from __future__ import annotations
 
-VERSIONS: dict[str, tuple[int, ...]] = {}
+import numpy as np
+import onnx
+
+from aotc.frontend.onnx import OnnxConverter, OnnxNode, converts
+from aotc.graph.ir import Value
+from aotc.topi.elemwise import broadcast_shape
+
+VERSIONS: dict[str, tuple[int, ...]] = {
+    # 23: causal mask bottom-right aligned to the past length (the errata of onnx 1.20+ made it, and the
+    #     zero row of a fully masked query, the 23 semantics too); a mask shorter than the total length is
+    #     not defined by 23, and ONNX's reference pads it as 24 does, which aotc does as well.
+    # 24: nonpad_kv_seqlen (the external cache: padding mask, causal offset nonpad - q length per batch),
+    #     a mask shorter than the total length padded with -inf / False.
+    # 25: left_window_size / right_window_size; q_num_heads / kv_num_heads are invalid on 4-D inputs.
+    "Attention": (23, 24, 25),
+    "RotaryEmbedding": (23,),
+}
 """ONNX operator -> the versions of it that this module converts (merged into aotc.frontend.onnx.VERSIONS)."""
+
+_FLOATS = ("float16", "float32", "float64")
+_SOFTMAX_PRECISIONS = {
+    onnx.TensorProto.FLOAT: "float32",
+    onnx.TensorProto.FLOAT16: "float16",
+    onnx.TensorProto.DOUBLE: "float64",
+}
+
+
+def _cut(cv: OnnxConverter, x: Value, axis: int, start: int, stop: int, step: int = 1) -> Value:
+    """x[..., start:stop:step, ...] along `axis` (nonempty)."""
+    shape = x.type.shape
+    if (start, stop, step) == (0, shape[axis], 1):
+        return x
+    begin, end, strides = [0] * len(shape), list(shape), [1] * len(shape)
+    begin[axis], end[axis], strides[axis] = start, stop, step
+    return cv.emit(
+        "strided_slice", [x], {"begin": tuple(begin), "end": tuple(end), "strides": tuple(strides)}
+    )
+
+
+def _reshape(cv: OnnxConverter, x: Value, shape: tuple[int, ...], out: str | None = None) -> Value:
+    if x.type.shape == tuple(shape) and out is None:
+        return x
+    return cv.emit("reshape", [x], {"shape": tuple(shape)}, out)
+
+
+def _fill(cv: OnnxConverter, value: float, shape: tuple[int, ...], dtype: str, hint: str) -> Value:
+    return cv.constant(np.full(shape, value, dtype), hint)
+
+
+# --- Attention -----------------------------------------------------------------------------------------------
+
+
+def _split_heads(cv: OnnxConverter, x: Value, heads: int, what: str) -> Value:
+    """A 3-D [batch, seq, heads * size] operand as [batch, heads, seq, size]."""
+    b, s, hidden = x.type.shape
+    if heads <= 0 or hidden % heads:
+        raise cv.fail(f"{what} {x.type}: hidden size {hidden} is not a multiple of {heads} heads")
+    return cv.emit("transpose", [_reshape(cv, x, (b, s, heads, hidden // heads))], {"perm": (0, 2, 1, 3)})
+
+
+def _attention_operands(cv: OnnxConverter, n: OnnxNode) -> tuple[Value, Value, Value]:
+    """Q, K, V as 4-D [batch, heads, seq, head size], checked against each other."""
+    q, k, v = n.inputs[:3]
+    dtype = q.type.dtype
+    if dtype not in _FLOATS:
+        raise cv.fail(f"Q of type {dtype}; Attention is defined on float16/32/64 (bfloat16 is not supported)")
+    if k.type.dtype != dtype or v.type.dtype != dtype:
+        raise cv.fail(f"Q, K and V of types {dtype}, {k.type.dtype}, {v.type.dtype}: aotc needs one type")
+    rank = len(q.type.shape)
+    if rank not in (3, 4) or len(k.type.shape) != rank or len(v.type.shape) != rank:
+        raise cv.fail(f"Q {q.type}, K {k.type} and V {v.type} must all be 3-D or all 4-D")
+    q_heads, kv_heads = n.attr("q_num_heads"), n.attr("kv_num_heads")
+    if rank == 3:
+        if q_heads is None or kv_heads is None:
+            raise cv.fail("3-D inputs need both q_num_heads and kv_num_heads")
+        q, k, v = (
+            _split_heads(cv, q, q_heads, "Q"),
+            _split_heads(cv, k, kv_heads, "K"),
+            _split_heads(cv, v, kv_heads, "V"),
+        )
+    elif q_heads is not None or kv_heads is not None:
+        if not n.older_than(25):
+            raise cv.fail_version("q_num_heads and kv_num_heads must not be given for 4-D inputs")
+        if (q_heads or q.type.shape[1], kv_heads or k.type.shape[1]) != (q.type.shape[1], k.type.shape[1]):
+            raise cv.fail(
+                f"q_num_heads={q_heads} and kv_num_heads={kv_heads} contradict the 4-D inputs Q {q.type} and K {k.type}"
+            )
+    (bq, hq, _, dq), (bk, hk, sk, dk), (bv, hv, sv, _) = q.type.shape, k.type.shape, v.type.shape
+    if not bq == bk == bv or hk != hv or sk != sv or dq != dk:
+        raise cv.fail(
+            f"Q {q.type}, K {k.type} and V {v.type} (as [batch, heads, seq, head size]) disagree: they need one "
+            "batch, K and V one head count and length, Q and K one head size"
+        )
+    if hq % hk:
+        raise cv.fail(f"{hq} query heads are not a multiple of {hk} key/value heads")
+    return q, k, v
+
+
+def _with_past(cv: OnnxConverter, n: OnnxNode, x: Value, i: int, what: str) -> Value:
+    """K or V after its past (input i), concatenated along the sequence."""
+    past = n.input(i)
+    if past is None:
+        return x
+    s = x.type.shape
+    if (
+        past.type.dtype != x.type.dtype
+        or len(past.type.shape) != 4
+        or past.type.shape[:2] + past.type.shape[3:] != s[:2] + s[3:]
+    ):
+        raise cv.fail(
+            f"{what} {past.type} does not match the incoming {x.type} ([batch, heads, seq, head size])"
+        )
+    return cv.emit("concat", [past, x], {"axis": 2})
+
+
+def _attention_bias(
+    cv: OnnxConverter, n: OnnxNode, dtype: str, batch: int, heads: int, q_len: int, total: int, past: int
+) -> Value | None:
+    """The additive bias [..., q_len, total] of 0 / -inf (and a float mask's values): mask, causal frontier,
+    sliding window and padding composed as ONNX's reference does, or None when nothing is masked."""
+    mask, nonpad = n.input(3), n.input(6)
+    allowed: list[Value] = []
+    float_mask = None
+    if mask is not None:
+        mask = _padded_mask(cv, mask, dtype, (batch, heads, q_len, total))
+        if mask.type.dtype == "bool":
+            allowed.append(mask)
+        else:
+            float_mask = mask
+    causal = bool(n.attr("is_causal", 0))
+    left, right = n.attr("left_window_size", -1), n.attr("right_window_size", -1)
+    if left < -1 or right < -1:
+        raise cv.fail(f"left_window_size {left} and right_window_size {right} must be -1 or nonnegative")
+    i = np.arange(q_len, dtype=np.int64)[:, None]
+    j = np.arange(total, dtype=np.int64)[None, :]
+    if nonpad is None:
+        # the causal offset is the past length (0 without one): query i attends keys j <= i + offset
+        static = np.ones((q_len, total), bool)
+        if causal:
+            static &= j <= i + past
+        if left >= 0:
+            static &= (i + past) - j <= left
+        if right >= 0:
+            static &= j - (i + past) <= right
+        if not static.all():
+            allowed.append(cv.constant(static, "frontier"))
+    else:
+        # an external cache: per batch, offset = nonpad - q_len and keys from nonpad on are padding
+        if n.input(4) is not None:
+            raise cv.fail("nonpad_kv_seqlen cannot be combined with past_key / past_value")
+        if nonpad.type.dtype != "int64" or nonpad.type.shape != (batch,):
+            raise cv.fail(f"nonpad_kv_seqlen {nonpad.type} must be int64[{batch}] (one length per batch)")
+        lengths = _reshape(cv, nonpad, (batch, 1, 1, 1))
+        allowed.append(cv.emit("less", [cv.constant(j, "key_index"), lengths]))
+        # diff = (i + offset) - j = i - j - q_len + nonpad
+        diff = cv.emit("add", [cv.constant(i - j - q_len, "diff"), lengths])
+        zero = cv.constant(np.int64(0), "zero")
+        if causal:
+            allowed.append(cv.emit("greater_equal", [diff, zero]))
+        if left >= 0:
+            allowed.append(cv.emit("less_equal", [diff, cv.constant(np.int64(left), "left")]))
+        if right >= 0:
+            allowed.append(cv.emit("greater_equal", [diff, cv.constant(np.int64(-right), "right")]))
+    bias = None
+    if allowed:
+        both = allowed[0]
+        for a in allowed[1:]:
+            both = cv.emit("logical_and", [both, a])
+        zero, ninf = cv.constant(0, "zero", dtype), cv.constant(-np.inf, "neg_inf", dtype)
+        bias = cv.emit("where", [both, zero, ninf])
+    if float_mask is not None:
+        bias = float_mask if bias is None else cv.emit("add", [bias, float_mask])
+    return bias
+
+
+def _padded_mask(cv: OnnxConverter, mask: Value, dtype: str, full: tuple[int, ...]) -> Value:
+    """attn_mask (bool, or a float of Q's type or narrower, as Q's type) padded along its last axis to the
+    total length (False / -inf, as ONNX's reference pads a shorter mask) and checked to broadcast to `full`."""
+    mdtype, shape = mask.type.dtype, mask.type.shape
+    if mdtype != "bool":
+        if mdtype not in _FLOATS or np.dtype(mdtype).itemsize > np.dtype(dtype).itemsize:
+            raise cv.fail(
+                f"attn_mask of type {mdtype}: aotc takes a bool mask or a float one of Q's type {dtype} "
+                "(or a narrower float)"
+            )
+        if mdtype != dtype:
+            mask = cv.emit("cast", [mask], {"dtype": dtype})
+    if not 1 <= len(shape) <= 4:
+        raise cv.fail(f"attn_mask {mask.type} must have rank 1 to 4")
+    total = full[-1]
+    if shape[-1] > total or (shape[-1] == 1 and total > 1):
+        # a last axis of 1 would broadcast by the spec of 23 but be padded by 24's and the reference
+        raise cv.fail(
+            f"attn_mask {mask.type}: its last axis must be the total sequence length {total} (or shorter, above 1)"
+        )
+    if shape[-1] < total:
+        fill = False if mdtype == "bool" else -np.inf
+        pad = _fill(cv, fill, (*shape[:-1], total - shape[-1]), mask.type.dtype, "mask_pad")
+        mask = cv.emit("concat", [mask, pad], {"axis": len(shape) - 1})
+    try:
+        fits = broadcast_shape(mask.type.shape, full) == full
+    except ValueError:
+        fits = False
+    if not fits:
+        raise cv.fail(
+            f"attn_mask {mask.type} does not broadcast to [batch, q heads, q length, total length] {list(full)}"
+        )
+    return mask
+
+
+def _softmax_last(cv: OnnxConverter, x: Value) -> Value:
+    """Softmax over the last axis; on float16 step by step, each a float16 tensor (the sum accumulated in
+    float32), as ONNX's reference computes it on a float16 array."""
+    axis = len(x.type.shape) - 1
+    if x.type.dtype != "float16":
+        return cv.emit("softmax", [x], {"axis": axis})
+    reduced = {"axes": (axis,), "keepdims": True}
+    exps = cv.emit("exp", [cv.emit("subtract", [x, cv.emit("reduce_max", [x], reduced)])])
+    return cv.emit("divide", [exps, cv.emit("reduce_sum", [exps], reduced)])
+
+
+@converts("Attention")
+def _attention(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
+    """softmax(Q K^T * scale (softcapped) + bias) V, by heads; K and V repeated for grouped-query heads by
+    folding the query heads of one key/value head into its query rows."""
+    q, k, v = _attention_operands(cv, n)
+    dtype = q.type.dtype
+    (batch, q_heads, q_len, head_size), kv_heads, v_size = q.type.shape, k.type.shape[1], v.type.shape[3]
+    if (n.input(4) is None) != (n.input(5) is None):
+        raise cv.fail("past_key and past_value must be given together")
+    past = n.input(4).type.shape[2] if n.input(4) is not None else 0
+    keys, values = _with_past(cv, n, k, 4, "past_key"), _with_past(cv, n, v, 5, "past_value")
+    total = keys.type.shape[2]
+    wanted = [i < len(n.outputs) and n.outputs[i] in cv.used for i in range(4)]
+
+    scale = n.attr("scale")
+    scale = 1 / np.sqrt(head_size) if scale is None else scale
+    root = cv.constant(np.sqrt(scale), "sqrt_scale", dtype)  # on Q and on K, as the reference scales
+    group = q_heads // kv_heads
+    scaled_q = _reshape(cv, cv.emit("multiply", [q, root]), (batch, kv_heads, group * q_len, head_size))
+    keys_t = cv.emit("transpose", [cv.emit("multiply", [keys, root])], {"perm": (0, 1, 3, 2)})
+    scores = _reshape(cv, cv.emit("matmul", [scaled_q, keys_t]), (batch, q_heads, q_len, total))
+    raw = scores
+    softcap = n.attr("softcap", 0.0)
+    if softcap > 0:
+        cap = cv.constant(softcap, "softcap", dtype)
+        scores = cv.emit("multiply", [cv.emit("tanh", [cv.emit("divide", [scores, cap])]), cap])
+
+    bias = _attention_bias(cv, n, dtype, batch, q_heads, q_len, total, past)
+    logits = scores if bias is None else cv.emit("add", [scores, bias])
+    precision = n.attr("softmax_precision")
+    wide = dtype
+    if precision is not None:
+        if precision not in _SOFTMAX_PRECISIONS:
+            raise cv.fail(f"softmax_precision {precision} is not supported (1 float, 10 float16, 11 double)")
+        wide = _SOFTMAX_PRECISIONS[precision]
+    probs = _softmax_last(cv, logits if wide == dtype else cv.emit("cast", [logits], {"dtype": wide}))
+    if bias is not None:
+        # a query row whose bias is -inf everywhere attends nothing: zeros, not softmax's NaN
+        axis = len(bias.type.shape) - 1
+        row_max = cv.emit("reduce_max", [bias], {"axes": (axis,), "keepdims": True})
+        empty = cv.emit("equal", [row_max, cv.constant(-np.inf, "neg_inf", dtype)])
+        if not (empty.is_constant and not empty.data.any()):
+            probs = cv.emit("where", [empty, cv.constant(0, "zero", wide), probs])
+    if wide != dtype:
+        probs = cv.emit("cast", [probs], {"dtype": dtype})
+
+    grouped = _reshape(cv, probs, (batch, kv_heads, group * q_len, total))
+    y = _reshape(cv, cv.emit("matmul", [grouped, values]), (batch, q_heads, q_len, v_size))
+    if len(n.inputs[0].type.shape) == 3:
+        y = _reshape(cv, cv.emit("transpose", [y], {"perm": (0, 2, 1, 3)}), (batch, q_len, q_heads * v_size))
+    results = [y, keys, values]
+    if wanted[3]:
+        results.append(_qk_output(cv, n, raw, scores, logits, probs, softcap))
+    return results
+
+
+def _qk_output(
+    cv: OnnxConverter, n: OnnxNode, raw: Value, capped: Value, logits: Value, probs: Value, softcap: float
+) -> Value:
+    mode = n.attr("qk_matmul_output_mode", 0)
+    if mode == 0 and softcap > 0:
+        # the spec's mode 0 is the raw product, ONNX's reference gives it after the softcap
+        raise cv.fail(
+            "qk_matmul_output_mode 0 with a softcap is ambiguous (the spec and ONNX's reference differ)"
+        )
+    chosen = {0: raw, 1: capped, 2: logits, 3: probs}.get(mode)
+    if chosen is None:
+        raise cv.fail(f"qk_matmul_output_mode {mode} is not one of 0, 1, 2, 3")
+    return chosen
+
+
+# --- RotaryEmbedding -----------------------------------------------------------------------------------------
+
+
+@converts("RotaryEmbedding")
+def _rotary_embedding(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
+    """Rotates the first rotary_embedding_dim features of each head by the position's angles: halves
+    (x1, x2) or, interleaved, even and odd features, as (cos x1 - sin x2, sin x1 + cos x2). The caches are
+    gathered by position_ids at run time when those are given."""
+    x, cos, sin, positions = n.inputs[0], n.inputs[1], n.inputs[2], n.input(3)
+    dtype, shape = x.type.dtype, x.type.shape
+    if dtype not in ("float16", "float32"):
+        raise cv.fail(
+            f"X of type {dtype}; RotaryEmbedding is defined on float16/32 (bfloat16 is not supported)"
+        )
+    if cos.type.dtype != dtype or sin.type.dtype != dtype:
+        raise cv.fail(f"cos_cache {cos.type} and sin_cache {sin.type} must have X's type {dtype}")
+    heads = n.attr("num_heads", 0)
+    if len(shape) == 3:
+        if heads <= 0 or shape[2] % heads:
+            raise cv.fail(f"a 3-D X {x.type} needs num_heads dividing its hidden size, got {heads}")
+        batch, seq = shape[:2]
+        x4 = _reshape(cv, x, (batch, seq, heads, shape[2] // heads))  # [batch, seq, heads, size]
+    elif len(shape) == 4:
+        if heads and heads != shape[1]:
+            raise cv.fail(f"num_heads={heads} contradicts the 4-D X {x.type} ([batch, heads, seq, size])")
+        batch, seq = shape[0], shape[2]
+        x4 = x  # [batch, heads, seq, size]
+    else:
+        raise cv.fail(f"X {x.type} must be 3-D or 4-D")
+    size = x4.type.shape[3]
+    dim = n.attr("rotary_embedding_dim", 0) or size
+    if dim % 2 or not 0 < dim <= size:
+        raise cv.fail(f"rotary_embedding_dim {dim} must be even and at most the head size {size}")
+    half = dim // 2
+    if positions is not None:
+        if positions.type.dtype != "int64" or len(positions.type.shape) != 2 or len(cos.type.shape) != 2:
+            raise cv.fail(
+                f"position_ids {positions.type} must be int64 [batch, seq] and the caches 2-D, got {cos.type}"
+            )
+        cos = cv.emit("take", [cos, positions], {"axis": 0})
+        sin = cv.emit("take", [sin, positions], {"axis": 0})
+    for cache in (cos, sin):
+        ok = len(cache.type.shape) == 3 and cache.type.shape[2] == half
+        try:
+            ok = ok and broadcast_shape(cache.type.shape, (batch, seq, half)) == (batch, seq, half)
+        except ValueError:
+            ok = False
+        if not ok:
+            raise cv.fail(
+                f"the cos/sin values {cache.type} must be [{batch}, {seq}, {half}] (rotary dim / 2)"
+            )
+    # the caches broadcast over the heads: [batch, seq, 1, half] or [batch, 1, seq, half]
+    axis = 2 if len(shape) == 3 else 1
+    cos, sin = (_reshape(cv, c, (*c.type.shape[:axis], 1, *c.type.shape[axis:])) for c in (cos, sin))
+
+    last = 3
+    rotated = _cut(cv, x4, last, 0, dim)
+    if n.attr("interleaved", 0):
+        x1, x2 = _cut(cv, rotated, last, 0, dim, 2), _cut(cv, rotated, last, 1, dim, 2)
+    else:
+        x1, x2 = _cut(cv, rotated, last, 0, half), _cut(cv, rotated, last, half, dim)
+    real = cv.emit("subtract", [cv.emit("multiply", [cos, x1]), cv.emit("multiply", [sin, x2])])
+    imag = cv.emit("add", [cv.emit("multiply", [sin, x1]), cv.emit("multiply", [cos, x2])])
+    if n.attr("interleaved", 0):
+        pairs = [_reshape(cv, p, (*p.type.shape, 1)) for p in (real, imag)]
+        out = _reshape(cv, cv.emit("concat", pairs, {"axis": 4}), rotated.type.shape)
+    else:
+        out = cv.emit("concat", [real, imag], {"axis": last})
+    if dim < size:
+        out = cv.emit("concat", [out, _cut(cv, x4, last, dim, size)], {"axis": last})
+    return [_reshape(cv, out, shape)]

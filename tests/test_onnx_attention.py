@@ -1,0 +1,169 @@
+"""The attention-family ONNX operators (aotc.frontend.onnx_attention) against ONNX's reference
+implementation (onnx.reference, from which the backend tests' expected outputs come) and, for the plain
+cases, onnxruntime: each model is imported and run op by op with aotc's graph interpreter."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper
+from onnx.reference import ReferenceEvaluator
+
+from aotc.frontend.errors import ConversionError
+from aotc.frontend.onnx import load_onnx
+from aotc.graph.interpret import run_graph
+
+from .onnx_util import Input, check_model, make_graph_model, random_feeds
+
+TOL = {"float32": (1e-5, 1e-6), "float16": (2e-3, 2e-3), "float64": (1e-12, 1e-12)}
+"""(rtol, atol) against the reference: float32 products summed in another order, float16 rounding."""
+
+
+def model(op: str, inputs: dict[str, Input], outputs: list[str], opset: int, names=None, **attrs):
+    """One `op` node over `inputs` (names: the node's input list, "" for an omitted optional one)."""
+    node = helper.make_node(op, names or list(inputs), outputs, name="node", **attrs)
+    return make_graph_model([node], inputs, [o for o in outputs if o], opset=opset)
+
+
+def check_reference(m: onnx.ModelProto, feeds: dict, dtype: str = "float32") -> None:
+    """aotc's import of `m` run by the graph interpreter equals ONNX's reference on `feeds`."""
+    expected = ReferenceEvaluator(m).run(None, feeds)
+    got = run_graph(load_onnx(m.SerializeToString()), feeds)
+    rtol, atol = TOL[dtype]
+    for out, ref in zip(m.graph.output, expected):
+        value = got[out.name]
+        assert value.shape == ref.shape and value.dtype == ref.dtype, (out.name, value.shape, ref.shape)
+        np.testing.assert_allclose(value, ref, rtol=rtol, atol=atol, err_msg=out.name)
+
+
+def qkv(batch, q_heads, kv_heads, q_len, kv_len, size, v_size=None, dtype="float32", rank=4):
+    v_size = v_size or size
+    if rank == 4:
+        shapes = [
+            (batch, q_heads, q_len, size),
+            (batch, kv_heads, kv_len, size),
+            (batch, kv_heads, kv_len, v_size),
+        ]
+    else:
+        shapes = [
+            (batch, q_len, q_heads * size),
+            (batch, kv_len, kv_heads * size),
+            (batch, kv_len, kv_heads * v_size),
+        ]
+    return {name: Input(s, dtype, 0.0, 1.0) for name, s in zip("QKV", shapes)}
+
+
+def test_attention_plain_against_onnxruntime():
+    inputs = qkv(2, 3, 3, 4, 5, 8)
+    m = model("Attention", inputs, ["Y"], 23)
+    check_model(m, random_feeds(m, inputs))
+
+
+@pytest.mark.parametrize("opset", [23, 24])
+def test_attention_3d_gqa_past_causal_mask_mode3(opset):
+    """3-D inputs, 4 query heads over 2 key/value heads, a 2-step past (causal frontier shifted by it), a
+    bool mask shorter than the total length (padded with False), all four outputs."""
+    inputs = qkv(2, 4, 2, 3, 3, 4, v_size=6, rank=3)
+    inputs |= {
+        "attn_mask": Input((3, 4), "bool"),
+        "past_key": Input((2, 2, 2, 4)),
+        "past_value": Input((2, 2, 2, 6)),
+    }
+    outs = ["Y", "present_key", "present_value", "qk"]
+    m = model(
+        "Attention", inputs, outs, opset, q_num_heads=4, kv_num_heads=2, is_causal=1, qk_matmul_output_mode=3
+    )
+    feeds = random_feeds(m, inputs, seed=3)
+    feeds["attn_mask"][0] = False  # a fully masked row: zeros in Y and in the probabilities
+    check_reference(m, feeds)
+
+
+@pytest.mark.parametrize("mode", [1, 2])
+def test_attention_float_mask_softcap_scale(mode):
+    inputs = qkv(1, 2, 1, 4, 6, 8) | {"attn_mask": Input((2, 4, 6))}
+    m = model(
+        "Attention", inputs, ["Y", "", "", "qk"], 23, softcap=1.5, scale=0.3, qk_matmul_output_mode=mode
+    )
+    check_reference(m, random_feeds(m, inputs, seed=mode))
+
+
+def test_attention_float16_softmax_precision():
+    inputs = qkv(1, 2, 2, 3, 5, 8, dtype="float16") | {"attn_mask": Input((1, 1, 3, 5), "bool")}
+    m = model(
+        "Attention",
+        inputs,
+        ["Y", "", "", "qk"],
+        24,
+        softmax_precision=onnx.TensorProto.FLOAT,
+        qk_matmul_output_mode=3,
+    )
+    check_reference(m, random_feeds(m, inputs, seed=5), "float16")
+
+
+def test_attention_nonpad_kv_seqlen_causal():
+    """Attention-24's external cache: per-batch valid lengths fed at run time set the padding mask and
+    the causal offset (nonpad - q length; negative: leading rows fully masked, zeros)."""
+    inputs = qkv(3, 2, 2, 3, 6, 4) | {"nonpad_kv_seqlen": Input((3,), "int64")}
+    names = ["Q", "K", "V", "", "", "", "nonpad_kv_seqlen"]
+    m = model("Attention", inputs, ["Y"], 24, names=names, is_causal=1)
+    feeds = random_feeds(m, inputs, seed=7)
+    feeds["nonpad_kv_seqlen"] = np.array([6, 4, 1], np.int64)
+    check_reference(m, feeds)
+
+
+@pytest.mark.parametrize("left,right,causal", [(2, 0, 0), (1, 1, 0), (-1, 2, 1)])
+def test_attention_25_windows(left, right, causal):
+    inputs = qkv(1, 2, 2, 4, 4, 4) | {"past_key": Input((1, 2, 2, 4)), "past_value": Input((1, 2, 2, 4))}
+    names = ["Q", "K", "V", "", "past_key", "past_value"]
+    attrs = {"left_window_size": left, "right_window_size": right, "is_causal": causal}
+    m = model("Attention", inputs, ["Y"], 25, names=names, **attrs)
+    check_reference(m, random_feeds(m, inputs, seed=11))
+
+
+@pytest.mark.parametrize(
+    "attrs,message",
+    [
+        ({"softcap": 2.0}, "ambiguous"),  # mode 0 with a softcap: the spec and the reference differ
+        ({"qk_matmul_output_mode": 4}, "not one of"),
+        ({"q_num_heads": 2, "kv_num_heads": 2}, "must not be given for 4-D"),
+    ],
+)
+def test_attention_refusals(attrs, message):
+    m = model("Attention", qkv(1, 2, 2, 3, 3, 4), ["Y", "", "", "qk"], 25, **attrs)
+    with pytest.raises(ConversionError, match=message):
+        load_onnx(m.SerializeToString())
+
+
+def rotary_inputs(shape, half, positions: bool, dtype="float32"):
+    batch, seq = shape[0], shape[1] if len(shape) == 3 else shape[2]
+    cache = (7, half) if positions else (batch, seq, half)
+    inputs = {"X": Input(shape, dtype), "cos": Input(cache, dtype), "sin": Input(cache, dtype)}
+    if positions:
+        inputs["position_ids"] = Input((batch, seq), "int64", 0, 7)
+    return inputs
+
+
+@pytest.mark.parametrize("interleaved", [0, 1])
+@pytest.mark.parametrize("positions", [False, True])
+@pytest.mark.parametrize("rank,dim", [(4, 0), (3, 4), (4, 6)])
+def test_rotary_embedding(interleaved, positions, rank, dim):
+    shape = (2, 3, 5, 8) if rank == 4 else (2, 5, 3 * 8)
+    attrs = {"interleaved": interleaved, "rotary_embedding_dim": dim} | (
+        {"num_heads": 3} if rank == 3 else {}
+    )
+    inputs = rotary_inputs(shape, (dim or 8) // 2, positions)
+    m = model("RotaryEmbedding", inputs, ["Y"], 23, **attrs)
+    check_reference(m, random_feeds(m, inputs, seed=rank + dim))
+
+
+def test_rotary_embedding_float16_against_onnxruntime():
+    inputs = rotary_inputs((1, 2, 4, 8), 4, True, "float16")
+    m = model("RotaryEmbedding", inputs, ["Y"], 23, interleaved=1)
+    check_model(m, random_feeds(m, inputs), rtol=2e-3, atol=2e-3)
+
+
+def test_rotary_embedding_refuses_odd_dim():
+    m = model("RotaryEmbedding", rotary_inputs((1, 2, 4, 8), 2, False), ["Y"], 23, rotary_embedding_dim=5)
+    with pytest.raises(ConversionError, match="must be even"):
+        load_onnx(m.SerializeToString())
