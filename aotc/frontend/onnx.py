@@ -1749,13 +1749,15 @@ def _pad(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
     if len(pads) != 2 * len(axes):
         raise cv.fail(f"{len(pads)} pads for {len(axes)} axes; Pad takes two per axis")
     mode = n.attr("mode", "constant")
-    if mode not in ("constant", "reflect", "edge"):
-        raise cv.fail(f"pad mode {mode!r} is not supported (constant, reflect, edge)")
+    if mode not in ("constant", "reflect", "edge", "wrap") or (mode == "wrap" and n.older_than(19)):
+        raise cv.fail_version(f"pad mode {mode!r} is not supported (constant, reflect, edge; Pad-19: wrap)")
     before, after = [0] * ndim, [0] * ndim
     for i, a in enumerate(axes):
         before[a], after[a] = int(pads[i]), int(pads[i + len(axes)])
     if not any(before) and not any(after):
         return [x]
+    if mode == "wrap":
+        return [onnx_indexing.wrap_pad(cv, x, before, after, n.outputs[0])]
     attrs = {
         "before": tuple(before),
         "after": tuple(after),
