@@ -111,6 +111,8 @@ def _scatter_elements(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
     if updates.type.dtype != data.type.dtype:
         raise cv.fail(f"updates {updates.type} must have data's type {data.type.dtype}")
     axis = onnx_axis(cv, n.attr("axis", 0), ndim)
+    if any(s > data.type.shape[d] for d, s in enumerate(updates.type.shape) if d != axis):
+        raise cv.fail(f"updates {updates.type} are larger than data {data.type} off axis {axis}")
     reduction = _reduction(cv, n)
     if reduction == "mul" and updates.type.shape[axis] > MUL_CHAIN_LIMIT:
         raise cv.fail(
@@ -210,6 +212,8 @@ def _reverse_sequence(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
     batch_axis, time_axis = n.attr("batch_axis", 1), n.attr("time_axis", 0)
     if {batch_axis, time_axis} != {0, 1}:
         raise cv.fail(f"batch_axis {batch_axis} and time_axis {time_axis} must be 0 and 1")
+    if lens.type.shape != (x.type.shape[batch_axis],):
+        raise cv.fail(f"sequence_lens {lens.type} must have one value per batch ({x.type.shape[batch_axis]})")
     attrs = {"batch_axis": batch_axis, "time_axis": time_axis}
     return [cv.emit("reverse_sequence", [x, lens], attrs, n.outputs[0])]
 
