@@ -167,3 +167,85 @@ def test_rotary_embedding_refuses_odd_dim():
     m = model("RotaryEmbedding", rotary_inputs((1, 2, 4, 8), 2, False), ["Y"], 23, rotary_embedding_dim=5)
     with pytest.raises(ConversionError, match="must be even"):
         load_onnx(m.SerializeToString())
+
+
+@pytest.mark.parametrize("dtype,alpha", [("float32", 1.0), ("float32", 1.702), ("float16", 0.5)])
+def test_swiglu(dtype, alpha):
+    inputs = {"A": Input((2, 3, 8), dtype), "B": Input((2, 3, 8), dtype)}
+    m = model("SwiGLU", inputs, ["Y"], 28, alpha=alpha)
+    check_reference(m, random_feeds(m, inputs), dtype)
+
+
+@pytest.mark.parametrize(
+    "k,length,bias,past,activation,dtype",
+    [
+        (4, 6, False, False, "none", "float32"),
+        (4, 2, True, False, "silu", "float32"),  # shorter than the state: zeros stay in present_state
+        (3, 1, True, True, "swish", "float32"),  # a decode step
+        (4, 5, False, True, "silu", "float16"),
+    ],
+)
+def test_causal_conv_with_state(k, length, bias, past, activation, dtype):
+    inputs = {"input": Input((2, 3, length), dtype), "weight": Input((3, 1, k), dtype)}
+    names = ["input", "weight", "bias" if bias else "", "past_state" if past else ""]
+    if bias:
+        inputs["bias"] = Input((3,), dtype)
+    if past:
+        inputs["past_state"] = Input((2, 3, k - 1), dtype)
+    m = model(
+        "CausalConvWithState", inputs, ["output", "present_state"], 27, names=names, activation=activation
+    )
+    check_reference(m, random_feeds(m, inputs, seed=k + length), dtype)
+
+
+def test_causal_conv_with_state_refuses_empty_state():
+    inputs = {"input": Input((1, 2, 4)), "weight": Input((2, 1, 1))}
+    m = model("CausalConvWithState", inputs, ["output", "present_state"], 27)
+    with pytest.raises(ConversionError, match="present_state is empty"):
+        load_onnx(m.SerializeToString())
+
+
+@pytest.mark.parametrize(
+    "rule,q_heads,kv_heads,per_key_decay,past,dtype",
+    [
+        ("linear", 2, 2, False, False, "float32"),
+        ("gated", 2, 2, True, True, "float32"),
+        ("delta", 4, 2, False, False, "float32"),
+        ("gated_delta", 4, 1, False, True, "float32"),  # multi-query: one state read by 4 heads
+        ("gated_delta", 2, 2, True, False, "float16"),
+    ],
+)
+def test_linear_attention(rule, q_heads, kv_heads, per_key_decay, past, dtype):
+    b, t, d_k, d_v = 2, 3, 4, 5
+    inputs = {
+        "query": Input((b, t, q_heads * d_k), dtype, -1.0, 1.0),
+        "key": Input((b, t, kv_heads * d_k), dtype, -0.5, 0.5),
+        "value": Input((b, t, kv_heads * d_v), dtype, -1.0, 1.0),
+    }
+    names = ["query", "key", "value", "past_state" if past else ""]
+    if past:
+        inputs["past_state"] = Input((b, kv_heads, d_k, d_v), "float32", -0.1, 0.1)
+    if rule in ("gated", "gated_delta"):
+        inputs["decay"] = Input((b, t, kv_heads * (d_k if per_key_decay else 1)), dtype, -1.0, 0.0)
+    names.append("decay" if "decay" in inputs else "")
+    if rule in ("delta", "gated_delta"):
+        inputs["beta"] = Input((b, t, kv_heads), dtype, 0.0, 1.0)
+        names.append("beta")
+    m = model(
+        "LinearAttention",
+        inputs,
+        ["output", "present_state"],
+        27,
+        names=names,
+        update_rule=rule,
+        q_num_heads=q_heads,
+        kv_num_heads=kv_heads,
+    )
+    check_reference(m, random_feeds(m, inputs, seed=q_heads), dtype)
+
+
+def test_linear_attention_refuses_missing_decay():
+    inputs = {name: Input((1, 2, 8)) for name in ("query", "key", "value")}
+    m = model("LinearAttention", inputs, ["output"], 27, update_rule="gated", q_num_heads=2, kv_num_heads=2)
+    with pytest.raises(ConversionError, match="takes a decay"):
+        load_onnx(m.SerializeToString())

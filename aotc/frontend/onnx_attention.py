@@ -24,6 +24,9 @@ VERSIONS: dict[str, tuple[int, ...]] = {
     # 25: left_window_size / right_window_size; q_num_heads / kv_num_heads are invalid on 4-D inputs.
     "Attention": (23, 24, 25),
     "RotaryEmbedding": (23,),
+    "SwiGLU": (28,),
+    "CausalConvWithState": (27,),
+    "LinearAttention": (27,),
 }
 """ONNX operator -> the versions of it that this module converts (merged into aotc.frontend.onnx.VERSIONS)."""
 
@@ -371,3 +374,155 @@ def _rotary_embedding(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
     if dim < size:
         out = cv.emit("concat", [out, _cut(cv, x4, last, dim, size)], {"axis": last})
     return [_reshape(cv, out, shape)]
+
+
+# --- gated activations and causal convolution ----------------------------------------------------------------
+
+
+@converts("SwiGLU")
+def _swiglu(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
+    """Swish_alpha(A) * B = A * sigmoid(alpha * A) * B, on inputs of one shape (no broadcasting)."""
+    a, b = n.inputs[:2]
+    if a.type != b.type or a.type.dtype not in _FLOATS:
+        raise cv.fail(f"A {a.type} and B {b.type} must be float tensors of one type and shape")
+    alpha = n.attr("alpha", 1.0)
+    gate = a if alpha == 1.0 else cv.emit("multiply", [a, cv.constant(alpha, "alpha", a.type.dtype)])
+    swish = cv.emit("multiply", [a, cv.emit("sigmoid", [gate])])
+    return [cv.emit("multiply", [swish, b], out=n.outputs[0])]
+
+
+@converts("CausalConvWithState")
+def _causal_conv_with_state(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
+    """A depthwise 1-D convolution over [past_state (zeros if absent), input] with no padding, so each
+    output position sees itself and the k - 1 before it; present_state is the last k - 1 positions of that
+    concatenation. activation silu / swish: x * sigmoid(x) in float32, rounded once."""
+    x, weight, bias, past = n.inputs[0], n.inputs[1], n.input(2), n.input(3)
+    dtype = x.type.dtype
+    if len(x.type.shape) != 3 or len(weight.type.shape) != 3:
+        raise cv.fail(
+            f"input {x.type} and weight {weight.type} must be 3-D ([batch, channels, length], [channels, 1, k])"
+        )
+    (batch, channels, length), k = x.type.shape, weight.type.shape[2]
+    if weight.type.shape[:2] != (channels, 1) or weight.type.dtype != dtype:
+        raise cv.fail(f"weight {weight.type} must be {dtype}[{channels}, 1, k] for input {x.type}")
+    if bias is not None and (bias.type.shape != (channels,) or bias.type.dtype != dtype):
+        raise cv.fail(f"bias {bias.type} must be {dtype}[{channels}]")
+    activation = n.attr("activation", "none")
+    if activation not in ("none", "silu", "swish"):
+        raise cv.fail(f"activation {activation!r} is not one of none, silu, swish")
+    state = (batch, channels, k - 1)
+    if past is not None and (past.type.shape != state or past.type.dtype != dtype):
+        raise cv.fail(f"past_state {past.type} must be {dtype}{list(state)}")
+    if k > 1:
+        pad = past if past is not None else cv.constant(np.zeros(state, dtype), "zero_state")
+        padded = cv.emit("concat", [pad, x], {"axis": 2})
+    else:
+        padded = x
+    total = padded.type.shape[2]
+    lifted = _reshape(cv, padded, (batch, channels, 1, total))
+    kernel = _reshape(cv, weight, (channels, 1, 1, k))
+    attrs = {"strides": (1, 1), "dilations": (1, 1), "pads": (0, 0, 0, 0), "groups": channels}
+    conv = cv.emit("conv2d", [lifted, kernel] + ([bias] if bias is not None else []), attrs)
+    y = _reshape(cv, conv, (batch, channels, length))
+    if activation != "none":
+        wide = y if dtype != "float16" else cv.emit("cast", [y], {"dtype": "float32"})
+        y = cv.emit("multiply", [wide, cv.emit("sigmoid", [wide])])
+        if dtype == "float16":
+            y = cv.emit("cast", [y], {"dtype": dtype})
+    results = [y]
+    if len(n.outputs) > 1 and n.outputs[1] in cv.used:
+        if k == 1:
+            raise cv.fail("present_state is empty for a kernel of size 1; aotc compiles nonempty tensors")
+        results.append(_cut(cv, padded, 2, total - (k - 1), total))
+    return results
+
+
+# --- LinearAttention -----------------------------------------------------------------------------------------
+
+LINEAR_ATTENTION_MAX_STEPS = 64
+"""The longest sequence whose LinearAttention recurrence aotc unrolls into graph ops at build time (about
+ten ops a step)."""
+
+
+def _step(cv: OnnxConverter, x: Value, t: int, shape: tuple[int, ...]) -> Value:
+    """Step t of a [batch, T, ...] sequence, reshaped to `shape`."""
+    return _reshape(cv, _cut(cv, x, 1, t, t + 1), shape)
+
+
+@converts("LinearAttention")
+def _linear_attention(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
+    """The recurrence of ONNX's reference unrolled over the (static) sequence, in float32: per step the
+    state [batch, kv heads, d_k, d_v] is decayed by exp(decay) (gated rules), corrected by
+    beta * (v - S^T k) (delta rules), grows by k v^T, and is read by the query heads it serves."""
+    query, key, value, past, decay, beta = (n.input(i) for i in range(6))
+    dtype = query.type.dtype
+    rule = n.attr("update_rule", "gated_delta")
+    if rule not in ("linear", "gated", "delta", "gated_delta"):
+        raise cv.fail(f"update_rule {rule!r} is not one of linear, gated, delta, gated_delta")
+    gated, delta = rule in ("gated", "gated_delta"), rule in ("delta", "gated_delta")
+    if gated != (decay is not None) or delta != (beta is not None):
+        raise cv.fail(
+            f"update_rule {rule!r} takes {'a' if gated else 'no'} decay and {'a' if delta else 'no'} beta input"
+        )
+    q_heads, kv_heads = n.attr("q_num_heads"), n.attr("kv_num_heads")
+    if q_heads is None or kv_heads is None or kv_heads <= 0 or q_heads <= 0 or q_heads % kv_heads:
+        raise cv.fail(f"q_num_heads {q_heads} must be a positive multiple of kv_num_heads {kv_heads}")
+    if dtype not in ("float16", "float32"):
+        raise cv.fail(
+            f"query of type {dtype}; LinearAttention is defined on float16/32 (bfloat16 is not supported)"
+        )
+    operands = [v for v in (query, key, value, decay, beta) if v is not None]
+    if any(len(v.type.shape) != 3 or v.type.dtype != dtype for v in operands):
+        raise cv.fail(
+            f"query, key, value, decay and beta must be 3-D [batch, T, ...] tensors of type {dtype}"
+        )
+    (batch, steps, q_hidden), group = query.type.shape, q_heads // kv_heads
+    if q_hidden % q_heads or key.type.shape[2] % kv_heads or value.type.shape[2] % kv_heads:
+        raise cv.fail(f"hidden sizes {query.type}, {key.type}, {value.type} do not split into the heads")
+    d_k, d_v = q_hidden // q_heads, value.type.shape[2] // kv_heads
+    if key.type.shape != (batch, steps, kv_heads * d_k) or value.type.shape[:2] != (batch, steps):
+        raise cv.fail(f"key {key.type} and value {value.type} do not match query {query.type}")
+    if decay is not None and decay.type.shape not in (
+        (batch, steps, kv_heads),
+        (batch, steps, kv_heads * d_k),
+    ):
+        raise cv.fail(f"decay {decay.type} must be [{batch}, {steps}, {kv_heads}] or [.., {kv_heads * d_k}]")
+    if beta is not None and beta.type.shape not in ((batch, steps, kv_heads), (batch, steps, 1)):
+        raise cv.fail(f"beta {beta.type} must be [{batch}, {steps}, {kv_heads}] or [.., 1]")
+    state_shape = (batch, kv_heads, d_k, d_v)
+    if past is not None and (past.type.shape != state_shape or past.type.dtype not in ("float16", "float32")):
+        raise cv.fail(f"past_state {past.type} must be float16/32{list(state_shape)}")
+    if steps > LINEAR_ATTENTION_MAX_STEPS:
+        raise cv.fail(
+            f"a sequence of {steps} steps: aotc unrolls the recurrence, up to {LINEAR_ATTENTION_MAX_STEPS} steps"
+        )
+
+    def wide(v: Value | None) -> Value | None:
+        return v if v is None or v.type.dtype == "float32" else cv.emit("cast", [v], {"dtype": "float32"})
+
+    query, key, value, beta, state = wide(query), wide(key), wide(value), wide(beta), wide(past)
+    gates = cv.emit("exp", [wide(decay)]) if decay is not None else None
+    reads = []
+    for t in range(steps):
+        k_t, v_t = (
+            _step(cv, key, t, (batch, kv_heads, 1, d_k)),
+            _step(cv, value, t, (batch, kv_heads, 1, d_v)),
+        )
+        if gated and state is not None:
+            per_key = gates.type.shape[2] // kv_heads
+            state = cv.emit("multiply", [state, _step(cv, gates, t, (batch, kv_heads, per_key, 1))])
+        if delta:
+            if state is not None:
+                v_t = cv.emit("subtract", [v_t, cv.emit("matmul", [k_t, state])])
+            v_t = cv.emit("multiply", [_step(cv, beta, t, (batch, beta.type.shape[2], 1, 1)), v_t])
+        outer = cv.emit("multiply", [_reshape(cv, k_t, (batch, kv_heads, d_k, 1)), v_t])
+        state = outer if state is None else cv.emit("add", [state, outer])
+        q_t = _step(cv, query, t, (batch, kv_heads, group, d_k))
+        reads.append(_reshape(cv, cv.emit("matmul", [q_t, state]), (batch, 1, q_heads * d_v)))
+    out = reads[0] if len(reads) == 1 else cv.emit("concat", reads, {"axis": 1})
+    scale = n.attr("scale", 0.0) or 1 / np.sqrt(d_k)
+    out = cv.emit("multiply", [out, cv.constant(scale, "scale", "float32")])
+    state_dtype = past.type.dtype if past is not None else dtype
+    results = [out if dtype == "float32" else cv.emit("cast", [out], {"dtype": dtype})]
+    results.append(state if state_dtype == "float32" else cv.emit("cast", [state], {"dtype": state_dtype}))
+    return results
