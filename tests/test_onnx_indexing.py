@@ -173,6 +173,7 @@ CASES = [
     ),
     case("Compress", [Input((3, 4)), np.array([True, False, True])], axis=-2, id="compress-axis"),
     case("Compress", [Input((3, 2)), np.array([False, True, True, False, True])], id="compress-flattened"),
+    case("Compress", [Input((3,)), np.array([True, False, True, False])], id="compress-long-condition"),
     case("NonZero", [np.array([[1, 0], [3, 4]], np.float32)], id="nonzero-constant"),
     case(
         "Unique",

@@ -494,8 +494,11 @@ def _compress(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
             raise cv.fail_version(f"axis {axis}: negative axes are Compress-11's")
         axis = onnx_axis(cv, axis, len(x.type.shape))
     extent = x.type.shape[axis]
-    if len(condition) > extent:
-        raise cv.fail(f"condition has {len(condition)} values for axis {axis} of extent {extent}")
+    if condition[extent:].any():  # a longer condition selects nothing beyond the axis: refused if it tries
+        raise cv.fail(
+            f"condition selects index {np.flatnonzero(condition)[-1]} of axis {axis}, of extent {extent}"
+        )
+    condition = condition[:extent]
     picked = np.flatnonzero(condition).astype(np.int64)
     if not picked.size:
         raise cv.fail(
