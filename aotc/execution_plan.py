@@ -355,8 +355,10 @@ def _variant_spec(
         for v in first
     ]
     return VariantSpec(
-        inputs=[IOSpec(v.name, tuple(v.type.shape), v.type.dtype) for v in graph.inputs],
-        outputs=[IOSpec(v.name, tuple(v.type.shape), v.type.dtype) for v in graph.outputs],
+        inputs=[IOSpec(v.name, tuple(v.type.shape), v.type.dtype, graph.elements.get(v.name)) for v in graph.inputs],
+        outputs=[
+            IOSpec(v.name, tuple(v.type.shape), v.type.dtype, graph.elements.get(v.name)) for v in graph.outputs
+        ],
         calls=calls,
         workspace_bytes=workspace,
         memory_plan=memory_plan,

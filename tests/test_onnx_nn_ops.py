@@ -89,6 +89,8 @@ CASES = [
     case("LpPool", [Input((1, 2, 5, 5))], kernel_shape=[2, 2], p=1, auto_pad="SAME_UPPER", id="lp-pool-p1-same"),
     case("LpPool", [Input((1, 1, 6, 6))], kernel_shape=[2, 2], dilations=[2, 2], opset=18, id="lp-pool-dilations"),
     case("LpPool", [Input((1, 1, 6, 6))], kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1, opset=22, id="lp-pool-ceil"),
+    case("LpPool", [Input((1, 2, 4, 5, 3))], kernel_shape=[2, 3, 2], pads=[0, 1, 1, 1, 0, 0], strides=[1, 2, 1], p=3, opset=18, id="lp-pool-3d"),
+    case("LpPool", [Input((1, 2, 5, 5), "float16")], kernel_shape=[2, 2], strides=[2, 2], opset=18, id="lp-pool-float16"),
     case("EyeLike", [Input((3, 4))], k=1, id="eye-like"),
     case("EyeLike", [Input((4, 3), "int64")], k=-1, dtype=onnx.TensorProto.INT32, opset=22, id="eye-like-int32"),
     case("EyeLike", [Input((3, 3))], dtype=onnx.TensorProto.BOOL, id="eye-like-bool"),

@@ -35,6 +35,7 @@ from aotc.frontend.folding import live_nodes, typed_node
 from aotc.graph.ir import Graph, Node, TensorType, Value
 from aotc.ir.expr import DTYPES, unique_name
 from aotc.topi.elemwise import broadcast_shape
+from aotc.topi.lowp import FORMATS as LOWP_FORMATS
 
 __all__ = [
     "FLOAT16_ACCUMULATES_IN_FLOAT32",
@@ -104,7 +105,31 @@ _DTYPES = {
 }
 
 
-_UNSUPPORTED_TYPES = "aotc compiles float16/32/64, int8 to int64, uint8 to uint64 and bool tensors"
+_LOWP_TYPES = {
+    getattr(onnx.TensorProto, onnx_name): fmt
+    for onnx_name, fmt in (
+        ("BFLOAT16", "bfloat16"),
+        ("FLOAT8E4M3FN", "float8_e4m3fn"),
+        ("FLOAT8E4M3FNUZ", "float8_e4m3fnuz"),
+        ("FLOAT8E5M2", "float8_e5m2"),
+        ("FLOAT8E5M2FNUZ", "float8_e5m2fnuz"),
+        ("UINT4", "uint4"),
+        ("INT4", "int4"),
+        ("FLOAT4E2M1", "float4_e2m1fn"),
+        ("FLOAT8E8M0", "float8_e8m0fnu"),
+        ("UINT2", "uint2"),
+        ("INT2", "int2"),
+    )
+    if hasattr(onnx.TensorProto, onnx_name)
+}
+"""ONNX's low-precision and sub-byte element types -> their format (aotc.topi.lowp.FORMATS, ml_dtypes'
+names): the graph carries such a tensor as its storage bits, and the converter tags it with its format
+(`OnnxConverter.formats`); only the operators aotc.frontend.onnx_lowp lists read it."""
+
+_UNSUPPORTED_TYPES = (
+    "aotc compiles float16/32/64, int8 to int64, uint8 to uint64 and bool tensors (and bfloat16, float8, "
+    "float4, int4 and int2 ones in Cast, CastLike, QuantizeLinear, DequantizeLinear and data movement)"
+)
 
 
 def _elem_type_name(elem_type: int) -> str:
@@ -157,6 +182,7 @@ def load_onnx(
     outputs = [conv.values[o.name] for o in model.graph.output]
     _check_outputs_nonempty(model.graph, outputs, source)
     graph = Graph(inputs, outputs, live_nodes(conv.nodes, outputs), model.graph.name or _stem(source))
+    graph.elements = {v.name: conv.formats[v.name] for v in inputs + outputs if v.name in conv.formats}
     graph.verify()
     return graph
 
@@ -197,7 +223,8 @@ def constant_arrays(
             raise InputShapeError(f"{source}: {key}: input {name} is given both a shape (inputs) and a value")
         vi = runtime[name]
         dims = _model_dims(vi, source, {})  # an empty value is fine for what is read at compile time
-        dtype = _DTYPES[vi.type.tensor_type.elem_type]
+        elem_type = vi.type.tensor_type.elem_type
+        dtype = _DTYPES[elem_type] if elem_type in _DTYPES else _LOWP_TYPES[elem_type]
         array = _constant_array(given, dtype, f"{source}: {key}")
         if dims is not None and (
             len(dims) != array.ndim or any(isinstance(d, int) and d != s for d, s in zip(dims, array.shape))
@@ -420,8 +447,11 @@ class OnnxConverter:
         self.opset = opset
         self.values: dict[str, Value] = {}
         self.nodes: list[Node] = []
+        self.formats: dict[str, str] = {}
+        """Values of a low-precision or sub-byte element type (their graph dtype is its storage) -> its
+        format (aotc.topi.lowp.FORMATS)."""
         self.output_names = {o.name for o in graph.output}
-        self.used = _referenced_names(graph) | self.output_names  # subgraphs' reads of outer values too
+        self.used = {name for p in graph.node for name in p.input} | self.output_names
         self.value_names = {o for p in graph.node for o in p.output} | {i.name for i in graph.input}
         self.value_names |= {t.name for t in graph.initializer}
         self.node_names: set[str] = set()
@@ -463,6 +493,11 @@ class OnnxConverter:
                 problems.append((vi.name, dims))
                 continue
             v = Value(vi.name, _input_type(vi, dims, given, self.source, self.batch))
+            fmt = _LOWP_TYPES.get(vi.type.tensor_type.elem_type)
+            if fmt is not None:
+                if given is not None and given[1] is not None:
+                    raise InputShapeError(f"input_shapes[{vi.name!r}]: the dtype of a {fmt} input is fixed")
+                self.formats[vi.name] = fmt
             self.values[vi.name] = v
             inputs.append(v)
         if problems:
@@ -494,6 +529,8 @@ class OnnxConverter:
         check = _VERSION_CHECKS.get(_op_key(proto))
         if check is not None:
             check(self, self.node)
+        # a low-precision input: refused unless the operator reads its format (or only moves its bits)
+        moved = onnx_lowp.check_inputs(self, self.node)
         results = _CONVERTERS[_op_key(proto)](self, self.node)
         for i, out in enumerate(proto.output):
             if not out:
@@ -503,8 +540,12 @@ class OnnxConverter:
                     raise self.fail(f"output {i} ({out}) is not supported")
                 continue
             v = results[i]
+            if moved is not None and i == 0:
+                self.formats[v.name] = moved
             if out in self.output_names and v.name != out:
                 v = self.emit("identity", [v], out=out)
+                if results[i].name in self.formats:
+                    self.formats[v.name] = self.formats[results[i].name]
             self.values[out] = v
         self.node = None
 
@@ -584,51 +625,11 @@ class OnnxConverter:
             sources,
         )
 
-    def convert_subgraph(self, graph: onnx.GraphProto, inputs: Sequence[Value], tag: str) -> list[Value]:
-        """The outputs of subgraph `graph` of the current node (a Scan or Loop body, an If branch), converted
-        into this graph with its inputs bound to `inputs` and this graph's values in scope. `tag` names this
-        conversion of it (`body[2]`: one per unrolled iteration) in errors and in its values' names, which are
-        fresh each time."""
-        n = self.node
-        source = f"{self.source}: node {n.name} ({n.op_type}) {tag}"
-        if len(inputs) != len(graph.input):
-            raise self.fail(f"{tag} takes {len(graph.input)} inputs, given {len(inputs)}")
-        _check_operators(graph, source)
-        _check_versions(graph, self.opset, source)
-        defined = _defined_names(graph)
-        base, k = f"{n.name}/{tag}/", 0
-        prefix = base
-        while any(prefix + name in self.value_names for name in defined):
-            k += 1
-            prefix = f"{base}{k}/"
-        body = onnx.GraphProto()
-        body.CopyFrom(graph)
-        _prefix_names(body, {name: prefix + name for name in defined}, prefix)
-        sub = OnnxConverter(body, source, self.opset)
-        sub.values = {**self.values, **sub.values}  # outer values in scope; the body's initializers shadow
-        self.value_names |= sub.value_names
-        sub.value_names, sub.node_names, sub.nodes = self.value_names, self.node_names, self.nodes
-        sub.batch, sub.empty_inputs = self.batch, self.empty_inputs
-        sub.output_names = set()  # the outputs are read from sub.values: no identity copies
-        for vi, given, v in zip(body.input, graph.input, inputs):
-            kind = vi.type.WhichOneof("value")
-            if kind not in (None, "tensor_type"):
-                raise self.fail(f"{tag} input {given.name} is a {kind}, not a tensor")
-            elem = vi.type.tensor_type.elem_type
-            if elem and _DTYPES.get(elem) != v.type.dtype:
-                raise self.fail(
-                    f"{tag} input {given.name} is {_elem_type_name(elem)}, bound to {v.name} of type {v.type}"
-                )
-            sub.values[vi.name] = v
-        for i, proto in enumerate(body.node):
-            sub.convert(proto, i)
-        missing = [given.name for o, given in zip(body.output, graph.output) if o.name not in sub.values]
-        if missing:
-            raise self.fail(f"{tag} outputs {missing} are not defined")
-        return [sub.values[o.name] for o in body.output]
-
     def _constant_value(self, name: str, data: np.ndarray) -> Value:
         data = np.asarray(data)
+        if data.dtype.name in LOWP_FORMATS:  # an ml_dtypes array (numpy_helper's): its bits, tagged
+            self.formats[name] = data.dtype.name
+            data = data.view(LOWP_FORMATS[data.dtype.name].storage)
         dtype = "bool" if data.dtype == np.bool_ else str(data.dtype)
         if dtype not in DTYPES:
             raise self.fail(
@@ -646,7 +647,7 @@ def _model_dims(
     if not vi.type.HasField("tensor_type"):
         raise ConversionError(f"{source}: input {vi.name} is not a tensor")
     tt = vi.type.tensor_type
-    if tt.elem_type not in _DTYPES:
+    if tt.elem_type not in _DTYPES and tt.elem_type not in _LOWP_TYPES:
         raise ConversionError(
             f"{source}: input {vi.name} has unsupported element type {_elem_type_name(tt.elem_type)}; "
             + _UNSUPPORTED_TYPES
@@ -693,7 +694,8 @@ def _shape_template(dims: list[int | str | None] | None) -> str:
 def _input_type(
     vi: onnx.ValueInfoProto, dims: list | None, given: Any, source: str, batch: BatchTracker
 ) -> TensorType:
-    dtype = _DTYPES[vi.type.tensor_type.elem_type]
+    elem_type = vi.type.tensor_type.elem_type
+    dtype = _DTYPES[elem_type] if elem_type in _DTYPES else LOWP_FORMATS[_LOWP_TYPES[elem_type]].storage
     if given is None:
         return TensorType(tuple(dims), dtype)
     shape, given_dtype = _split_given(vi.name, given)
@@ -730,47 +732,6 @@ def _split_given(name: str, given: Any) -> tuple[tuple[int, ...], str | None]:
 
 def _dims_str(dims: Sequence[int | str | None]) -> str:
     return "[" + ", ".join("?" if d is None else str(d) for d in dims) + "]"
-
-
-def _subgraphs(proto: onnx.NodeProto) -> list[onnx.GraphProto]:
-    return [a.g for a in proto.attribute if a.type == onnx.AttributeProto.GRAPH] + [
-        g for a in proto.attribute if a.type == onnx.AttributeProto.GRAPHS for g in a.graphs
-    ]
-
-
-def _referenced_names(graph: onnx.GraphProto) -> set[str]:
-    """The names the nodes of `graph` and of its subgraphs (at any depth) read."""
-    names = set()
-    for p in graph.node:
-        names.update(p.input)
-        for g in _subgraphs(p):
-            names |= _referenced_names(g) | {o.name for o in g.output}
-    return names
-
-
-def _defined_names(graph: onnx.GraphProto) -> set[str]:
-    """The names `graph` and its subgraphs (at any depth) define: inputs, initializers, node outputs."""
-    names = {i.name for i in graph.input} | {t.name for t in graph.initializer}
-    for p in graph.node:
-        names.update(o for o in p.output if o)
-        for g in _subgraphs(p):
-            names |= _defined_names(g)
-    return names
-
-
-def _prefix_names(graph: onnx.GraphProto, renamed: Mapping[str, str], prefix: str) -> None:
-    """Rename, in place, the values `renamed` maps wherever `graph` and its subgraphs define or read them
-    (the names they read from outer scopes stay), and prefix its node names."""
-    for vi in [*graph.input, *graph.output, *graph.value_info]:
-        vi.name = renamed.get(vi.name, vi.name)
-    for t in graph.initializer:
-        t.name = renamed.get(t.name, t.name)
-    for i, p in enumerate(graph.node):
-        p.name = prefix + _node_name(p, i)
-        p.input[:] = [renamed.get(v, v) for v in p.input]
-        p.output[:] = [renamed.get(v, v) for v in p.output]
-        for g in _subgraphs(p):
-            _prefix_names(g, renamed, prefix)
 
 
 def _graph_inputs_of(value: Value) -> list[str]:
@@ -996,17 +957,19 @@ def _identity(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
 
 @converts("Cast", "CastLike")
 def _cast(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
-    """Cast to `to`, CastLike to the element type of input 1 (whose values it does not read). `saturate`
-    and `round_mode` only apply to float8/float4 targets, which aotc does not compile: a node casting to
-    one is refused here (CastLike's input 1 of such a type already is, as an input or a constant)."""
+    """Cast to `to`, CastLike to the element type of input 1 (whose values it does not read). A cast from
+    or to a low-precision or sub-byte type (where `saturate` and `round_mode` apply) is onnx_lowp's."""
     x = n.inputs[0]
     if n.op_type == "CastLike":
-        dtype = n.inputs[1].type.dtype
+        dtype = cv.formats.get(n.inputs[1].name, n.inputs[1].type.dtype)
     else:
         to = n.attr("to")
-        if to not in _DTYPES:
+        dtype = _LOWP_TYPES.get(to)
+        if to not in _DTYPES and dtype is None:
             raise cv.fail(f"cannot cast to element type {_elem_type_name(to)}; {_UNSUPPORTED_TYPES}")
-        dtype = _DTYPES[to]
+        dtype = dtype or _DTYPES[to]
+    if dtype in LOWP_FORMATS or x.name in cv.formats:
+        return [onnx_lowp.cast(cv, n, x, dtype)]
     if dtype == x.type.dtype:
         return [x]
     return [cv.emit("cast", [x], {"dtype": dtype}, n.outputs[0])]
@@ -2029,6 +1992,7 @@ _VERSION_CHECKS["QuantizeLinear"] = _VERSION_CHECKS["DequantizeLinear"] = _check
 from aotc.frontend import (  # noqa: E402, F401
     onnx_attention,
     onnx_indexing,
+    onnx_lowp,
     onnx_math,
     onnx_nn,
     onnx_quant,
@@ -2036,5 +2000,5 @@ from aotc.frontend import (  # noqa: E402, F401
     onnx_sampling,
 )
 
-for _family in (onnx_attention, onnx_indexing, onnx_math, onnx_nn, onnx_recurrent, onnx_sampling):
+for _family in (onnx_attention, onnx_indexing, onnx_lowp, onnx_math, onnx_nn, onnx_recurrent, onnx_sampling):
     VERSIONS.update(_family.VERSIONS)

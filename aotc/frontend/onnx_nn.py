@@ -14,7 +14,7 @@ import math
 import numpy as np
 import onnx
 
-from aotc.frontend.onnx import OnnxConverter, OnnxNode, conv_window, converts, onnx_axis
+from aotc.frontend.onnx import OnnxConverter, OnnxNode, converts, onnx_axis
 from aotc.graph.ir import Value
 from aotc.ir.expr import DTYPES
 
@@ -221,46 +221,84 @@ def _taps(out: int, size: int, k: int, s: int, d: int, begin: int, end: int) -> 
     return ((starts >= -begin) & (starts < size + end)).sum(axis=1)
 
 
+def _pool_pads(cv: OnnxConverter, n: OnnxNode, sizes, kernel, strides, dilations) -> list[int]:
+    """ONNX pads [begin..., end...] of a pooling window, auto_pad resolved (SAME_UPPER puts the odd one of
+    a total at the end, SAME_LOWER at the beginning)."""
+    rank = len(sizes)
+    auto_pad = n.attr("auto_pad", "NOTSET")
+    if auto_pad == "NOTSET":
+        pads = [int(v) for v in n.attr("pads", [0] * 2 * rank)]
+    elif auto_pad == "VALID":
+        pads = [0] * 2 * rank
+    elif auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        totals = [
+            max(0, (-(-size // s) - 1) * s + (k - 1) * d + 1 - size)
+            for size, k, s, d in zip(sizes, kernel, strides, dilations)
+        ]
+        begin = [t // 2 if auto_pad == "SAME_UPPER" else t - t // 2 for t in totals]
+        pads = begin + [t - b for t, b in zip(totals, begin)]
+    else:
+        raise cv.fail(f"unknown auto_pad {auto_pad!r}")
+    if len(pads) != 2 * rank or min(pads) < 0:
+        raise cv.fail(f"pads {pads} must be two non-negative values per spatial axis ({rank})")
+    return pads
+
+
 @converts("LpPool")
 def _lp_pool(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
-    """(sum over the window of |x|^p)^(1/p), the padding adding zeros: an average pool of |x|^p whose
-    padding counts, times the number of taps each window has in the padded input (the kernel size, fewer
-    only at windows ceil_mode adds past the padding)."""
+    """(sum over the window of |x|^p)^(1/p), the padding adding zeros, over any number of spatial axes.
+    A box window's sum is separable: one spatial axis at a time, an average pool of a [N, rest, axis, rest]
+    view with a (k, 1) window whose padding counts, times the number of taps each window has in the padded
+    input (the kernel extent; fewer only at windows that ceil_mode adds past the padding). Float16 is
+    computed in float32 and rounded once."""
     x = n.inputs[0]
-    if x.type.dtype not in _FLOATS:
-        raise cv.fail(f"LpPool is defined on float tensors, got {x.type.dtype}")
+    dtype, shape = x.type.dtype, x.type.shape
+    if dtype not in _FLOATS or len(shape) < 3:
+        raise cv.fail(f"LpPool needs a float tensor [N, C, D1, ...], got {x.type}")
+    rank = len(shape) - 2
     kernel = n.attr("kernel_shape")
-    if kernel is None:
-        raise cv.fail("needs kernel_shape")
+    strides, dilations = n.attr("strides", [1] * rank), n.attr("dilations", [1] * rank)
+    if kernel is None or not len(kernel) == len(strides) == len(dilations) == rank:
+        raise cv.fail(
+            f"kernel_shape {kernel}, strides {strides} and dilations {dilations} need {rank} values"
+        )
+    if min(*kernel, *strides, *dilations) < 1:
+        raise cv.fail(f"kernel_shape {kernel}, strides {strides} and dilations {dilations} must be positive")
     p = n.attr("p", 2)
     if not isinstance(p, int) or p < 1:
         raise cv.fail(f"p must be a positive integer, got {p!r}")
-    w = conv_window(cv, n, x, kernel)
-    dtype = x.type.dtype
-    powers = cv.emit("abs", [x]) if p == 1 else cv.emit("multiply", [x, x]) if p == 2 else None
-    if powers is None:
-        powers = cv.emit("power", [cv.emit("abs", [x]), cv.constant(p, "p", dtype)])
-    if w.lifted:
-        s = powers.type.shape
-        powers = cv.emit("reshape", [powers], {"shape": (*s[:2], 1, *s[2:])})
-    attrs = {**w.attrs, "ceil_mode": bool(n.attr("ceil_mode", 0)), "count_include_pad": True}
-    mean = cv.emit("avg_pool2d", [powers], attrs)
-    oh, ow = mean.type.shape[2:]
-    (kh, kw), (sh, sw), (dh, dw) = attrs["kernel"], attrs["strides"], attrs["dilations"]
-    top, left, bottom, right = attrs["pads"]
-    ih, iw = powers.type.shape[2:]
-    counts = np.outer(_taps(oh, ih, kh, sh, dh, top, bottom), _taps(ow, iw, kw, sw, dw, left, right))
-    total = cv.emit(
-        "multiply", [mean, cv.constant(counts if (counts != kh * kw).any() else kh * kw, "taps", dtype)]
-    )
-    if w.lifted:
-        s = total.type.shape
-        total = cv.emit("reshape", [total], {"shape": (*s[:2], s[3])})
-    if p == 1:
-        return [total]
+    pads = _pool_pads(cv, n, shape[2:], kernel, strides, dilations)
+    wide = "float32" if dtype == "float16" else dtype
+    y = cv.emit("cast", [x], {"dtype": wide}) if wide != dtype else x
+    y = cv.emit("abs", [y]) if p == 1 else cv.emit("multiply", [y, y]) if p == 2 else y
+    if p > 2:
+        y = cv.emit("power", [cv.emit("abs", [y]), cv.constant(p, "p", wide)])
+    ceil_mode = bool(n.attr("ceil_mode", 0))
+    for a, (k, s, d, begin, end) in enumerate(zip(kernel, strides, dilations, pads[:rank], pads[rank:])):
+        if k == 1 and s == 1 and begin == end == 0:
+            continue  # each window is the element itself
+        now, axis = y.type.shape, 2 + a
+        view = (now[0], math.prod(now[1:axis]), now[axis], math.prod(now[axis + 1 :]))
+        attrs = {
+            "kernel": (k, 1),
+            "strides": (s, 1),
+            "dilations": (d, 1),
+            "pads": (begin, 0, end, 0),
+            "ceil_mode": ceil_mode,
+            "count_include_pad": True,
+        }
+        mean = cv.emit("avg_pool2d", [cv.emit("reshape", [y], {"shape": view})], attrs)
+        out = mean.type.shape[2]
+        taps = _taps(out, now[axis], k, s, d, begin, end)
+        count = cv.constant(taps.reshape(out, 1) if (taps != k).any() else k, "taps", wide)
+        y = cv.emit(
+            "reshape", [cv.emit("multiply", [mean, count])], {"shape": (*now[:axis], out, *now[axis + 1 :])}
+        )
     if p == 2:
-        return [cv.emit("sqrt", [total], out=n.outputs[0])]
-    return [cv.emit("power", [total, cv.constant(1.0 / p, "inverse_p", dtype)], out=n.outputs[0])]
+        y = cv.emit("sqrt", [y])
+    elif p > 2:
+        y = cv.emit("power", [y, cv.constant(1.0 / p, "inverse_p", wide)])
+    return [cv.emit("cast", [y], {"dtype": dtype}) if wide != dtype else y]
 
 
 # --- tensors made from shapes and attributes ----------------------------------------------------------------

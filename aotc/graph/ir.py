@@ -86,6 +86,9 @@ class Graph:
     outputs: list[Value]
     nodes: list[Node]
     name: str = "model"
+    elements: dict[str, str] = field(default_factory=dict)
+    """Inputs and outputs of a low-precision or sub-byte element type (their dtype is its storage bits) ->
+    its ml_dtypes name (aotc.topi.lowp.FORMATS): the package declares it at its boundary."""
 
     def constants(self) -> list[Value]:
         seen: dict[int, Value] = {}

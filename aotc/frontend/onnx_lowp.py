@@ -1,0 +1,272 @@
+"""ONNX frontend: low-precision and sub-byte element types (bfloat16, float8, float4, float8e8m0, int4, int2)
+and BitCast.
+
+A tensor of such a type is its storage bits in the graph (aotc.topi.lowp), tagged with its format in
+`OnnxConverter.formats`. Operators that read the format convert it (Cast, CastLike, QuantizeLinear,
+DequantizeLinear); data movement passes the bits on; any other operator given one is refused by
+`check_inputs`, so no kernel ever computes on the bits as if they were integers.
+"""
+
+from __future__ import annotations
+
+# This module extends the ONNX frontend: its converters use the converter API that onnx.py defines.
+import ml_dtypes
+import numpy as np
+import onnx
+
+from aotc.frontend.onnx import OnnxConverter, OnnxNode, converts
+from aotc.graph.ir import Value
+from aotc.ir.expr import DTYPES, dtype_bits
+from aotc.topi.lowp import FORMATS
+
+__all__ = [
+    "FLOAT8_SATURATES",
+    "MOVES_BITS",
+    "READS_FORMAT",
+    "READS_SHAPE",
+    "VERSIONS",
+    "cast",
+    "check_inputs",
+    "decode",
+    "dequantize_linear",
+    "general_qdq",
+    "quantize_linear",
+]
+
+VERSIONS: dict[str, tuple[int, ...]] = {
+    "BitCast": (26,),
+}
+"""ONNX operator -> the versions of it that this module converts (merged into aotc.frontend.onnx.VERSIONS)."""
+
+READS_FORMAT = frozenset({"Cast", "CastLike", "QuantizeLinear", "DequantizeLinear"})
+"""Operators whose converters read a low-precision input's format."""
+MOVES_BITS = frozenset({"Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose"})
+"""Operators that only move input 0's elements: their output 0 has its format."""
+READS_SHAPE = frozenset({"Shape", "Size"})
+"""Operators that read a tensor's shape only."""
+
+FLOAT8 = ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz")
+FLOAT8_SATURATES = frozenset(FLOAT8)
+"""The formats Cast's `saturate` applies to (and float8e8m0, by its own rule); bfloat16 overflows to
+infinity and float4e2m1 always saturates."""
+
+
+def check_inputs(cv: OnnxConverter, n: OnnxNode) -> str | None:
+    """Refuse node `n` if it reads a low-precision input it cannot; the format its output 0 carries when it
+    only moves input 0's bits, else None."""
+    tagged = [(i, v) for i, v in enumerate(n.inputs) if v is not None and v.name in cv.formats]
+    if not tagged or n.op_type in READS_FORMAT or n.op_type in READS_SHAPE:
+        return None
+    if n.op_type in MOVES_BITS and [i for i, _ in tagged] == [0]:
+        return cv.formats[n.inputs[0].name]
+    i, v = tagged[0]
+    raise cv.fail(
+        f"input {i} ({v.name}) has element type {cv.formats[v.name]}; aotc reads such tensors only in "
+        f"{', '.join(sorted(READS_FORMAT))} and moves them in {', '.join(sorted(MOVES_BITS))}"
+    )
+
+
+def cast(cv: OnnxConverter, n: OnnxNode, x: Value, target: str) -> Value:
+    """Cast or CastLike where the input or the target (`target`: a dtype or a FORMATS name) is a
+    low-precision type: the input widened exactly (lowp_decode), then rounded to the target once
+    (lowp_encode, with Cast's saturate and round_mode) or cast as any other value."""
+    source = cv.formats.get(x.name)
+    if source == target:
+        return x
+    v = x
+    if source is not None:
+        v = cv.emit("lowp_decode", [v], {"format": source})
+    if target in FORMATS:
+        attrs = {
+            "format": target,
+            "saturate": bool(n.attr("saturate", 1)) and target in FLOAT8_SATURATES | {"float8_e8m0fnu"},
+            "round_mode": n.attr("round_mode", "up"),
+        }
+        v = cv.emit("lowp_encode", [v], attrs, n.outputs[0])
+        cv.formats[v.name] = target
+        return v
+    if v.type.dtype != target:
+        v = cv.emit("cast", [v], {"dtype": target}, n.outputs[0])
+    return v
+
+
+def decode(cv: OnnxConverter, v: Value, out: str | None = None) -> Value:
+    """A tagged value widened exactly to float32 (int8/uint8 for the integer formats) (an untagged one as it is)."""
+    if v.name not in cv.formats:
+        return v
+    return cv.emit("lowp_decode", [v], {"format": cv.formats[v.name]}, out)
+
+
+@converts("BitCast")
+def _bitcast(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
+    """The input's bits read as `to`, a numeric type of the same width (BitCast-26); a bool's byte is 0 or
+    1, so bool reads as int8/uint8 as it casts, and nothing else is read as bool."""
+    x, code = n.inputs[0], n.attr("to")
+    try:
+        to = "bool" if code == onnx.TensorProto.BOOL else onnx.helper.tensor_dtype_to_np_dtype(code).name
+    except (KeyError, ValueError, TypeError):
+        to = None
+    if to not in DTYPES:
+        raise cv.fail(f"cannot bit-cast to element type {code}: not a type aotc computes on")
+    if to == x.type.dtype:
+        return [x]
+    if "bool" in (to, x.type.dtype):
+        if x.type.dtype == "bool" and to in ("int8", "uint8"):
+            return [cv.emit("cast", [x], {"dtype": to}, n.outputs[0])]
+        raise cv.fail(f"cannot bit-cast {x.type.dtype} to {to}: only bool's byte reads as int8 or uint8")
+    if dtype_bits(to) != dtype_bits(x.type.dtype):
+        raise cv.fail(f"cannot bit-cast {x.type.dtype} to {to}: their widths differ")
+    return [cv.emit("bitcast", [x], {"dtype": to}, n.outputs[0])]
+
+
+# --- QuantizeLinear / DequantizeLinear of the types onnx_quant's integer kernels do not take ---------------
+
+WIDE_INTS = {"int16": (-32768, 32767), "uint16": (0, 65535), "int8": (-128, 127), "uint8": (0, 255)}
+"""Quantized integer types computed here (int8/uint8 only when blocked), with their ranges."""
+
+
+QUANT_TYPES_SINCE = {name: 19 for name in FLOAT8} | {"int16": 21, "uint16": 21, "int4": 21, "uint4": 21}
+QUANT_TYPES_SINCE |= {"float4_e2m1fn": 23, "int2": 25, "uint2": 25}
+"""The QuantizeLinear/DequantizeLinear version that added each quantized type (the changelog's T2/T1)."""
+
+
+def general_qdq(cv: OnnxConverter, n: OnnxNode) -> bool:
+    """Whether a QuantizeLinear/DequantizeLinear is this module's: a low-precision tensor or zero point,
+    int16/uint16, a float16 scale, a low-precision output_dtype or blocked quantization."""
+    if any(v is not None and v.name in cv.formats for v in n.inputs):
+        return True
+    zero, scale = n.input(2), n.input(1)
+    if zero is not None and zero.type.dtype in ("int16", "uint16"):
+        return True
+    if n.attr("block_size", 0) or (scale is not None and scale.type.dtype == "float16"):
+        return True
+    return _onnx_type(n.attr("output_dtype", 0)) in set(FORMATS) | {"int16", "uint16"}
+
+
+def _onnx_type(code: int) -> str | None:
+    """A tensor element type code as a FORMATS name or a dtype (None: 0 or one aotc does not know)."""
+    if not code:
+        return None
+    try:
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(code)
+    except (KeyError, ValueError, TypeError):
+        return None
+    return dtype.name if dtype.name in FORMATS or dtype.name in DTYPES else None
+
+
+def _values(cv: OnnxConverter, v: Value) -> np.ndarray:
+    """A constant's values as numbers: a tagged one's bits read as its ml_dtypes type, widened."""
+    data = np.asarray(v.data)
+    if v.name in cv.formats:
+        data = data.view(np.dtype(getattr(ml_dtypes, cv.formats[v.name])))
+        return data.astype(np.float32 if FORMATS[cv.formats[v.name]].kind == "float" else np.int32)
+    return data
+
+
+def _broadcast(cv: OnnxConverter, n: OnnxNode, values: np.ndarray, x: Value, what: str) -> np.ndarray:
+    """A scale or zero point shaped to broadcast against `x`: one value, one per entry of `axis`, or with
+    block_size one per block of that many entries along `axis` (the same shape as x's otherwise)."""
+    shape, block = x.type.shape, n.attr("block_size", 0)
+    if values.size == 1 and not block:
+        return values.reshape(())
+    axis = n.attr("axis", 1)
+    if not -len(shape) <= axis < len(shape):
+        raise cv.fail(f"axis {axis} is out of range for {x.type}")
+    axis %= len(shape)
+    if not block:
+        if values.ndim != 1 or values.size != shape[axis]:
+            raise cv.fail(f"{what} has shape {list(values.shape)}; axis {axis} of {x.type} has {shape[axis]}")
+        return values.reshape([values.size if d == axis else 1 for d in range(len(shape))])
+    blocks = -(-shape[axis] // block) if block > 0 else 0
+    expected = tuple(blocks if d == axis else s for d, s in enumerate(shape))
+    if block < 0 or values.shape != expected:
+        raise cv.fail(f"block_size={block}: {what} has shape {list(values.shape)}, expected {list(expected)}")
+    return np.repeat(values, block, axis=axis).take(range(shape[axis]), axis=axis)
+
+
+def _quant_params(cv: OnnxConverter, n: OnnxNode, x: Value, quantized: Value | None) -> tuple:
+    """(scale as float32, zero point as float32 or None, the quantized type): a dtype or FORMATS name."""
+    scale_v, zero_v = n.input(1), n.input(2)
+    for i, v, what in ((1, scale_v, "scale"), (2, zero_v, "zero_point")):
+        if v is not None and not v.is_constant:
+            raise cv.run_time_value_error(n, i, what, "aotc needs its value at compile time")
+    if scale_v is None or scale_v.type.dtype not in ("float32", "float16") or scale_v.name in cv.formats:
+        raise cv.fail("the scale must be a float32 or float16 constant")
+    scale = np.asarray(scale_v.data).astype(np.float32)
+    if not np.all(np.isfinite(scale)) or np.any(scale == 0):
+        raise cv.fail(f"the scale must be finite and nonzero, got {scale.reshape(-1)[:8].tolist()}")
+    if quantized is not None:
+        qtype = cv.formats.get(quantized.name, quantized.type.dtype)
+    elif zero_v is not None:
+        qtype = cv.formats.get(zero_v.name, zero_v.type.dtype)
+    else:
+        qtype = _onnx_type(n.attr("output_dtype", 0)) or "uint8"
+    if zero_v is not None and cv.formats.get(zero_v.name, zero_v.type.dtype) != qtype:
+        raise cv.fail(
+            f"the zero point is {cv.formats.get(zero_v.name, zero_v.type.dtype)}, the quantized {qtype}"
+        )
+    prefix = "y" if n.op_type == "QuantizeLinear" else "x"
+    if qtype not in FORMATS and qtype not in WIDE_INTS:
+        raise cv.fail(
+            f"{prefix}_zero_point: element type {qtype} is not supported ({', '.join([*WIDE_INTS, *FORMATS])})"
+        )
+    since = QUANT_TYPES_SINCE.get(qtype, 10)
+    if n.older_than(since) or (scale_v.type.dtype == "float16" and n.older_than(19)):
+        what = f"{prefix}_zero_point: element type {qtype}" if n.older_than(since) else "a float16 scale"
+        raise cv.fail_version(f"{what} is not defined before {n.op_type}-{max(since, 19)}")
+    zero = None
+    if zero_v is not None:
+        zero = _broadcast(cv, n, _values(cv, zero_v).astype(np.float32), x, "zero_point")
+        if qtype in FORMATS and FORMATS[qtype].kind == "float" and qtype != "float4_e2m1fn" and np.any(zero):
+            raise cv.fail(f"a {qtype} zero point must be 0, got {zero.reshape(-1)[:8].tolist()}")
+    return _broadcast(cv, n, scale, x, "scale"), zero, qtype
+
+
+def dequantize_linear(cv: OnnxConverter, n: OnnxNode) -> Value:
+    """(x - zero_point) * scale in float32, as ONNX's reference (a float8 or float4 x has no zero point to
+    subtract), the result in the scale's type."""
+    x = n.inputs[0]
+    scale, zero, qtype = _quant_params(cv, n, x, x)
+    v = decode(cv, x)
+    v = v if v.type.dtype == "float32" else cv.emit("cast", [v], {"dtype": "float32"})
+    if zero is not None and not (qtype in FORMATS and FORMATS[qtype].kind == "float") and np.any(zero):
+        v = cv.emit("subtract", [v, cv.constant(zero, "zero_point", "float32")])
+    out_dtype = n.inputs[1].type.dtype
+    last = n.outputs[0] if out_dtype == "float32" else None
+    v = cv.emit("multiply", [v, cv.constant(scale, "scale", "float32")], out=last)
+    return v if out_dtype == "float32" else cv.emit("cast", [v], {"dtype": out_dtype}, n.outputs[0])
+
+
+def quantize_linear(cv: OnnxConverter, n: OnnxNode) -> Value:
+    """x / scale, then: integers rounded half to even, plus the zero point, saturated to the type's range;
+    float8 cast (with `saturate`); float4e2m1 plus its zero point, cast: as ONNX's reference."""
+    x = n.inputs[0]
+    if x.type.dtype != "float32" or x.name in cv.formats or n.inputs[1].type.dtype != "float32":
+        raise cv.fail(
+            f"x is {x.type.dtype} and its scale {n.inputs[1].type.dtype}; only float32 is supported"
+        )
+    scale, zero, qtype = _quant_params(cv, n, x, None)
+    out = n.outputs[0]
+    v = cv.emit("divide", [x, cv.constant(scale, "scale", "float32")])
+    fmt = FORMATS.get(qtype)
+    if fmt is not None and fmt.kind == "float":
+        if qtype == "float4_e2m1fn" and zero is not None and np.any(zero):
+            v = cv.emit("add", [v, cv.constant(zero, "zero_point", "float32")])
+        attrs = {"format": qtype, "saturate": bool(n.attr("saturate", 1)) and qtype in FLOAT8_SATURATES}
+        v = cv.emit("lowp_encode", [v], attrs, out)
+        cv.formats[v.name] = qtype
+        return v
+    lo, hi = WIDE_INTS.get(qtype) or _int_range(fmt)
+    v = cv.emit("round", [v])
+    if zero is not None and np.any(zero):
+        v = cv.emit("add", [v, cv.constant(zero, "zero_point", "float32")])
+    v = cv.emit("clip", [v], {"min": float(lo), "max": float(hi)})
+    if fmt is None:
+        return cv.emit("cast", [v], {"dtype": qtype}, out)
+    v = cv.emit("lowp_encode", [cv.emit("cast", [v], {"dtype": "int32"})], {"format": qtype}, out)
+    cv.formats[v.name] = qtype
+    return v
+
+
+def _int_range(fmt) -> tuple[int, int]:
+    return (-(1 << (fmt.bits - 1)), (1 << (fmt.bits - 1)) - 1) if fmt.signed else (0, (1 << fmt.bits) - 1)

@@ -1,0 +1,217 @@
+"""Low-precision and sub-byte element types (bfloat16, float8, float4, float8e8m0, int4/uint4, int2/uint2):
+the conversions of aotc.topi.lowp against ml_dtypes and ONNX's reference, bit-exact (every conversion is
+exact or rounds once, as ONNX's Cast), and compiled packages that take and return ml_dtypes arrays."""
+
+from __future__ import annotations
+
+import aotc_runtime
+import ml_dtypes
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+
+import aotc
+from aotc.frontend.errors import ConversionError
+from aotc.frontend.onnx import load_onnx
+from aotc.graph.interpret import evaluate_node
+from aotc.graph.ir import Node, TensorType, Value
+from aotc.topi.lowp import FORMATS
+
+FLOAT8 = ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz")
+
+
+def _samples() -> np.ndarray:
+    """Specials, boundaries, ties and random values over float32's exponent range."""
+    special = [0, -0.0, np.nan, -np.nan, np.inf, -np.inf, 1e6, -1e6, 470, 464, 448, 240, 57344, 61440]
+    special += [0.25, 0.75, 1.25, 2.5, 5, 9, 1e-7, 1e-40, -3.5, 3.4e38, 2.0**-127, 2.0**-133, 2.0**-134]
+    rng = np.random.default_rng(0)
+    mags = np.float32(10) ** rng.integers(-40, 38, 3000).astype(np.float32)
+    return np.concatenate(
+        [np.array(special, np.float32), rng.standard_normal(3000).astype(np.float32) * mags]
+    )
+
+
+def _run(op: str, data: np.ndarray, attrs: dict) -> np.ndarray:
+    """A graph op evaluated by the tensor-expression reference (what constants fold with, and what the
+    compiled kernels are checked against)."""
+    v = Value("x", TensorType(data.shape, str(data.dtype)), data=data)
+    return evaluate_node(Node(op, [v], [], attrs), [data])[0]
+
+
+def _bits(a: np.ndarray) -> np.ndarray:
+    return a.view(np.uint16 if a.dtype.itemsize == 2 else np.uint8)
+
+
+@pytest.mark.parametrize("name", [n for n, f in FORMATS.items() if f.kind == "float" and f.special != "e8m0"])
+@pytest.mark.parametrize("source", ["float32", "float64"])
+def test_float_encode_is_ml_dtypes_cast_bit_exact(name, source):
+    """Round to nearest even; saturate as onnx.numpy_helper.saturate_cast (float8 only), else ml_dtypes'
+    overflow (infinity or NaN per format), NaN signs as ml_dtypes gives them."""
+    x, dtype = _samples().astype(source), np.dtype(getattr(ml_dtypes, name))
+    for saturate in (True, False):
+        got = _run("lowp_encode", x, {"format": name, "saturate": saturate and name in FLOAT8})
+        want = numpy_helper.saturate_cast(x, dtype) if saturate and name in FLOAT8 else x.astype(dtype)
+        np.testing.assert_array_equal(got, _bits(want), err_msg=f"{name} saturate={saturate}")
+
+
+@pytest.mark.parametrize("name", list(FORMATS))
+def test_decode_every_code_is_ml_dtypes_bit_exact(name):
+    fmt = FORMATS[name]
+    codes = np.arange(1 << fmt.bits, dtype=fmt.storage)
+    want = codes.view(getattr(ml_dtypes, name))
+    got = _run("lowp_decode", codes, {"format": name})
+    if fmt.kind == "float":
+        np.testing.assert_array_equal(got.view(np.uint32), want.astype(np.float32).view(np.uint32))
+    else:
+        np.testing.assert_array_equal(got, want.astype(got.dtype))
+
+
+def test_e8m0_encode_is_onnx_reference_for_each_round_mode():
+    x = _samples()
+    for saturate in (True, False):
+        for mode in ("up", "down", "nearest"):
+            got = _run(
+                "lowp_encode", x, {"format": "float8_e8m0fnu", "saturate": saturate, "round_mode": mode}
+            )
+            want = numpy_helper.to_float8e8m0(x, saturate, mode)
+            np.testing.assert_array_equal(got, _bits(want), err_msg=f"saturate={saturate} {mode}")
+
+
+@pytest.mark.parametrize("name", ["int4", "uint4", "int2", "uint2"])
+def test_int_encode_truncates_and_wraps_as_ml_dtypes(name):
+    for x in (np.arange(-20, 20).astype(np.float32) + np.float32(0.5), np.arange(-20, 20).astype(np.int32)):
+        got = _run("lowp_encode", x, {"format": name})
+        np.testing.assert_array_equal(got, _bits(x.astype(getattr(ml_dtypes, name))))
+
+
+def _model(nodes, inputs, outputs, initializers=(), opset: int = 25) -> onnx.ModelProto:
+    graph = helper.make_graph(nodes, "lowp", inputs, outputs, list(initializers))
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def _compile_and_run(tmp_path, model: onnx.ModelProto, feeds: dict) -> dict:
+    path = tmp_path / "m.onnx"
+    onnx.save(model, path)
+    package = aotc.compile(str(path), validate=False, output=tmp_path / "m.aotc", log=lambda _: None)
+    return aotc_runtime.load(str(package.path)).run(feeds)
+
+
+def test_compiled_casts_take_and_return_ml_dtypes_arrays_bit_exact(tmp_path):
+    """One package: float32 -> each format (and back), bfloat16 and int4 inputs, saturate=0 and a BitCast;
+    outputs as ONNX's reference gives them, bit for bit, of ml_dtypes' types."""
+    shape = [len(_samples()[:64])]
+    casts = {
+        "bfloat16": TensorProto.BFLOAT16,
+        "float8_e4m3fn": TensorProto.FLOAT8E4M3FN,
+        "float8_e5m2fnuz": TensorProto.FLOAT8E5M2FNUZ,
+        "float4_e2m1fn": TensorProto.FLOAT4E2M1,
+        "float8_e8m0fnu": TensorProto.FLOAT8E8M0,
+        "uint4": TensorProto.UINT4,
+    }
+    nodes, outputs = [], []
+    for name, code in casts.items():
+        nodes.append(helper.make_node("Cast", ["x"], [f"to_{name}"], to=code))
+        nodes.append(helper.make_node("Cast", [f"to_{name}"], [f"back_{name}"], to=TensorProto.FLOAT))
+        outputs += [helper.make_tensor_value_info(f"to_{name}", code, shape)]
+        outputs += [helper.make_tensor_value_info(f"back_{name}", TensorProto.FLOAT, shape)]
+    nodes.append(helper.make_node("Cast", ["x"], ["e5m2_nosat"], to=TensorProto.FLOAT8E5M2, saturate=0))
+    nodes.append(helper.make_node("Cast", ["b"], ["b_half"], to=TensorProto.FLOAT16))
+    nodes.append(helper.make_node("Cast", ["i"], ["i_int8"], to=TensorProto.INT8))
+    nodes.append(helper.make_node("Reshape", ["i", "flat"], ["i_flat"]))
+    nodes.append(helper.make_node("BitCast", ["x"], ["x_bits"], to=TensorProto.INT32))
+    outputs += [
+        helper.make_tensor_value_info("e5m2_nosat", TensorProto.FLOAT8E5M2, shape),
+        helper.make_tensor_value_info("b_half", TensorProto.FLOAT16, [2, 3]),
+        helper.make_tensor_value_info("i_int8", TensorProto.INT8, [2, 3]),
+        helper.make_tensor_value_info("i_flat", TensorProto.INT4, [6]),
+        helper.make_tensor_value_info("x_bits", TensorProto.INT32, shape),
+    ]
+    inputs = [
+        helper.make_tensor_value_info("x", TensorProto.FLOAT, shape),
+        helper.make_tensor_value_info("b", TensorProto.BFLOAT16, [2, 3]),
+        helper.make_tensor_value_info("i", TensorProto.INT4, [2, 3]),
+    ]
+    flat = numpy_helper.from_array(np.array([6], np.int64), "flat")
+    model = _model(nodes, inputs, outputs, [flat], opset=26)
+    feeds = {
+        "x": _samples()[:64],
+        "b": np.array([[1.5, -2.25, np.inf], [0, -0.0, 3e38]], ml_dtypes.bfloat16),
+        "i": np.array([[-8, -1, 0], [1, 5, 7]], ml_dtypes.int4),
+    }
+    got = _compile_and_run(tmp_path, model, feeds)
+    want = dict(zip([o.name for o in outputs], ReferenceEvaluator(model).run(None, feeds)))
+    for name, ref in want.items():
+        assert got[name].dtype == ref.dtype, name
+        np.testing.assert_array_equal(
+            _bits(got[name]) if ref.dtype.itemsize < 4 else got[name],
+            _bits(ref) if ref.dtype.itemsize < 4 else ref,
+            err_msg=name,
+        )
+
+
+def test_compiled_quantize_dequantize_int4_float8_blocked_and_int16(tmp_path):
+    """QuantizeLinear to int4 (per axis), float8e4m3fn and int16, blocked uint8, and DequantizeLinear of
+    them (a float16 scale for the float8 one) against ONNX's reference: bit-exact."""
+    x = np.random.default_rng(1).standard_normal((4, 6)).astype(np.float32) * np.float32(4)
+    inits = [
+        numpy_helper.from_array(np.array([0.5, 0.25, 1.0, 0.75], np.float32), "s_axis"),
+        numpy_helper.from_array(np.array([1, -2, 0, 3], ml_dtypes.int4), "z_int4"),
+        numpy_helper.from_array(np.array(0.125, np.float32), "s"),
+        numpy_helper.from_array(np.array(0, ml_dtypes.float8_e4m3fn), "z_f8"),
+        numpy_helper.from_array(np.array(0.125, np.float16), "s_half"),
+        numpy_helper.from_array(np.array(-300, np.int16), "z_i16"),
+        numpy_helper.from_array(
+            np.full((4, 3), 0.05, np.float32) * np.arange(1, 4, dtype=np.float32), "s_blk"
+        ),
+        numpy_helper.from_array(np.full((4, 3), 128, np.uint8), "z_blk"),
+    ]
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "s_axis", "z_int4"], ["q4"], axis=0),
+        helper.make_node("DequantizeLinear", ["q4", "s_axis", "z_int4"], ["d4"], axis=0),
+        helper.make_node("QuantizeLinear", ["x", "s", "z_f8"], ["q8"]),
+        helper.make_node("DequantizeLinear", ["q8", "s_half"], ["d8"]),
+        helper.make_node("QuantizeLinear", ["x", "s", "z_i16"], ["q16"]),
+        helper.make_node("DequantizeLinear", ["q16", "s", "z_i16"], ["d16"]),
+        helper.make_node("QuantizeLinear", ["x", "s_blk", "z_blk"], ["qb"], axis=1, block_size=2),
+        helper.make_node("DequantizeLinear", ["qb", "s_blk", "z_blk"], ["db"], axis=1, block_size=2),
+    ]
+    types = {"q4": TensorProto.INT4, "q8": TensorProto.FLOAT8E4M3FN, "d8": TensorProto.FLOAT16}
+    types |= {"q16": TensorProto.INT16, "qb": TensorProto.UINT8}
+    names = ["q4", "d4", "q8", "d8", "q16", "d16", "qb", "db"]
+    outputs = [helper.make_tensor_value_info(n, types.get(n, TensorProto.FLOAT), [4, 6]) for n in names]
+    model = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 6])], outputs, inits)
+    got = _compile_and_run(tmp_path, model, {"x": x})
+    for name, ref in zip(names, ReferenceEvaluator(model).run(None, {"x": x})):
+        assert got[name].dtype == ref.dtype, name
+        np.testing.assert_array_equal(got[name].view(np.uint8), ref.view(np.uint8), err_msg=name)
+
+
+def test_arithmetic_on_a_low_precision_tensor_is_refused_naming_node_and_type():
+    """aotc computes on bfloat16 (and float8, int4...) only through Cast and the quantizers: an Add of two
+    bfloat16 inputs is refused by its node, not compiled on their bits as if they were integers."""
+    bf16 = [helper.make_tensor_value_info(n, TensorProto.BFLOAT16, [3]) for n in ("a", "b")]
+    model = _model(
+        [helper.make_node("Add", ["a", "b"], ["y"], name="add0")],
+        bf16,
+        [helper.make_tensor_value_info("y", TensorProto.BFLOAT16, [3])],
+    )
+    with pytest.raises(ConversionError, match=r"node add0 \(Add\): input 0 \(a\) has element type bfloat16"):
+        load_onnx(model.SerializeToString())
+
+
+def test_package_refuses_an_input_of_the_storage_dtype(tmp_path):
+    """The boundary is typed: a float8 input is an ml_dtypes float8 array, not its uint8 bits."""
+    model = _model(
+        [helper.make_node("Cast", ["x"], ["y"], to=TensorProto.FLOAT)],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT8E4M3FN, [4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])],
+    )
+    path = tmp_path / "m.onnx"
+    onnx.save(model, path)
+    package = aotc.compile(str(path), validate=False, output=tmp_path / "m.aotc", log=lambda _: None)
+    loaded = aotc_runtime.load(str(package.path))
+    assert loaded.inputs[0].dtype == np.dtype(ml_dtypes.float8_e4m3fn)
+    with pytest.raises(ValueError, match="expected dtype float8_e4m3fn"):
+        loaded.run({"x": np.zeros(4, np.uint8)})
