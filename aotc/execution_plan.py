@@ -355,9 +355,13 @@ def _variant_spec(
         for v in first
     ]
     return VariantSpec(
-        inputs=[IOSpec(v.name, tuple(v.type.shape), v.type.dtype, graph.elements.get(v.name)) for v in graph.inputs],
+        inputs=[
+            IOSpec(v.name, tuple(v.type.shape), v.type.dtype, graph.elements.get(v.name))
+            for v in graph.inputs
+        ],
         outputs=[
-            IOSpec(v.name, tuple(v.type.shape), v.type.dtype, graph.elements.get(v.name)) for v in graph.outputs
+            IOSpec(v.name, tuple(v.type.shape), v.type.dtype, graph.elements.get(v.name))
+            for v in graph.outputs
         ],
         calls=calls,
         workspace_bytes=workspace,

@@ -82,11 +82,13 @@ class DerivedWeight:
 
 @dataclass(frozen=True)
 class IOSpec:
-    """A model input or output."""
+    """A model input or output. `element`: the ml_dtypes type (bfloat16, float8_e4m3fn, int4, ...) of a
+    tensor stored as the bits of `dtype`, which the runtime takes and returns as an array of that type."""
 
     name: str
     shape: tuple[int, ...]
     dtype: str
+    element: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
@@ -97,7 +99,10 @@ class IOSpec:
         return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
 
     def to_json(self) -> dict:
-        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
+        out = {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
+        if self.element is not None:
+            out["element"] = self.element
+        return out
 
 
 @dataclass

@@ -34,6 +34,7 @@ from aotc.ir.expr import (
     Expr,
     Load,
     Logical,
+    Reinterpret,
     Select,
     Var,
     is_float,
@@ -458,6 +459,11 @@ class ExprGen:
             opcode = "trunc" if db < sb else ("sext" if is_signed(src) else "zext")
         return self.emit(f"{opcode} {v.typed} to {dst_ty}", to, v.lanes)
 
+    def _reinterpret(self, e: Reinterpret) -> Val:
+        v = self.value(e.value)
+        dst_ty = vtype(scalar_type(e.dtype), v.lanes)
+        return self.emit(f"bitcast {v.typed} to {dst_ty}", e.dtype, v.lanes)
+
     def _call(self, e: Call) -> Val:
         args = [self.value(a) for a in e.args]
         if len(args) != 1:
@@ -738,6 +744,7 @@ _EXPR = {
     Logical: ExprGen._logical,
     Select: ExprGen._select,
     Cast: ExprGen._cast,
+    Reinterpret: ExprGen._reinterpret,
     Call: ExprGen._call,
     Load: ExprGen._load,
 }

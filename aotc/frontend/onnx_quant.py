@@ -43,6 +43,7 @@ from aotc.frontend.errors import ConversionError
 
 # This module extends the ONNX frontend: its converters use the converter API that onnx.py defines.
 from aotc.frontend.onnx import OnnxConverter, OnnxNode, attr_value, conv_window, converts, onnx_axis
+from aotc.frontend.onnx_lowp import dequantize_linear, general_qdq, quantize_linear
 from aotc.graph.ir import Value
 from aotc.topi.quantized import ACTIVATIONS
 
@@ -177,6 +178,8 @@ def _output_dtype(cv: OnnxConverter, n: OnnxNode) -> str:
 
 @converts("DequantizeLinear")
 def _dequantize_linear(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
+    if general_qdq(cv, n):  # low-precision, 16-bit, blocked or float16-scaled: element-wise ops
+        return [dequantize_linear(cv, n)]
     x = n.inputs[0]
     q = _qparams(cv, n, 1, "x", x.type.dtype, x, n.attr("axis", 1))
     _state(cv).dequantized[n.outputs[0]] = (x, q)
@@ -205,6 +208,8 @@ def dequantize(cv: OnnxConverter, x: Value, q: QParams, out: str | None = None) 
 
 @converts("QuantizeLinear")
 def _quantize_linear(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
+    if general_qdq(cv, n):  # low-precision, 16-bit, blocked or float16-scaled: element-wise ops
+        return [quantize_linear(cv, n)]
     x = n.inputs[0]
     if x.type.dtype != "float32":
         raise cv.fail(f"input x is {x.type.dtype}; only float32 is supported")

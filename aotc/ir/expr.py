@@ -173,6 +173,14 @@ class Cast(Expr):
 
 
 @dataclass(frozen=True, slots=True)
+class Reinterpret(Expr):
+    """The bits of `value` read as `dtype`, a type of the same width (a bit cast, not a conversion)."""
+
+    dtype: str
+    value: Expr
+
+
+@dataclass(frozen=True, slots=True)
 class Call(Expr):
     """A pure math function of the names in MATH_CALLS."""
 
@@ -394,6 +402,14 @@ def cast(dtype: str, value: ExprLike) -> Expr:
     return Cast(dtype, v)
 
 
+def reinterpret(dtype: str, value: ExprLike) -> Expr:
+    """`value`'s bits as `dtype`: numeric types of the same width only (bool has no defined bits)."""
+    v = as_expr(value)
+    if dtype not in DTYPES or "bool" in (dtype, v.dtype) or dtype_bits(dtype) != dtype_bits(v.dtype):
+        raise TypeError(f"reinterpret: cannot read the bits of {v.dtype} as {dtype}")
+    return v if v.dtype == dtype else Reinterpret(dtype, v)
+
+
 def call(name: str, *args: ExprLike) -> Expr:
     if name not in MATH_CALLS:
         raise ValueError(f"unknown math call {name!r}; known: {', '.join(MATH_CALLS)}")
@@ -467,7 +483,7 @@ def children(e: Expr) -> tuple[Expr, ...]:
         return (e.a,) if e.b is None else (e.a, e.b)
     if isinstance(e, Select):
         return (e.cond, e.true_value, e.false_value)
-    if isinstance(e, Cast):
+    if isinstance(e, (Cast, Reinterpret)):
         return (e.value,)
     if isinstance(e, Call):
         return e.args
@@ -490,6 +506,8 @@ def rebuild(e: Expr, new_children: tuple[Expr, ...]) -> Expr:
         return Select(*new_children)
     if isinstance(e, Cast):
         return Cast(e.dtype, new_children[0])
+    if isinstance(e, Reinterpret):
+        return Reinterpret(e.dtype, new_children[0])
     if isinstance(e, Call):
         return Call(e.name, tuple(new_children))
     if isinstance(e, TensorRead):

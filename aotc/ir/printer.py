@@ -12,6 +12,7 @@ from aotc.ir.expr import (
     Load,
     Logical,
     Reduce,
+    Reinterpret,
     Select,
     TensorRead,
     Var,
@@ -58,6 +59,8 @@ def expr_str(e: Expr) -> str:
         return f"select({expr_str(e.cond)}, {expr_str(e.true_value)}, {expr_str(e.false_value)})"
     if isinstance(e, Cast):
         return f"{e.dtype}({expr_str(e.value)})"
+    if isinstance(e, Reinterpret):
+        return f"reinterpret<{e.dtype}>({expr_str(e.value)})"
     if isinstance(e, Call):
         return f"{e.name}({', '.join(expr_str(a) for a in e.args)})"
     if isinstance(e, TensorRead):

@@ -39,6 +39,7 @@ from aotc.ir.expr import (
     Expr,
     Load,
     Logical,
+    Reinterpret,
     Select,
     Var,
     children,
@@ -217,7 +218,7 @@ def _count_ops(e: Expr, counts: np.ndarray) -> None:
         elif isinstance(node, Select):
             counts[OFF_SELECT] += 1
             stack.extend(children(node))
-        elif isinstance(node, (Cast, Load)):
+        elif isinstance(node, (Cast, Reinterpret, Load)):
             stack.extend(children(node))
 
 

@@ -17,6 +17,7 @@ from aotc.ir.expr import (
     Expr,
     Logical,
     Reduce,
+    Reinterpret,
     Select,
     TensorRead,
     Var,
@@ -296,6 +297,6 @@ def _canonical_expr(e: Expr, var_ids: dict[Var, str], op_index: dict[Operation, 
         head.append(e.op)
     elif isinstance(e, Call):
         head.append(e.name)
-    elif isinstance(e, Cast):
+    elif isinstance(e, (Cast, Reinterpret)):
         head.append(e.dtype)
     return head + [_canonical_expr(c, var_ids, op_index) for c in children(e)]

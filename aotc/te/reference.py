@@ -16,6 +16,7 @@ from aotc.ir.expr import (
     Expr,
     Logical,
     Reduce,
+    Reinterpret,
     Select,
     TensorRead,
     Var,
@@ -131,6 +132,10 @@ def _eval(e: Expr, grid, values, fdt):
         v = _eval(e.value, grid, values, fdt)
         with np.errstate(all="ignore"):
             return np.asarray(v).astype(_dt(e.dtype, fdt))
+    if isinstance(e, Reinterpret):
+        # the bits of the exact source type, whatever float type the evaluation computes in
+        v = np.ascontiguousarray(_eval(e.value, grid, values, fdt), dtype=e.value.dtype)
+        return v.view(e.dtype).astype(_dt(e.dtype, fdt))
     if isinstance(e, Call):
         x = _eval(e.args[0], grid, values, fdt)
         with np.errstate(all="ignore"):

@@ -67,6 +67,7 @@ def registered_ops() -> list[str]:
 def _load_all() -> None:
     """Import the modules whose decorators fill the registry."""
     import aotc.topi.indexing  # noqa: F401
+    import aotc.topi.lowp  # noqa: F401
     import aotc.topi.nhwc  # noqa: F401
     import aotc.topi.ops  # noqa: F401
     import aotc.topi.quantized  # noqa: F401

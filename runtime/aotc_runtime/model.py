@@ -31,7 +31,7 @@ from aotc_runtime.signing import check_signature
 if TYPE_CHECKING:
     from aotc_runtime.gpu_model import GPUModel
 
-__all__ = ["CompiledModel", "KernelTime", "ModelVariant", "TensorInfo", "load"]
+__all__ = ["CompiledModel", "KernelTime", "ModelVariant", "TensorInfo", "element_dtype", "load"]
 
 _VoidPtrArray = ctypes.POINTER(ctypes.c_void_p)
 
@@ -48,7 +48,18 @@ class TensorInfo:
 
     @staticmethod
     def from_plan(t: PlanTensor) -> TensorInfo:
-        return TensorInfo(t.name, t.shape, np.dtype(t.dtype))
+        dtype = np.dtype(t.dtype) if t.element is None else element_dtype(t.element)
+        return TensorInfo(t.name, t.shape, dtype)
+
+
+def element_dtype(name: str) -> np.dtype:
+    """The numpy dtype of an ml_dtypes element type (bfloat16, float8_e4m3fn, int4, ...): a package with
+    such an input or output needs ml_dtypes (which onnx installs), imported only then."""
+    try:
+        import ml_dtypes
+    except ImportError:
+        raise ImportError(f"this package takes or returns {name} tensors: pip install ml_dtypes") from None
+    return np.dtype(getattr(ml_dtypes, name))
 
 
 @dataclass

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 __all__ = [
     "BUFFER_KINDS",
     "DTYPES",
+    "ELEMENTS",
     "MAX_LAUNCH_EXTENT",
     "MAX_THREADS_PER_BLOCK",
     "GPUKernelPlan",
@@ -63,6 +64,21 @@ DTYPES = {
     "int64": 8,
     "uint64": 8,
     "float64": 8,
+}
+# ml_dtypes types a package may take and return, each stored as the bits of a DTYPES type (one element per
+# byte for the sub-byte ones, in its low bits, as ml_dtypes holds them)
+ELEMENTS = {
+    "bfloat16": "uint16",
+    "float8_e4m3fn": "uint8",
+    "float8_e4m3fnuz": "uint8",
+    "float8_e5m2": "uint8",
+    "float8_e5m2fnuz": "uint8",
+    "float4_e2m1fn": "uint8",
+    "float8_e8m0fnu": "uint8",
+    "int4": "uint8",
+    "uint4": "uint8",
+    "int2": "uint8",
+    "uint2": "uint8",
 }
 MAX_BYTES = 1 << 48  # no tensor, workspace or weights blob is larger: a larger number is damage
 MAX_LAUNCH_EXTENT = (1 << 31) - 1  # a grid or block extent per axis (CUDA's grid.x limit, the largest)
@@ -105,6 +121,8 @@ class PlanTensor:
     shape: tuple[int, ...]
     dtype: str
     nbytes: int
+    element: str | None = None
+    """The ml_dtypes type (ELEMENTS) whose bits the tensor's `dtype` stores, if any."""
 
 
 @dataclass(frozen=True)
@@ -365,13 +383,17 @@ def _tensors(v: object, where: str) -> tuple[PlanTensor, ...]:
     tensors = []
     for i, t in enumerate(_list(v, where)):
         at = f"{where}[{i}]"
-        t = _object(t, ("name", "shape", "dtype"), at)
+        keys = ("name", "shape", "dtype") + (("element",) if isinstance(t, dict) and "element" in t else ())
+        t = _object(t, keys, at)
         name, dtype = _string(t["name"], f"{at}.name"), _dtype(t["dtype"], at)
+        element = t.get("element")
+        if element is not None and ELEMENTS.get(element) != dtype:
+            raise PlanError(f"the plan's {at} has the element type {element!r}, not one stored as {dtype}")
         shape = tuple(_size(d, f"{at}.shape") for d in _list(t["shape"], f"{at}.shape"))
         nbytes = DTYPES[dtype]
         for d in shape:
             nbytes = _size(nbytes * d, f"{at} size")
-        tensors.append(PlanTensor(name, shape, dtype, nbytes))
+        tensors.append(PlanTensor(name, shape, dtype, nbytes, element))
     return tuple(tensors)
 
 
