@@ -23,7 +23,7 @@ from aotc.codegen.irbuilder import (
     vector_const_text,
     vtype,
 )
-from aotc.codegen.vecmath import VecLib
+from aotc.codegen.vecmath import LIBM_ONLY, VecLib
 from aotc.ir.expr import (
     Binary,
     Buffer,
@@ -85,6 +85,9 @@ _INT_FOLD = {
     "max": max,
     "floordiv": lambda a, b: a // b if b else 0,
     "floormod": lambda a, b: a % b if b else 0,
+    "bitand": lambda a, b: a & b,
+    "bitor": lambda a, b: a | b,
+    "bitxor": lambda a, b: a ^ b,
 }
 _CMP_FOLD = {
     "lt": lambda a, b: a < b,
@@ -284,6 +287,8 @@ class ExprGen:
             return self.intrinsic(f"{'s' if signed else 'u'}{op}", [a, b])
         if op in ("floordiv", "floormod"):
             return self._int_divmod(op, a, b)
+        if op in ("bitand", "bitor", "bitxor"):
+            return self.inst(op[3:], a, b)
         raise CodegenError(f"binary op '{op}' is not defined on integer dtype {a.dtype}")
 
     def _int_divmod(self, op: str, a: Val, b: Val) -> Val:
@@ -481,7 +486,7 @@ class ExprGen:
             raise CodegenError(f"math call {name} needs a float argument, got {x.dtype}")
         if x.dtype == "float16":
             return self.cast_val(self.math(name, self.cast_val(x, "float32")), "float16")
-        if name in ("exp", "log", "tanh", "erf"):
+        if name in ("exp", "log", "tanh", "erf") or name in LIBM_ONLY:
             return self.libm(name, [x])
         if name in ("sqrt", "floor", "ceil"):
             return self.intrinsic(name, [x])
@@ -496,16 +501,17 @@ class ExprGen:
         raise CodegenError(f"unknown math call {name!r}")
 
     def libm(self, fn: str, args: list[Val]) -> Val:
-        """exp/log/tanh/erf/pow: libmvec for vectors where available, else intrinsics or libm."""
+        """exp/log/tanh/erf/pow and LIBM_ONLY: libmvec for vectors where available, else intrinsics or libm
+        (erf and LIBM_ONLY, which have no LLVM intrinsic on every LLVM, are called in libm lane by lane)."""
         x = args[0]
         if x.dtype == "float16":
             outs = self.libm(fn, [self.cast_val(a, "float32") for a in args])
             return self.cast_val(outs, "float16")
         if x.lanes and self.veclib is not None and self.veclib.supports(fn, x.dtype):
             return self._libmvec(fn, args)
-        if fn != "erf":
+        if fn != "erf" and fn not in LIBM_ONLY:
             return self.intrinsic(fn, args)
-        name = "erff" if x.dtype == "float32" else "erf"
+        name = f"{fn}f" if x.dtype == "float32" else fn
         ty = scalar_type(x.dtype)
         self.mod.declare(name, f"declare {ty} @{name}({ty}) nounwind willreturn memory(none)")
         if not x.lanes:

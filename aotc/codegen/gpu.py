@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass, field
 
 from aotc.codegen.cuda_compiler import GPUCompileError, compile_cuda, cuda_compiler_name, nvcc_path
+from aotc.codegen.vecmath import LIBM_ONLY
 from aotc.ir.expr import (
     Binary,
     Buffer,
@@ -26,6 +27,7 @@ from aotc.ir.expr import (
     Logical,
     Select,
     Var,
+    dtype_bits,
     free_vars,
     is_float,
     walk,
@@ -92,6 +94,17 @@ OPENCL_PRELUDE = """\
 #define powf pow
 #define fmodf fmod
 #define copysignf copysign
+#define sinf sin
+#define cosf cos
+#define tanf tan
+#define asinf asin
+#define acosf acos
+#define atanf atan
+#define sinhf sinh
+#define coshf cosh
+#define asinhf asinh
+#define acoshf acosh
+#define atanhf atanh
 typedef long i64;
 typedef ulong u64;
 """
@@ -158,6 +171,7 @@ _C_TYPES = {
 _ITEM_BYTES = {"float32": 4, "float64": 8, "int8": 1, "int16": 2, "int32": 4, "int64": 8, "bool": 1}
 _ITEM_BYTES |= {"uint8": 1, "uint16": 2, "uint32": 4, "uint64": 8}
 _INFIX = {"add": "+", "sub": "-", "mul": "*"}
+_BITWISE = {"bitand": "&", "bitor": "|", "bitxor": "^"}
 _CMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
 _AXES = ("x", "y", "z")
 # C, CUDA and OpenCL C keywords and the names the preludes define: an IR name (an ONNX node's, say) may
@@ -172,6 +186,8 @@ _RESERVED_WORDS = """auto break case char const constant continue default do dou
     aotc_floordiv_f32 aotc_floormod_f32 aotc_floordiv_f64 aotc_floormod_f64 fmod fmodf copysign copysignf exp log sqrt
     tanh erf fabs floor ceil rint fmin fmax pow expf logf sqrtf tanhf erff fabsf floorf ceilf rintf fminf
     fmaxf powf min max abs select asm template class new delete this operator namespace using"""
+_RESERVED_WORDS += " sin cos tan asin acos atan sinh cosh asinh acosh atanh sinf cosf tanf asinf acosf atanf"
+_RESERVED_WORDS += " sinhf coshf asinhf acoshf atanhf"
 _RESERVED = frozenset(_RESERVED_WORDS.split())
 
 
@@ -557,6 +573,10 @@ class _KernelWriter:
                 return f"aotc_{e.op}_{'f32' if f32 else 'f64'}({a}, {b})"
         else:
             t = c_type(e.dtype)
+            if e.op in _BITWISE:
+                if e.op == "bitxor" and isinstance(e.b, Const) and _all_ones(e.b):
+                    return f"(({t})(~{a}))"  # not: no literal of 2**64 - 1, which C has no signed type for
+                return f"(({t})({a} {_BITWISE[e.op]} {b}))"
             if e.op in ("min", "max"):
                 return f"(({a}) {'<' if e.op == 'min' else '>'} ({b}) ? ({a}) : ({b}))"
             if e.op in ("floordiv", "div", "floormod"):
@@ -603,7 +623,7 @@ class _KernelWriter:
             raise GPUCodegenError(f"math call {e.name} needs a float argument, got {dtype}")
         f = "f" if dtype == "float32" else ""
         one = "1.0f" if f else "1.0"
-        if e.name in ("exp", "log", "sqrt", "tanh", "erf", "floor", "ceil"):
+        if e.name in ("exp", "log", "sqrt", "tanh", "erf", "floor", "ceil") or e.name in LIBM_ONLY:
             return f"{e.name}{f}({x})"
         if e.name == "abs":
             return f"fabs{f}({x})"
@@ -614,6 +634,11 @@ class _KernelWriter:
         if e.name == "sigmoid":
             return f"({one} / ({one} + exp{f}(-({x}))))"
         raise GPUCodegenError(f"unknown math call {e.name!r}")
+
+
+def _all_ones(c: Const) -> bool:
+    """Whether integer constant `c` has every bit of its type set (-1, or the unsigned maximum)."""
+    return int(c.value) & ((1 << dtype_bits(c.dtype)) - 1) == (1 << dtype_bits(c.dtype)) - 1
 
 
 def _const(e: Const) -> str:

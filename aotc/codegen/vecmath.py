@@ -1,4 +1,10 @@
-"""Vector math through glibc's libmvec (x86-64) and per-lane splitting of wide vectors."""
+"""Vector math through glibc's libmvec (x86-64) and per-lane splitting of wide vectors.
+
+A built package links libm (and libmvec where it calls a vector variant): exp, log, tanh and pow are LLVM
+intrinsics (lowered to libm calls), erf and the trigonometric and hyperbolic functions (LIBM_ONLY) are
+called in libm itself, lane by lane, where libmvec has no variant for the target. glibc's functions reduce
+arguments exactly (sinf/cosf/tanf of 1e30 included); its libmvec variants are within 4 ulp.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +15,13 @@ from aotc.target import Target, cpu_features
 
 LIBMVEC_PATH = "/lib/x86_64-linux-gnu/libmvec.so.1"
 
-_LIBMVEC_FUNCS = {"exp": 1, "log": 1, "tanh": 1, "erf": 1, "pow": 2}
+LIBM_ONLY = frozenset(
+    {"sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh"}
+)
+"""Math calls emitted as libm calls (sinf, sin, ...) for scalars: not every LLVM has intrinsics for them."""
+
+# glibc >= 2.35 for tanh, erf and LIBM_ONLY's vector variants (2.22 for exp, log, pow, sin, cos)
+_LIBMVEC_FUNCS = {"exp": 1, "log": 1, "tanh": 1, "erf": 1, "pow": 2} | dict.fromkeys(LIBM_ONLY, 1)
 _ISA_BYTES = {"b": 16, "c": 32, "d": 32, "e": 64}
 
 

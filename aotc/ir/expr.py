@@ -15,9 +15,12 @@ FLOAT_DTYPES = ("float16", "float32", "float64")
 INT_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
 DTYPES = FLOAT_DTYPES + INT_DTYPES + ("bool",)
 
-BINARY_OPS = ("add", "sub", "mul", "div", "floordiv", "floormod", "min", "max", "pow")
+BITWISE_OPS = ("bitand", "bitor", "bitxor")
+"""Binary ops of integer operands only, on their two's complement bits (xor with all ones is `not`)."""
+BINARY_OPS = ("add", "sub", "mul", "div", "floordiv", "floormod", "min", "max", "pow", *BITWISE_OPS)
 COMPARE_OPS = ("lt", "le", "gt", "ge", "eq", "ne")
 MATH_CALLS = ("exp", "log", "sqrt", "rsqrt", "tanh", "erf", "sigmoid", "abs", "floor", "ceil", "round")
+MATH_CALLS += ("sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh")
 REDUCE_COMBINERS = ("sum", "max", "min", "prod")
 
 
@@ -343,6 +346,8 @@ def binary(op: str, a: ExprLike, b: ExprLike) -> Expr:
         raise TypeError(f"{op}: operand dtypes differ ({ea.dtype} vs {eb.dtype}); cast one")
     if op == "div" and is_int(ea.dtype):
         raise TypeError("'/' on integers is ambiguous; use '//' (floordiv) or '%' (floormod)")
+    if op in BITWISE_OPS and not is_int(ea.dtype):
+        raise TypeError(f"{op} needs integer operands, got {ea.dtype}")
     return Binary(op, ea, eb)
 
 

@@ -31,6 +31,7 @@ from aotc.ir.stmt import (
 )
 
 _INFIX = {"add": "+", "sub": "-", "mul": "*", "div": "/", "floordiv": "//", "floormod": "%"}
+_INFIX |= {"bitand": "&", "bitor": "|", "bitxor": "^"}
 _CMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
 
 

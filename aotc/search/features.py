@@ -132,6 +132,9 @@ _BINARY_CATEGORY = {
     "min": 4,
     "max": 4,
     "pow": 5,
+    "bitand": 1,  # one instruction, as add
+    "bitor": 1,
+    "bitxor": 1,
 }
 _BIG = 1e18
 

@@ -31,6 +31,7 @@ from aotc.ir.simplify import affine
 from aotc.te.tensor import CONST_INDEX_AXES, ComputeOp, Operation, PlaceholderOp, TEError
 
 EXPENSIVE_CALLS = frozenset({"exp", "log", "tanh", "erf", "sigmoid"})
+EXPENSIVE_CALLS |= {"sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh"}
 
 
 def reads_of(op: Operation) -> list[TensorRead]:

@@ -26,6 +26,9 @@ from aotc.te.dag import ComputeDAG
 from aotc.te.tensor import ComputeOp, Operation
 
 _erf = np.frompyfunc(math.erf, 1, 1)
+_BITWISE = {"bitand": np.bitwise_and, "bitor": np.bitwise_or, "bitxor": np.bitwise_xor}
+_TRIG = {"sin": np.sin, "cos": np.cos, "tan": np.tan, "asin": np.arcsin, "acos": np.arccos, "atan": np.arctan}
+_TRIG |= {"sinh": np.sinh, "cosh": np.cosh, "asinh": np.arcsinh, "acosh": np.arccosh, "atanh": np.arctanh}
 
 
 def evaluate(
@@ -105,6 +108,8 @@ def _eval(e: Expr, grid, values, fdt):
                 return np.minimum(a, b)
             if e.op == "max":
                 return np.maximum(a, b)
+            if e.op in _BITWISE:
+                return _BITWISE[e.op](a, b)
             return np.power(a, b)
     if isinstance(e, Compare):
         a, b = _eval(e.a, grid, values, fdt), _eval(e.b, grid, values, fdt)
@@ -145,6 +150,8 @@ def _eval(e: Expr, grid, values, fdt):
                 return 1 / np.sqrt(x)
             if e.name == "sigmoid":
                 return 1 / (1 + np.exp(-x))
+            if e.name in _TRIG:
+                return _TRIG[e.name](x)
             return {
                 "exp": np.exp,
                 "log": np.log,
