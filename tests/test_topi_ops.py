@@ -13,7 +13,7 @@ from aotc.schedule.state import State
 from aotc.target import host_target
 from aotc.te.dag import ComputeDAG
 from aotc.te.reference import evaluate
-from aotc.topi.elemwise import BINARY, UNARY
+from aotc.topi.elemwise import BINARY, INTEGER_ONLY, UNARY
 from aotc.topi.registry import registered_ops
 
 
@@ -49,15 +49,16 @@ SAMPLES: dict[str, list[tuple[list[TensorType], dict]]] = {
             )
         ]
         for op in BINARY
-        if op not in ("left_shift", "right_shift")
+        if op not in INTEGER_ONLY
     },
     **{
         op: [
             ([t(3, 1, 5, dtype="int8"), t(4, 1, dtype="int8")], {}),
             ([t(3, 4, dtype="uint32"), t(4, dtype="uint32")], {}),
         ]
-        for op in ("left_shift", "right_shift")
+        for op in INTEGER_ONLY - {"bitwise_not"}
     },
+    "bitwise_not": [([t(3, 7, dtype="int16")], {}), ([t(3, 7, dtype="uint64")], {})],
     "divide": [([t(3, 4), t(4)], {}), ([t(3, 4, dtype="int32"), t(4, dtype="int32")], {})],
     **{
         op: [([t(3, 4), t(4)], {}), ([t(3, 4, dtype="int32"), t(4, dtype="int32")], {})]

@@ -9,10 +9,14 @@ from aotc import te
 from aotc.ir.expr import (
     Expr,
     abs_,
+    binary,
+    call,
     cast,
     ceil,
     const,
     dtype_bits,
+    dtype_max,
+    dtype_min,
     eq,
     erf,
     exp,
@@ -177,6 +181,97 @@ def _zero(v: Expr) -> Expr:
     return const(0, v.dtype)
 
 
+# --- element-wise math of the ONNX frontend's onnx_math (trigonometric, predicates, activations, bits) ---
+
+
+def widened(fn: Callable[..., Expr]) -> Callable[..., Expr]:
+    """`fn` computed in float32 for a float16 operand and rounded once (as onnxruntime computes float16
+    activations): each float16 step rounding to 11 bits would compound; other dtypes as they are."""
+
+    def wide(v: Expr, **attrs) -> Expr:
+        if v.dtype != "float16":
+            return fn(v, **attrs)
+        return cast("float16", fn(cast("float32", v), **attrs))
+
+    return wide
+
+
+def expm1(v: Expr) -> Expr:
+    """exp(v) - 1 without the cancellation near 0 (Kahan's: (u - 1) * v / log(u) with u = exp(v) rounded;
+    v itself where u rounds to 1, -1 where u - 1 does, u where it is infinite)."""
+    u = exp(v)
+    um1 = u - 1.0
+    accurate = select(eq(u, const(math.inf, v.dtype)), u, um1 * v / log(u))
+    return select(eq(u, const(1.0, v.dtype)), v, select(eq(um1, const(-1.0, v.dtype)), um1, accurate))
+
+
+def log1p(v: Expr) -> Expr:
+    """log(1 + v) without losing v's low bits for small |v| (Goldberg's: log(w) * v / (w - 1) with
+    w = 1 + v rounded, v itself where w rounds to 1); for v in [0, 1] here (no infinities)."""
+    w = v + 1.0
+    return select(eq(w, const(1.0, v.dtype)), v, log(w) * (v / (w - 1.0)))
+
+
+def sign(v: Expr) -> Expr:
+    """-1, 0 or 1 (-0 gives 0 and NaN stays NaN, as numpy's sign and ONNX's reference)."""
+    one, zero = const(1, v.dtype), _zero(v)
+    if v.dtype.startswith("uint"):
+        return select(v > zero, one, zero)
+    rest = select(ne(v, v), v, zero) if v.dtype.startswith("float") else zero
+    return select(v > zero, one, select(v < zero, const(-1, v.dtype), rest))
+
+
+def is_inf(v: Expr, detect_negative: bool = True, detect_positive: bool = True) -> Expr:
+    """Whether v is an infinity of a detected sign (neither detected: always false)."""
+    inf = const(math.inf, v.dtype)
+    if detect_negative and detect_positive:
+        return eq(abs_(v), inf)
+    if detect_negative or detect_positive:
+        return eq(v, inf if detect_positive else -inf)
+    return logical_and(eq(v, inf), eq(v, -inf))
+
+
+def selu(v: Expr, alpha: float = 1.67326319217681884765625, gamma: float = 1.05070102214813232421875) -> Expr:
+    return select(v > _zero(v), v * gamma, expm1(v) * (alpha * gamma))
+
+
+def celu(v: Expr, alpha: float = 1.0) -> Expr:
+    """max(0, v) + min(0, alpha * (exp(v / alpha) - 1)): the second term is 0 for v > 0 and the first for
+    v <= 0, whatever alpha's sign."""
+    return select(v > _zero(v), v, expm1(v / alpha) * alpha)
+
+
+def mish(v: Expr) -> Expr:
+    """v * tanh(softplus(v)), softplus as max(v, 0) + log1p(exp(-|v|)) (no overflow, no cancellation)."""
+    return v * tanh(maximum(v, _zero(v)) + log1p(exp(-abs_(v))))
+
+
+def shrink(v: Expr, bias: float = 0.0, lambd: float = 0.5) -> Expr:
+    """v + bias below -lambd, v - bias above lambd, 0 between. On integers (the frontend requires an
+    integral bias that fits and lambd >= 0, so nothing overflows) the bounds are the integers the
+    comparisons with lambd select: v < -lambd is v < ceil(-lambd), v > lambd is v > floor(lambd)."""
+    if v.dtype.startswith("float"):
+        return select(v < -lambd, v + bias, select(v > lambd, v - bias, _zero(v)))
+    lo = max(math.ceil(-lambd), dtype_min(v.dtype))
+    hi = min(math.floor(lambd), dtype_max(v.dtype))
+    b = const(int(bias), v.dtype)
+    return select(v < const(lo, v.dtype), v + b, select(v > const(hi, v.dtype), v - b, _zero(v)))
+
+
+def bitwise_not(v: Expr) -> Expr:
+    """Every bit flipped: xor with all ones (-1, or the unsigned maximum)."""
+    ones = dtype_max(v.dtype) if v.dtype.startswith("uint") else -1
+    return binary("bitxor", v, const(ones, v.dtype))
+
+
+def _trig(name: str) -> Callable[[Expr], Expr]:
+    return lambda v: call(name, v)
+
+
+TRIG = ("sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh")
+"""Math calls that are graph ops of the same name (libm's functions of one float)."""
+
+
 UNARY: dict[str, Callable[..., Expr]] = {
     "identity": lambda v: v,
     "negative": lambda v: -v,
@@ -201,6 +296,18 @@ UNARY: dict[str, Callable[..., Expr]] = {
     "hard_swish": lambda v: v * hard_sigmoid(v, 1.0 / 6.0, 0.5),
     "gelu": gelu,
     "cast": cast_to,
+    **{name: _trig(name) for name in TRIG},
+    "sign": sign,
+    "isnan": lambda v: ne(v, v),
+    "isinf": is_inf,
+    "selu": widened(selu),
+    "celu": widened(celu),
+    "mish": widened(mish),
+    "shrink": widened(shrink),
+    "softsign": widened(lambda v: v / (abs_(v) + 1.0)),
+    "thresholded_relu": widened(lambda v, alpha=1.0: select(v > alpha, v, _zero(v))),
+    "swish": widened(lambda v, alpha=1.0: v * sigmoid(v * alpha)),
+    "bitwise_not": bitwise_not,
 }
 """Scalar function of each element-wise unary operator; keyword arguments are the operator's attrs."""
 
@@ -224,12 +331,16 @@ BINARY: dict[str, Callable[[Expr, Expr], Expr]] = {
     "prelu": lambda a, slope: select(a >= _zero(a), a, a * slope),
     "left_shift": left_shift,
     "right_shift": right_shift,
+    "bitwise_and": lambda a, b: binary("bitand", a, b),
+    "bitwise_or": lambda a, b: binary("bitor", a, b),
+    "bitwise_xor": lambda a, b: binary("bitxor", a, b),
 }
 """Scalar function of each broadcasting binary operator."""
 
 LOGICAL = frozenset({"logical_not", "logical_and", "logical_or"})
 """Operators of bool operands only."""
-INTEGER_ONLY = frozenset({"left_shift", "right_shift"})
+INTEGER_ONLY = frozenset({"left_shift", "right_shift", "bitwise_and", "bitwise_or", "bitwise_xor"})
+INTEGER_ONLY |= {"bitwise_not"}
 """Operators of integer operands of one type only."""
 NOT_ON_BOOL = (frozenset(UNARY) | frozenset(BINARY)) - LOGICAL - {"identity", "cast", "equal"}
 NOT_ON_BOOL -= {"less", "less_equal", "greater", "greater_equal"}
