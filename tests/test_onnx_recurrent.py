@@ -289,3 +289,26 @@ def test_refusals_are_clean():
         vi.type.tensor_type.elem_type = tensor_type("float16")
     with pytest.raises(ConversionError, match=r"node node \(RNN\): RNN is computed on float32 and float64"):
         load_onnx(half.SerializeToString())
+
+
+def test_if_branch_with_scalar_axes():
+    """ONNX's AffineGrid function body: an If branch unsqueezes with 0-d axes, read as one axis."""
+    one = helper.make_tensor("one", onnx.TensorProto.INT64, [], [1])
+    then = helper.make_graph(
+        [
+            helper.make_node("Constant", [], ["axis"], value=one),
+            helper.make_node("Unsqueeze", ["x", "axis"], ["u"]),
+        ],
+        "then",
+        [],
+        [helper.make_tensor_value_info("u", onnx.TensorProto.FLOAT, None)],
+    )
+    other = helper.make_graph(
+        [helper.make_node("Unsqueeze", ["x", "axes"], ["v"])],
+        "else",
+        [],
+        [helper.make_tensor_value_info("v", onnx.TensorProto.FLOAT, None)],
+    )
+    node = helper.make_node("If", ["cond"], ["y"], name="if", then_branch=then, else_branch=other)
+    inits = {"cond": np.array(True), "axes": np.array([1], np.int64)}
+    check_model(make_graph_model([node], {"x": Input((2, 3))}, ["y"], inits, opset=13), rtol=0, atol=0)

@@ -451,7 +451,7 @@ class OnnxConverter:
         """Values of a low-precision or sub-byte element type (their graph dtype is its storage) -> its
         format (aotc.topi.lowp.FORMATS)."""
         self.output_names = {o.name for o in graph.output}
-        self.used = {name for p in graph.node for name in p.input} | self.output_names
+        self.used = _referenced_names(graph) | self.output_names  # subgraphs' reads of outer values too
         self.value_names = {o for p in graph.node for o in p.output} | {i.name for i in graph.input}
         self.value_names |= {t.name for t in graph.initializer}
         self.node_names: set[str] = set()
@@ -625,6 +625,50 @@ class OnnxConverter:
             sources,
         )
 
+    def convert_subgraph(self, graph: onnx.GraphProto, inputs: Sequence[Value], tag: str) -> list[Value]:
+        """The outputs of subgraph `graph` of the current node (a Scan or Loop body, an If branch), converted
+        into this graph with its inputs bound to `inputs` and this graph's values in scope. `tag` names this
+        conversion of it (`body[2]`: one per unrolled iteration) in errors and in its values' names, which are
+        fresh each time."""
+        n = self.node
+        source = f"{self.source}: node {n.name} ({n.op_type}) {tag}"
+        if len(inputs) != len(graph.input):
+            raise self.fail(f"{tag} takes {len(graph.input)} inputs, given {len(inputs)}")
+        _check_operators(graph, source)
+        _check_versions(graph, self.opset, source)
+        defined = _defined_names(graph)
+        base, k = f"{n.name}/{tag}/", 0
+        prefix = base
+        while any(prefix + name in self.value_names for name in defined):
+            k += 1
+            prefix = f"{base}{k}/"
+        body = onnx.GraphProto()
+        body.CopyFrom(graph)
+        _prefix_names(body, {name: prefix + name for name in defined}, prefix)
+        sub = OnnxConverter(body, source, self.opset)
+        sub.values = {**self.values, **sub.values}  # outer values in scope; the body's initializers shadow
+        self.value_names |= sub.value_names
+        sub.value_names, sub.node_names, sub.nodes = self.value_names, self.node_names, self.nodes
+        sub.batch, sub.empty_inputs = self.batch, self.empty_inputs
+        sub.formats = self.formats  # low-precision values' formats, read and set inside too
+        sub.output_names = set()  # the outputs are read from sub.values: no identity copies
+        for vi, given, v in zip(body.input, graph.input, inputs):
+            kind = vi.type.WhichOneof("value")
+            if kind not in (None, "tensor_type"):
+                raise self.fail(f"{tag} input {given.name} is a {kind}, not a tensor")
+            elem = vi.type.tensor_type.elem_type
+            if elem and _DTYPES.get(elem) != v.type.dtype:
+                raise self.fail(
+                    f"{tag} input {given.name} is {_elem_type_name(elem)}, bound to {v.name} of type {v.type}"
+                )
+            sub.values[vi.name] = v
+        for i, proto in enumerate(body.node):
+            sub.convert(proto, i)
+        missing = [given.name for o, given in zip(body.output, graph.output) if o.name not in sub.values]
+        if missing:
+            raise self.fail(f"{tag} outputs {missing} are not defined")
+        return [sub.values[o.name] for o in body.output]
+
     def _constant_value(self, name: str, data: np.ndarray) -> Value:
         data = np.asarray(data)
         if data.dtype.name in LOWP_FORMATS:  # an ml_dtypes array (numpy_helper's): its bits, tagged
@@ -732,6 +776,47 @@ def _split_given(name: str, given: Any) -> tuple[tuple[int, ...], str | None]:
 
 def _dims_str(dims: Sequence[int | str | None]) -> str:
     return "[" + ", ".join("?" if d is None else str(d) for d in dims) + "]"
+
+
+def _subgraphs(proto: onnx.NodeProto) -> list[onnx.GraphProto]:
+    return [a.g for a in proto.attribute if a.type == onnx.AttributeProto.GRAPH] + [
+        g for a in proto.attribute if a.type == onnx.AttributeProto.GRAPHS for g in a.graphs
+    ]
+
+
+def _referenced_names(graph: onnx.GraphProto) -> set[str]:
+    """The names the nodes of `graph` and of its subgraphs (at any depth) read."""
+    names = set()
+    for p in graph.node:
+        names.update(p.input)
+        for g in _subgraphs(p):
+            names |= _referenced_names(g) | {o.name for o in g.output}
+    return names
+
+
+def _defined_names(graph: onnx.GraphProto) -> set[str]:
+    """The names `graph` and its subgraphs (at any depth) define: inputs, initializers, node outputs."""
+    names = {i.name for i in graph.input} | {t.name for t in graph.initializer}
+    for p in graph.node:
+        names.update(o for o in p.output if o)
+        for g in _subgraphs(p):
+            names |= _defined_names(g)
+    return names
+
+
+def _prefix_names(graph: onnx.GraphProto, renamed: Mapping[str, str], prefix: str) -> None:
+    """Rename, in place, the values `renamed` maps wherever `graph` and its subgraphs define or read them
+    (the names they read from outer scopes stay), and prefix its node names."""
+    for vi in [*graph.input, *graph.output, *graph.value_info]:
+        vi.name = renamed.get(vi.name, vi.name)
+    for t in graph.initializer:
+        t.name = renamed.get(t.name, t.name)
+    for i, p in enumerate(graph.node):
+        p.name = prefix + _node_name(p, i)
+        p.input[:] = [renamed.get(v, v) for v in p.input]
+        p.output[:] = [renamed.get(v, v) for v in p.output]
+        for g in _subgraphs(p):
+            _prefix_names(g, renamed, prefix)
 
 
 def _graph_inputs_of(value: Value) -> list[str]:
@@ -1075,7 +1160,7 @@ def onnx_axis(cv: OnnxConverter, axis: int, ndim: int) -> int:
 def _axes(cv: OnnxConverter, n: OnnxNode, ndim: int) -> list[int] | None:
     """Axes from input 1 (newer opsets) or the `axes` attribute (older ones); None if neither."""
     given = cv.const_input(n, 1, "axes")
-    axes = given.tolist() if given is not None else n.attr("axes")
+    axes = given.reshape(-1).tolist() if given is not None else n.attr("axes")
     if axes is None:
         return None
     return [onnx_axis(cv, int(a), ndim) for a in axes]
@@ -1613,7 +1698,7 @@ def _squeeze(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
 def _unsqueeze(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
     x = n.inputs[0]
     given = cv.const_input(n, 1, "axes")
-    raw = given.tolist() if given is not None else n.attr("axes")
+    raw = given.reshape(-1).tolist() if given is not None else n.attr("axes")
     if raw is None:
         raise cv.fail("needs axes")
     ndim = len(x.type.shape) + len(raw)
