@@ -230,13 +230,12 @@ def _recurrent(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
             if masks is None:
                 h, c, outs[t] = h_new, c_new, h_new
             else:
-                outs[t] = cv.emit("where", [masks[t], h_new, zeros])
-                h = cv.emit("where", [masks[t], h_new, h])
-                c = cv.emit("where", [masks[t], c_new, c]) if kind == "LSTM" else c
+                outs[t] = _select(cv, masks[t], h_new, zeros)
+                h = _select(cv, masks[t], h_new, h)
+                c = _select(cv, masks[t], c_new, c) if kind == "LSTM" else c
         if masks is not None:
             # as onnxruntime gives them, the final states of an empty sequence are zeros (not the initial ones)
-            h = cv.emit("where", [masks[-1], h, zeros])
-            c = cv.emit("where", [masks[-1], c, zeros])
+            h, c = _select(cv, masks[-1], h, zeros), _select(cv, masks[-1], c, zeros)
         ys.append(_stack(cv, outs, 0))
         hs.append(h)
         cs.append(c)
@@ -245,6 +244,13 @@ def _recurrent(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
     if kind == "LSTM":
         results.append(_stack_directions(cv, cs, 0, (1, 0, 2) if layout else None, _out(n, 2)))
     return results
+
+
+def _select(cv: OnnxConverter, mask: Value, a: Value, b: Value) -> Value:
+    """where(mask, a, b), or a or b itself when a constant mask picks it everywhere."""
+    if mask.is_constant and (mask.data.all() or not mask.data.any()):
+        return a if mask.data.all() else b
+    return cv.emit("where", [mask, a, b])
 
 
 def _stack_directions(
@@ -428,7 +434,7 @@ def _scan8(cv: OnnxConverter, n: OnnxNode, body: onnx.GraphProto, m: int | None)
     for i in range(batch):
         sliced = [_index(cv, v, 0, i) for v in values]
         states, scans = sliced[: len(values) - m], sliced[len(values) - m :]
-        tag = f"body[batch {i}]"
+        tag = f"body[{i}]"  # then [step]: body[batch][step]
         per_batch.append(_unroll_scan(cv, n, body, states, scans, [0] * m, dirs, [0] * k, [0] * k, tag))
     return [_stack(cv, [outs[j] for outs in per_batch], 0, _out(n, j)) for j in range(len(per_batch[0]))]
 
