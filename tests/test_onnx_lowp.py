@@ -215,3 +215,29 @@ def test_package_refuses_an_input_of_the_storage_dtype(tmp_path):
     assert loaded.inputs[0].dtype == np.dtype(ml_dtypes.float8_e4m3fn)
     with pytest.raises(ValueError, match="expected dtype float8_e4m3fn"):
         loaded.run({"x": np.zeros(4, np.uint8)})
+
+
+def test_qlinearmatmul_float16_scales_and_batched_b_as_onnx_reference(tmp_path):
+    """QLinearMatMul-21 with float16 scales and a 3-D b (a batch of matrices): the multiplier rounded in
+    float16 as the reference computes it, the product exact in float64; bit-exact."""
+    rng = np.random.default_rng(2)
+    inits = [
+        numpy_helper.from_array(np.array(0.0066, np.float16), "a_s"),
+        numpy_helper.from_array(np.array(113, np.uint8), "a_z"),
+        numpy_helper.from_array(rng.integers(0, 256, (2, 4, 3)).astype(np.uint8), "b"),
+        numpy_helper.from_array(np.array(0.00705, np.float16), "b_s"),
+        numpy_helper.from_array(np.array(114, np.uint8), "b_z"),
+        numpy_helper.from_array(np.array(0.0107, np.float16), "y_s"),
+        numpy_helper.from_array(np.array(118, np.uint8), "y_z"),
+    ]
+    node = helper.make_node("QLinearMatMul", ["a", "a_s", "a_z", "b", "b_s", "b_z", "y_s", "y_z"], ["y"])
+    model = _model(
+        [node],
+        [helper.make_tensor_value_info("a", TensorProto.UINT8, [2, 2, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.UINT8, [2, 2, 3])],
+        inits,
+        opset=21,
+    )
+    feeds = {"a": rng.integers(0, 256, (2, 2, 4)).astype(np.uint8)}
+    got = _compile_and_run(tmp_path, model, feeds)
+    np.testing.assert_array_equal(got["y"], ReferenceEvaluator(model).run(None, feeds)[0])

@@ -608,6 +608,9 @@ def _qlinear_matmul(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
     """Inputs a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point; b a constant
     [K, N] matrix quantized per tensor or per column."""
     a, b = n.inputs[0], n.inputs[3]
+    scale_types = {v.type.dtype for v in (n.input(1), n.input(4), n.input(6)) if v is not None}
+    if "float16" in scale_types or len(b.type.shape) != 2:
+        return [_qlinear_matmul_exact(cv, n)]
     aq = _qparams(cv, n, 1, "a", a.type.dtype, a)
     if len(b.type.shape) != 2:
         raise cv.fail(f"input 3 (b) must be a 2-D matrix, got {b.type}")
@@ -615,6 +618,50 @@ def _qlinear_matmul(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
     out = _qparams(cv, n, 6, "y", None, None)
     _require_per_tensor(cv, aq, "a")
     return [qnn_dense(cv, a, aq, b.data.T, bq, [], _io_attrs(aq, out, "NONE"), n.outputs[0])]
+
+
+def _qlinear_matmul_exact(cv: OnnxConverter, n: OnnxNode) -> Value:
+    """QLinearMatMul as ONNX's reference computes it, for what qnn.dense does not take (float16 scales, a
+    `b` that is not a 2-D matrix): (a - a_zero_point) @ (b - b_zero_point) in float64 (exact: integer
+    products and sums below 2 ** 53), times a_scale * b_scale / y_scale computed in the scales' type, plus
+    y_zero_point, rounded half to even and saturated."""
+    a, b = n.inputs[0], n.inputs[3]
+    scales = [cv.const_input(n, i, what) for i, what in ((1, "a_scale"), (4, "b_scale"), (6, "y_scale"))]
+    if any(s is None for s in scales) or len({s.dtype for s in scales}) != 1:
+        raise cv.fail("a_scale, b_scale and y_scale must be constants of one type")
+    if scales[0].dtype == np.float16 and n.older_than(21):
+        raise cv.fail_version("float16 scales are defined from QLinearMatMul-21")
+    zeros = [cv.const_input(n, i, what) for i, what in ((2, "a_zero_point"), (5, "b_zero_point"))]
+    y_zero = cv.const_input(n, 7, "y_zero_point")
+    columns = b.type.shape[-1]
+    for v, what, per_column in zip(
+        [*scales, *zeros, y_zero],
+        ["a_scale", "b_scale", "y_scale", "a_zero_point", "b_zero_point", "y_zero_point"],
+        [False, True, False, False, True, False],
+    ):
+        if v is not None and v.size != 1 and not (per_column and v.reshape(-1).size == columns):
+            raise cv.fail(
+                f"{what} has shape {list(v.shape)}; a scalar{' or one per column' * per_column} only"
+            )
+    dtype = str(y_zero.dtype) if y_zero is not None else a.type.dtype
+    if dtype not in QUANT_DTYPES or a.type.dtype not in QUANT_DTYPES or b.type.dtype not in QUANT_DTYPES:
+        raise cv.fail(f"a, b and y must be int8 or uint8, got {a.type.dtype}, {b.type.dtype}, {dtype}")
+    a_scale, b_scale, y_scale = (s.reshape(-1) for s in scales)
+    multiplier = (a_scale * b_scale / y_scale).astype(np.float64)  # in the scales' type, as the reference
+
+    def shifted(v: Value, zero: np.ndarray | None) -> Value:
+        wide = cv.emit("cast", [v], {"dtype": "float64"})
+        if zero is None or not zero.any():
+            return wide
+        return cv.emit("subtract", [wide, cv.constant(zero.reshape(-1).astype(np.float64), "zero_point")])
+
+    y = cv.emit("matmul", [shifted(a, zeros[0]), shifted(b, zeros[1])])
+    y = cv.emit("multiply", [y, cv.constant(multiplier, "multiplier")])
+    if y_zero is not None and y_zero.any():  # added before rounding: half to even sees its parity
+        y = cv.emit("add", [y, cv.constant(y_zero.reshape(-1).astype(np.float64), "y_zero_point")])
+    info = np.iinfo(dtype)
+    y = cv.emit("clip", [cv.emit("round", [y])], {"min": float(info.min), "max": float(info.max)})
+    return cv.emit("cast", [y], {"dtype": dtype}, n.outputs[0])
 
 
 def _weight_qparams(cv: OnnxConverter, n: OnnxNode, i: int, name: str, axis: int) -> tuple[Value, QParams]:
