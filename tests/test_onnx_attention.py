@@ -10,7 +10,7 @@ import pytest
 from onnx import helper
 from onnx.reference import ReferenceEvaluator
 
-from aotc.frontend.errors import ConversionError
+from aotc.frontend.errors import ConversionError, UnsupportedOpsetError
 from aotc.frontend.onnx import load_onnx
 from aotc.graph.interpret import run_graph
 
@@ -249,3 +249,76 @@ def test_linear_attention_refuses_missing_decay():
     m = model("LinearAttention", inputs, ["output"], 27, update_rule="gated", q_num_heads=2, kv_num_heads=2)
     with pytest.raises(ConversionError, match="takes a decay"):
         load_onnx(m.SerializeToString())
+
+
+def flex_model(inputs: dict[str, Input], preview: int = 1, **attrs) -> onnx.ModelProto:
+    node = helper.make_node(
+        "FlexAttention", list(inputs), ["Y"], name="node", domain="ai.onnx.preview", **attrs
+    )
+    m = make_graph_model([node], inputs, ["Y"], opset=26)
+    m.opset_import.append(helper.make_opsetid("ai.onnx.preview", preview))
+    return m
+
+
+def score_graph(dtype: int = onnx.TensorProto.FLOAT) -> onnx.GraphProto:
+    """score_mod: a causal mask (-inf above the diagonal) built from the scores' shape, plus 0.5."""
+    nodes = [
+        helper.make_node("Shape", ["s"], ["shape"]),
+        helper.make_node("Gather", ["shape", "two"], ["rows"]),
+        helper.make_node("Gather", ["shape", "three"], ["cols"]),
+        helper.make_node("Range", ["zero", "rows", "one"], ["i"]),
+        helper.make_node("Range", ["zero", "cols", "one"], ["j"]),
+        helper.make_node("Unsqueeze", ["i", "one_axis"], ["col_i"]),
+        helper.make_node("GreaterOrEqual", ["col_i", "j"], ["keep"]),
+        helper.make_node("Add", ["s", "half"], ["shifted"]),
+        helper.make_node("Where", ["keep", "shifted", "neg_inf"], ["out"]),
+    ]
+    ints = {"two": 2, "three": 3, "zero": 0, "one": 1}
+    inits = [helper.make_tensor(k, onnx.TensorProto.INT64, [], [v]) for k, v in ints.items()]
+    inits += [
+        helper.make_tensor("one_axis", onnx.TensorProto.INT64, [1], [1]),
+        helper.make_tensor("half", dtype, [], [0.5]),
+        helper.make_tensor("neg_inf", dtype, [], [-np.inf]),
+    ]
+    io = [helper.make_tensor_value_info(x, dtype, ["B", "H", "L", "S"]) for x in ("s", "out")]
+    return helper.make_graph(nodes, "score_mod", io[:1], io[1:], inits)
+
+
+def prob_graph() -> onnx.GraphProto:
+    io = [helper.make_tensor_value_info(x, onnx.TensorProto.FLOAT, None) for x in ("p", "out")]
+    node = helper.make_node("Sqrt", ["p"], ["out"])
+    return helper.make_graph([node], "prob_mod", io[:1], io[1:])
+
+
+@pytest.mark.parametrize(
+    "dtype,kv_heads,attrs",
+    [
+        ("float32", 4, {}),
+        ("float32", 2, {"scale": 0.3, "score_mod": score_graph()}),
+        ("float16", 1, {"score_mod": score_graph(), "prob_mod": prob_graph()}),  # mods in float32
+        ("float64", 2, {"softmax_precision": onnx.TensorProto.FLOAT}),
+    ],
+)
+def test_flex_attention(dtype, kv_heads, attrs):
+    inputs = {
+        "Q": Input((2, 4, 5, 8), dtype, 0.0, 1.0),
+        "K": Input((2, kv_heads, 6, 8), dtype, 0.0, 1.0),
+        "V": Input((2, kv_heads, 6, 3), dtype, 0.0, 1.0),
+    }
+    m = flex_model(inputs, **attrs)
+    computed = "float32" if "softmax_precision" in attrs else dtype  # float64 in, softmax in float32
+    check_reference(m, random_feeds(m, inputs, seed=kv_heads), computed)
+
+
+def test_flex_attention_refusals():
+    inputs = {name: Input((1, 2, 3, 4)) for name in "QKV"}
+    with pytest.raises(UnsupportedOpsetError, match="ai.onnx.preview"):
+        load_onnx(flex_model(inputs, preview=2).SerializeToString())
+    bad = helper.make_graph(
+        [helper.make_node("ReduceSum", ["s"], ["out"], keepdims=1)],
+        "score_mod",
+        [helper.make_tensor_value_info("s", onnx.TensorProto.FLOAT, None)],
+        [helper.make_tensor_value_info("out", onnx.TensorProto.FLOAT, None)],
+    )
+    with pytest.raises(ConversionError, match="must keep its input"):
+        load_onnx(flex_model(inputs, score_mod=bad).SerializeToString())

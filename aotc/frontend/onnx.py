@@ -321,8 +321,9 @@ def _check_opset(model: onnx.ModelProto, source: str) -> int:
     return version
 
 
-_DOMAIN_VERSIONS = {"com.microsoft": 1}
-"""Other domains aotc maps operators of (onnxruntime's contrib operators), and their one version."""
+_DOMAIN_VERSIONS = {"com.microsoft": 1, "ai.onnx.preview": 1}
+"""Other domains aotc maps operators of (onnxruntime's contrib operators, ONNX's preview FlexAttention),
+and their one version."""
 
 
 @functools.cache

@@ -526,3 +526,80 @@ def _linear_attention(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
     results = [out if dtype == "float32" else cv.emit("cast", [out], {"dtype": dtype})]
     results.append(state if state_dtype == "float32" else cv.emit("cast", [state], {"dtype": state_dtype}))
     return results
+
+
+# --- FlexAttention (ai.onnx.preview) -------------------------------------------------------------------------
+
+FLEX_ATTENTION_ATTRIBUTES = ("scale", "score_mod", "prob_mod", "softmax_precision")
+"""The attributes of ai.onnx.preview FlexAttention-1, the one version onnx 1.23 defines (nodes of other
+domains skip the frontend's schema check of attributes)."""
+
+
+def _modifier(cv: OnnxConverter, n: OnnxNode, name: str, x: Value) -> Value:
+    """`x` through subgraph attribute `name` (score_mod, prob_mod): one input, one output of its shape and
+    type, converted in place."""
+    graph = n.attr(name)
+    if graph is None:
+        return x
+    if not isinstance(graph, onnx.GraphProto) or len(graph.input) != 1 or len(graph.output) != 1:
+        raise cv.fail(f"{name} must be a graph of one input and one output")
+    (y,) = cv.convert_subgraph(graph, [x], name)
+    if y.type != x.type:
+        raise cv.fail(f"{name} returns {y.type}; it must keep its input's {x.type}")
+    return y
+
+
+@converts("ai.onnx.preview.FlexAttention")
+def _flex_attention(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
+    """softmax(score_mod(Q K^T * scale)), through prob_mod, times V, as ONNX's reference computes it: the
+    scale as sqrt(scale) on Q and on K (taken in float32), the scores in Q's type, then softmax and the
+    product with V in the softmax precision (float32 for float16 inputs), the result in V's type."""
+    unknown = sorted(set(n.attrs) - set(FLEX_ATTENTION_ATTRIBUTES))
+    if unknown:
+        raise cv.fail(f"attribute {', '.join(unknown)} is not defined for FlexAttention-1")
+    q, k, v = n.inputs[:3]
+    dtype = q.type.dtype
+    if dtype not in _FLOATS or k.type.dtype != dtype or v.type.dtype != dtype:
+        raise cv.fail(
+            f"Q, K and V of types {dtype}, {k.type.dtype}, {v.type.dtype}: aotc needs one of float16/32/64"
+        )
+    if any(len(x.type.shape) != 4 for x in (q, k, v)):
+        raise cv.fail(f"Q {q.type}, K {k.type} and V {v.type} must be 4-D")
+    (batch, q_heads, q_len, size), (bk, kv_heads, kv_len, k_size), (bv, v_heads, v_len, v_size) = (
+        q.type.shape,
+        k.type.shape,
+        v.type.shape,
+    )
+    if (
+        not batch == bk == bv
+        or kv_heads != v_heads
+        or kv_len != v_len
+        or size != k_size
+        or q_heads % kv_heads
+    ):
+        raise cv.fail(
+            f"Q {q.type}, K {k.type} and V {v.type} disagree: one batch, K and V one head count and length, Q "
+            "and K one head size, and query heads a multiple of key/value heads"
+        )
+    precision = n.attr("softmax_precision")
+    if precision is None:
+        wide = "float64" if dtype == "float64" else "float32"
+    elif precision in _SOFTMAX_PRECISIONS:
+        wide = _SOFTMAX_PRECISIONS[precision]
+    else:
+        raise cv.fail(f"softmax_precision {precision} is not supported (1 float, 10 float16, 11 double)")
+    scale = n.attr("scale")
+    scale = 1.0 / np.sqrt(size) if scale is None else scale
+    root = cv.constant(np.sqrt(np.float32(scale)), "sqrt_scale", dtype)
+    group = q_heads // kv_heads
+    scaled_q = _reshape(cv, cv.emit("multiply", [q, root]), (batch, kv_heads, group * q_len, size))
+    keys_t = cv.emit("transpose", [cv.emit("multiply", [k, root])], {"perm": (0, 1, 3, 2)})
+    scores = _reshape(cv, cv.emit("matmul", [scaled_q, keys_t]), (batch, q_heads, q_len, kv_len))
+    if wide != dtype:
+        scores = cv.emit("cast", [scores], {"dtype": wide})
+    scores = _modifier(cv, n, "score_mod", scores)
+    probs = _modifier(cv, n, "prob_mod", _softmax_last(cv, scores))
+    values = v if wide == dtype else cv.emit("cast", [v], {"dtype": wide})
+    grouped = _reshape(cv, probs, (batch, kv_heads, group * q_len, kv_len))
+    y = _reshape(cv, cv.emit("matmul", [grouped, values]), (batch, q_heads, q_len, v_size))
+    return [y if wide == dtype else cv.emit("cast", [y], {"dtype": dtype})]
