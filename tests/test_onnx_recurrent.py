@@ -312,3 +312,27 @@ def test_if_branch_with_scalar_axes():
     node = helper.make_node("If", ["cond"], ["y"], name="if", then_branch=then, else_branch=other)
     inits = {"cond": np.array(True), "axes": np.array([1], np.int64)}
     check_model(make_graph_model([node], {"x": Input((2, 3))}, ["y"], inits, opset=13), rtol=0, atol=0)
+
+
+def test_loop_carried_value_that_grows():
+    """Unrolled, a loop-carried value may change its shape from one iteration to the next."""
+    body = helper.make_graph(
+        [
+            helper.make_node("Concat", ["acc_in", "x"], ["acc_out"], axis=0),
+            helper.make_node("Identity", ["c"], ["go"]),
+        ],
+        "body",
+        [
+            helper.make_tensor_value_info("i", onnx.TensorProto.INT64, []),
+            helper.make_tensor_value_info("c", onnx.TensorProto.BOOL, []),
+            helper.make_tensor_value_info("acc_in", onnx.TensorProto.FLOAT, None),
+        ],
+        [
+            helper.make_tensor_value_info("go", onnx.TensorProto.BOOL, []),
+            helper.make_tensor_value_info("acc_out", onnx.TensorProto.FLOAT, None),
+        ],
+    )
+    node = helper.make_node("Loop", ["M", "", "acc"], ["A"], name="loop", body=body)
+    inputs = {"x": Input((2,)), "acc": Input((1,))}
+    m = make_graph_model([node], inputs, ["A"], {"M": np.array(3, np.int64)}, opset=13)
+    check_model(m, rtol=0, atol=0)

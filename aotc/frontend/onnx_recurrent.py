@@ -465,7 +465,8 @@ def _unroll_scan(
         if len(results) != len(states) + len(out_axes):
             raise cv.fail(f"the body has {len(results)} outputs, not {len(states)} states + {len(out_axes)}")
         for old, new in zip(states, results):
-            if old.type != new.type:
+            # unrolled, a state may change its shape from step to step (not its element type)
+            if old.type.dtype != new.type.dtype:
                 raise cv.fail(f"a state of type {old.type} becomes {new.type} in step {t}: it must keep it")
         states = results[: len(states)]
         for parts, v in zip(collected, results[len(states) :]):
@@ -527,7 +528,8 @@ def _loop(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
             )
         going = bool(results[0].data.reshape(-1)[0])
         for old, new in zip(carried, results[1 : 1 + len(carried)]):
-            if old.type != new.type:
+            # unrolled, a value may change its shape from iteration to iteration (not its element type)
+            if old.type.dtype != new.type.dtype:
                 raise cv.fail(f"a loop-carried value of type {old.type} becomes {new.type} in iteration {i}")
         carried = results[1 : 1 + len(carried)]
         for parts, v in zip(collected, results[1 + len(carried) :]):
