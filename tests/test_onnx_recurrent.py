@@ -336,3 +336,47 @@ def test_loop_carried_value_that_grows():
     inputs = {"x": Input((2,)), "acc": Input((1,))}
     m = make_graph_model([node], inputs, ["A"], {"M": np.array(3, np.int64)}, opset=13)
     check_model(m, rtol=0, atol=0)
+
+
+def loop_with_run_time_condition() -> onnx.ModelProto:
+    """A body whose condition reads x: not known at build time."""
+    body = helper.make_graph(
+        [
+            helper.make_node("ReduceSum", ["acc_in"], ["total"], keepdims=0),
+            helper.make_node("Constant", [], ["zero"], value=helper.make_tensor("z", 1, [], [0.0])),
+            helper.make_node("Less", ["total", "zero"], ["go"]),
+            helper.make_node("Add", ["acc_in", "x"], ["acc_out"]),
+        ],
+        "body",
+        [
+            helper.make_tensor_value_info("i", onnx.TensorProto.INT64, []),
+            helper.make_tensor_value_info("c", onnx.TensorProto.BOOL, []),
+            helper.make_tensor_value_info("acc_in", onnx.TensorProto.FLOAT, None),
+        ],
+        [
+            helper.make_tensor_value_info(k, t, None)
+            for k, t in (("go", onnx.TensorProto.BOOL), ("acc_out", 1))
+        ],
+    )
+    node = helper.make_node("Loop", ["M", "", "acc"], ["A"], name="loop", body=body)
+    inputs = {"x": Input((2,)), "acc": Input((2,))}
+    return make_graph_model([node], inputs, ["A"], {"M": np.array(3, np.int64)}, opset=13)
+
+
+@pytest.mark.parametrize(
+    ("build", "match"),
+    [
+        (lambda: recurrent("LSTM", activations=["Sigmoid", "Tanh"]), "2 activations; LSTM takes 3"),
+        (lambda: recurrent("RNN", activations=["Swish"]), "activation 'Swish' is not one of"),
+        (lambda: recurrent("GRU", clip=-1.0), "clip must be positive"),
+        (lambda: recurrent("LSTM", activations=["Affine", "Tanh", "Tanh"]), "Affine needs activation_alpha"),
+        (loop_with_run_time_condition, r"node loop \(Loop\): the body's condition after iteration 0"),
+        (
+            lambda: scan_model(9, *SUM_BODY, {"s": (2,), "p": (2,)}, {"xs": ()}, ["S", "P", "D"]),
+            "need a scan axis",
+        ),
+    ],
+)
+def test_malformed_or_unsupported_cases_refused(build, match):
+    with pytest.raises(ConversionError, match=match):
+        load_onnx(build().SerializeToString())

@@ -185,6 +185,8 @@ def _recurrent(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
     if layout:
         x = cv.emit("transpose", [x], {"perm": (1, 0, 2)})
     steps, batch, size = x.type.shape
+    if not steps * batch * size:
+        raise cv.fail(f"X {x.type} is empty; aotc compiles tensors with at least one element")
     direction = n.attr("direction", "forward")
     if direction not in ("forward", "reverse", "bidirectional"):
         raise cv.fail(f"direction must be forward, reverse or bidirectional, got {direction!r}")
@@ -405,6 +407,8 @@ def _scan(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
         raise cv.fail(f"scan_input_axes/directions need {m} values and scan_output_axes/directions {k}")
     if n.older_than(11) and any(a < 0 for a in [*in_axes, *out_axes]):
         raise cv.fail_version("negative scan axes are defined from Scan-11")
+    if any(not v.type.shape for v in scans):
+        raise cv.fail(f"scan inputs {[str(v.type) for v in scans]} need a scan axis (rank 1 or more)")
     in_axes = [onnx_axis(cv, a, len(v.type.shape)) for a, v in zip(in_axes, scans)]
     return _unroll_scan(cv, n, body, states, scans, in_axes, in_dirs, out_axes, out_dirs, "body")
 
@@ -418,6 +422,8 @@ def _scan8(cv: OnnxConverter, n: OnnxNode, body: onnx.GraphProto, m: int | None)
     if any(len(v.type.shape) < 1 + (i >= len(values) - m) for i, v in enumerate(values)):
         raise cv.fail_version("every input needs the batch axis 0 (and scan inputs a sequence axis 1)")
     batch = values[0].type.shape[0]
+    if batch < 1:
+        raise cv.fail_version("the batch axis is empty, which aotc does not compile")
     if any(v.type.shape[0] != batch for v in values):
         raise cv.fail_version(f"inputs {[str(v.type) for v in values]} disagree on the batch axis 0")
     steps = values[-1].type.shape[1]
@@ -458,6 +464,8 @@ def _unroll_scan(
     if len(extents) != 1:
         raise cv.fail(f"the scan inputs {[str(v.type) for v in scans]} disagree on the scan axis's extent")
     steps = extents.pop()
+    if steps < 1:
+        raise cv.fail("the scan axis is empty: no iteration, empty scan outputs, which aotc does not compile")
     collected: list[list[Value]] = [[] for _ in out_axes]
     for t in range(steps):
         sliced = [_index(cv, v, a, steps - 1 - t if d else t) for v, a, d in zip(scans, in_axes, in_dirs)]
