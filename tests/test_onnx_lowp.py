@@ -99,8 +99,9 @@ def _compile_and_run(tmp_path, model: onnx.ModelProto, feeds: dict) -> dict:
 
 
 def test_compiled_casts_take_and_return_ml_dtypes_arrays_bit_exact(tmp_path):
-    """One package: float32 -> each format (and back), bfloat16 and int4 inputs, saturate=0 and a BitCast;
-    outputs as ONNX's reference gives them, bit for bit, of ml_dtypes' types."""
+    """One package: float32 -> each format (and back), bfloat16 and int4 inputs, saturate=0, a BitCast and
+    data movement of bfloat16 and float8; outputs as ONNX's reference gives them, bit for bit, of ml_dtypes'
+    types."""
     shape = [len(_samples()[:64])]
     casts = {
         "bfloat16": TensorProto.BFLOAT16,
@@ -121,20 +122,30 @@ def test_compiled_casts_take_and_return_ml_dtypes_arrays_bit_exact(tmp_path):
     nodes.append(helper.make_node("Cast", ["i"], ["i_int8"], to=TensorProto.INT8))
     nodes.append(helper.make_node("Reshape", ["i", "flat"], ["i_flat"]))
     nodes.append(helper.make_node("BitCast", ["x"], ["x_bits"], to=TensorProto.INT32))
+    # data movement passes the bits on: a selection (OneHot's values), a gather, a slice
+    nodes.append(helper.make_node("OneHot", ["hot_at", "depth", "b_pair"], ["hot"], axis=1))
+    nodes.append(helper.make_node("Gather", ["b", "rows"], ["b_rows"], axis=0))
+    nodes.append(helper.make_node("Slice", ["to_float8_e4m3fn", "starts", "ends"], ["f8_part"]))
     outputs += [
         helper.make_tensor_value_info("e5m2_nosat", TensorProto.FLOAT8E5M2, shape),
         helper.make_tensor_value_info("b_half", TensorProto.FLOAT16, [2, 3]),
         helper.make_tensor_value_info("i_int8", TensorProto.INT8, [2, 3]),
         helper.make_tensor_value_info("i_flat", TensorProto.INT4, [6]),
         helper.make_tensor_value_info("x_bits", TensorProto.INT32, shape),
+        helper.make_tensor_value_info("hot", TensorProto.BFLOAT16, [3, 4]),
+        helper.make_tensor_value_info("b_rows", TensorProto.BFLOAT16, [2, 3]),
+        helper.make_tensor_value_info("f8_part", TensorProto.FLOAT8E4M3FN, [4]),
     ]
     inputs = [
         helper.make_tensor_value_info("x", TensorProto.FLOAT, shape),
         helper.make_tensor_value_info("b", TensorProto.BFLOAT16, [2, 3]),
         helper.make_tensor_value_info("i", TensorProto.INT4, [2, 3]),
     ]
-    flat = numpy_helper.from_array(np.array([6], np.int64), "flat")
-    model = _model(nodes, inputs, outputs, [flat], opset=26)
+    consts = {"flat": [6], "hot_at": [0, 3, -1], "rows": [1, 0], "starts": [1], "ends": [5]}
+    inits = [numpy_helper.from_array(np.array(v, np.int64), k) for k, v in consts.items()]
+    inits.append(numpy_helper.from_array(np.array(4, np.float32), "depth"))
+    inits.append(numpy_helper.from_array(np.array([0.5, 2.5], ml_dtypes.bfloat16), "b_pair"))
+    model = _model(nodes, inputs, outputs, inits, opset=26)
     feeds = {
         "x": _samples()[:64],
         "b": np.array([[1.5, -2.25, np.inf], [0, -0.0, 3e38]], ml_dtypes.bfloat16),

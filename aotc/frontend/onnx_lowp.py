@@ -40,8 +40,13 @@ VERSIONS: dict[str, tuple[int, ...]] = {
 
 READS_FORMAT = frozenset({"Cast", "CastLike", "QuantizeLinear", "DequantizeLinear"})
 """Operators whose converters read a low-precision input's format."""
-MOVES_BITS = frozenset({"Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose"})
-"""Operators that only move input 0's elements: their output 0 has its format."""
+MOVES_BITS = {
+    **dict.fromkeys(("Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose"), 0),
+    **dict.fromkeys(("Gather", "Slice", "Expand", "Tile"), 0),
+    "OneHot": 2,  # values[1] or values[0] at each point: a selection
+}
+"""Operators that only move (select, copy) the elements of one input, by index: their output 0 has its
+format."""
 READS_SHAPE = frozenset({"Shape", "Size"})
 """Operators that read a tensor's shape only."""
 
@@ -57,8 +62,8 @@ def check_inputs(cv: OnnxConverter, n: OnnxNode) -> str | None:
     tagged = [(i, v) for i, v in enumerate(n.inputs) if v is not None and v.name in cv.formats]
     if not tagged or n.op_type in READS_FORMAT or n.op_type in READS_SHAPE:
         return None
-    if n.op_type in MOVES_BITS and [i for i, _ in tagged] == [0]:
-        return cv.formats[n.inputs[0].name]
+    if n.op_type in MOVES_BITS and [i for i, _ in tagged] == [MOVES_BITS[n.op_type]]:
+        return cv.formats[tagged[0][1].name]
     i, v = tagged[0]
     raise cv.fail(
         f"input {i} ({v.name}) has element type {cv.formats[v.name]}; aotc reads such tensors only in "
