@@ -23,6 +23,8 @@ def t(*shape: int, dtype: str = "float32") -> TensorType:
 
 X = t(2, 3, 6, 5)
 WINDOW = {"strides": (2, 1), "pads": (1, 0, 1, 2), "dilations": (1, 2)}
+X3 = t(1, 3, 4, 6, 5)
+WINDOW3 = {"strides": (1, 2, 1), "pads": (1, 0, 1, 0, 1, 2), "dilations": (2, 1, 2)}
 UNARY_ATTRS = {
     "leaky_relu": {"alpha": 0.1},
     "elu": {"alpha": 0.5},
@@ -83,6 +85,18 @@ SAMPLES: dict[str, list[tuple[list[TensorType], dict]]] = {
     "avg_pool2d": [
         ([X], {"kernel": (3, 2), **WINDOW, "count_include_pad": False, "ceil_mode": True}),
         ([X], {"kernel": (2, 2), "strides": (2, 2), "count_include_pad": True}),
+    ],
+    "max_pool3d": [([X3], {"kernel": (2, 3, 3), **WINDOW3, "ceil_mode": True})],
+    "avg_pool3d": [
+        ([X3], {"kernel": (3, 2, 2), **WINDOW3, "count_include_pad": False, "ceil_mode": True}),
+        ([X3], {"kernel": (2, 2, 2), "strides": (2, 2, 2), "pads": (0,) * 6, "dilations": (1, 1, 1)}),
+    ],
+    "conv3d": [
+        ([X3, t(4, 3, 2, 3, 3), t(4)], WINDOW3),
+        ([t(1, 4, 3, 4, 4), t(6, 2, 2, 2, 3)], {**WINDOW3, "groups": 2}),
+    ],
+    "conv3d_transpose": [
+        ([t(1, 4, 3, 4, 3), t(4, 3, 2, 3, 3), t(6)], {**WINDOW3, "groups": 2, "output_padding": (1, 0, 1)})
     ],
     **{
         f"reduce_{k}": [([X], {"axes": (1, 3), "keepdims": False}), ([t(4, 5)], {"axes": (0, 1)})]

@@ -26,16 +26,19 @@ from aotc.frontend.batch import MODEL_BATCH, BatchTracker, rebatch_size
 from aotc.frontend.errors import (
     ConversionError,
     DynamicShapeError,
+    FrontendError,
     InputShapeError,
     ModelLoadError,
     UnsupportedOperatorError,
     UnsupportedOpsetError,
 )
 from aotc.frontend.folding import live_nodes, typed_node
+from aotc.graph.interpret import infer_types
 from aotc.graph.ir import Graph, Node, TensorType, Value
 from aotc.ir.expr import DTYPES, unique_name
 from aotc.topi.elemwise import broadcast_shape
 from aotc.topi.lowp import FORMATS as LOWP_FORMATS
+from aotc.topi.registry import OpPattern, get_op
 
 __all__ = [
     "FLOAT16_ACCUMULATES_IN_FLOAT32",
@@ -64,8 +67,6 @@ otherwise."""
 OPSET_MAX = onnx.defs.onnx_opset_version()
 """The newest opset the installed onnx defines: a newer model cannot be read against its schemas."""
 
-NONEMPTY = "aotc compiles tensors with at least one element"
-
 FLOAT16_ACCUMULATES_IN_FLOAT32 = frozenset(
     {
         "conv2d",
@@ -73,6 +74,9 @@ FLOAT16_ACCUMULATES_IN_FLOAT32 = frozenset(
         "matmul",
         "dense",
         "avg_pool2d",
+        "conv3d",
+        "conv3d_transpose",
+        "avg_pool3d",
         "reduce_sum",
         "reduce_mean",
         "softmax",
@@ -176,26 +180,11 @@ def load_onnx(
     inputs = conv.bind_inputs(dict(input_shapes or {}))
     for i, proto in enumerate(model.graph.node):
         conv.convert(proto, i)
-    for v in inputs:  # an empty input no node read as a tensor (CastLike's input 1, one only passed on)
-        if v.name in conv.empty_inputs:
-            raise InputShapeError(conv.empty_inputs[v.name])
     outputs = [conv.values[o.name] for o in model.graph.output]
-    _check_outputs_nonempty(model.graph, outputs, source)
     graph = Graph(inputs, outputs, live_nodes(conv.nodes, outputs), model.graph.name or _stem(source))
     graph.elements = {v.name: conv.formats[v.name] for v in inputs + outputs if v.name in conv.formats}
     graph.verify()
     return graph
-
-
-def _check_outputs_nonempty(graph: onnx.GraphProto, outputs: list[Value], source: str) -> None:
-    """An output that folded to an empty constant (Shape with start >= end) has no kernel to make it."""
-    for o, v in zip(graph.output, outputs):
-        if v.type.num_elements == 0:
-            made_by = [
-                f"{_node_name(p, i)} ({p.op_type})" for i, p in enumerate(graph.node) if o.name in p.output
-            ]
-            by = f" of node {made_by[0]}" if made_by else ""
-            raise ConversionError(f"{source}: output {o.name}{by} is empty ({v.type}); {NONEMPTY}")
 
 
 def constant_arrays(
@@ -222,7 +211,7 @@ def constant_arrays(
         if name in (input_shapes or {}):
             raise InputShapeError(f"{source}: {key}: input {name} is given both a shape (inputs) and a value")
         vi = runtime[name]
-        dims = _model_dims(vi, source, {})  # an empty value is fine for what is read at compile time
+        dims = _model_dims(vi, source)
         elem_type = vi.type.tensor_type.elem_type
         dtype = _DTYPES[elem_type] if elem_type in _DTYPES else _LOWP_TYPES[elem_type]
         array = _constant_array(given, dtype, f"{source}: {key}")
@@ -458,9 +447,6 @@ class OnnxConverter:
         self.node_names: set[str] = set()
         self.node: OnnxNode | None = None
         self.batch = BatchTracker(source)
-        self.empty_inputs: dict[str, str] = {}
-        """Graph inputs of zero size -> the InputShapeError raised when one is read as a tensor: one that
-        a node reads at compile time (empty axes, fed at run time) is a RunTimeValueError first."""
         for t in graph.initializer:
             self.values[t.name] = self._constant_value(t.name, numpy_helper.to_array(t))
 
@@ -489,7 +475,7 @@ class OnnxConverter:
             )
         problems, inputs = [], []
         for vi in runtime:
-            dims, given = _model_dims(vi, self.source, self.empty_inputs), shapes.get(vi.name)
+            dims, given = _model_dims(vi, self.source), shapes.get(vi.name)
             if given is None and not _is_static(dims):
                 problems.append((vi.name, dims))
                 continue
@@ -499,7 +485,12 @@ class OnnxConverter:
                 if given is not None and given[1] is not None:
                     raise InputShapeError(f"input_shapes[{vi.name!r}]: the dtype of a {fmt} input is fixed")
                 self.formats[vi.name] = fmt
-            self.values[vi.name] = v
+            # a zero-size input has one value (nothing): the package takes it, and nodes read it as that
+            # constant, so that no kernel sees a zero extent
+            empty = v.type.num_elements == 0
+            self.values[vi.name] = (
+                self._constant_value(v.name, np.zeros(v.type.shape, v.type.dtype)) if empty else v
+            )
             inputs.append(v)
         if problems:
             described = "; ".join(_describe_dynamic(name, dims) for name, dims in problems)
@@ -532,7 +523,18 @@ class OnnxConverter:
             check(self, self.node)
         # a low-precision input: refused unless the operator reads its format (or only moves its bits)
         moved = onnx_lowp.check_inputs(self, self.node)
-        results = _CONVERTERS[_op_key(proto)](self, self.node)
+        try:
+            results = _CONVERTERS[_op_key(proto)](self, self.node)
+        except (ArithmeticError, ValueError, IndexError, KeyError) as e:
+            # converters were written for operands with elements; where one's arithmetic does not hold for
+            # an empty operand (a division by its size, say) that is a refusal, not an internal error
+            empty = [v for v in self.node.inputs if v is not None and v.type.num_elements == 0]
+            if not empty or isinstance(e, FrontendError):
+                raise
+            raise self.fail(
+                f"input {empty[0].name} ({empty[0].type}) has no elements, which this converter does not "
+                f"handle ({type(e).__name__}: {e})"
+            ) from e
         for i, out in enumerate(proto.output):
             if not out:
                 continue
@@ -568,12 +570,8 @@ class OnnxConverter:
             ]
             return self.emit("cast", [self.emit(op, wide, attrs)], {"dtype": "float16"}, out)
         n = self.node
-        # an empty constant may be dropped by a converter (Concat does) but no graph op takes one
-        empty = [v.name for v in inputs if v is not None and v.type.num_elements == 0]
-        if empty and empty[0] in self.empty_inputs and not self.values[empty[0]].is_constant:
-            raise InputShapeError(self.empty_inputs[empty[0]])
-        if empty:
-            raise self.fail(f"input {empty[0]} is empty; {NONEMPTY}")
+        if any(v is not None and v.type.num_elements == 0 for v in inputs):
+            return self._zero_size(op, list(inputs), attrs, out)
         try:
             node, ttype, data = typed_node(op, list(inputs), attrs)
         except ValueError as e:
@@ -586,6 +584,35 @@ class OnnxConverter:
         node.outputs.append(v)
         self.nodes.append(node)
         return v
+
+    def _zero_size(self, op: str, inputs: list[Value | None], attrs: dict | None, out: str | None) -> Value:
+        """Graph op `op` on an operand with no elements, as a constant: no kernel sees a zero extent.
+
+        The result's type comes from the op's tensor expression over the operands with each zero extent
+        made 1 (a probe), its shape from the op's shape rule (`_zero_size_shape`). An empty result is
+        known (nothing); a non-empty one is a reduction over an empty set (its identity) or refused."""
+        described = ", ".join(str(v.type) for v in inputs if v is not None)
+        name = out or unique_name(f"{self.node.name}/{op}", self.value_names)
+        if op == "reshape" and math.prod(attrs["shape"]) == 0:  # no tensor expression has a zero extent
+            return self._constant_value(name, np.zeros(attrs["shape"], inputs[0].type.dtype))
+        probe = [None if v is None else Value(v.name, _at_least_one(v.type)) for v in inputs]
+        try:
+            (probed,) = infer_types(Node(op, probe, [], dict(attrs or {})))
+        except (ValueError, TypeError, KeyError, IndexError) as e:
+            raise self.fail(f"cannot build graph op {op} on {described}: {e}") from e
+        shape = _zero_size_shape(op, dict(attrs or {}), inputs, probe, probed.shape)
+        if shape is None:
+            raise self.fail(f"graph op {op} on {described}, an operand with no elements, is not supported")
+        if math.prod(shape) == 0:
+            return self._constant_value(name, np.zeros(shape, probed.dtype))
+        fill = _empty_reduction(op, probed.dtype)
+        if fill is None:
+            raise self.fail(
+                f"graph op {op} on {described} gives {probed.dtype}{list(shape)} from an operand with no "
+                "elements; aotc folds only empty results and sums, products, maxima and minima over "
+                "empty sets"
+            )
+        return self._constant_value(name, np.full(shape, fill, probed.dtype))
 
     def constant(self, data: Any, hint: str, dtype: str | None = None, out: str | None = None) -> Value:
         """A constant made by the frontend: the value of ONNX output `out`, or an operand named after `hint`."""
@@ -650,7 +677,7 @@ class OnnxConverter:
         sub.values = {**self.values, **sub.values}  # outer values in scope; the body's initializers shadow
         self.value_names |= sub.value_names
         sub.value_names, sub.node_names, sub.nodes = self.value_names, self.node_names, self.nodes
-        sub.batch, sub.empty_inputs = self.batch, self.empty_inputs
+        sub.batch = self.batch
         sub.formats = self.formats  # low-precision values' formats, read and set inside too
         sub.output_names = set()  # the outputs are read from sub.values: no identity copies
         for vi, given, v in zip(body.input, graph.input, inputs):
@@ -683,12 +710,78 @@ class OnnxConverter:
         return Value(name, TensorType(tuple(int(s) for s in data.shape), dtype), data=data)
 
 
-def _model_dims(
-    vi: onnx.ValueInfoProto, source: str, empty: dict[str, str] | None = None
-) -> list[int | str | None] | None:
-    """The model's dims of graph input `vi`: ints, symbolic names, None for unknown; None if rank unknown.
-    A zero-size dimension is an InputShapeError, unless `empty` is given: its message is then kept there
-    under the input's name, to be raised if the input is ever read as a tensor (`zero_size_inputs`)."""
+_SAME_SHAPE_OPS = frozenset(
+    {"trilu", "softmax", "log_softmax", "cumsum", "layer_norm", "instance_norm", "rms_norm", "batch_norm"}
+)
+"""Graph ops whose result has the shape of their first operand (the others are per-channel parameters)."""
+
+
+def _zero_size_shape(
+    op: str,
+    attrs: dict[str, Any],
+    inputs: Sequence[Value | None],
+    probe: Sequence[Value | None],
+    probed: tuple[int, ...],
+) -> tuple[int, ...] | None:
+    """The shape of graph op `op`'s result on `inputs`, one of which has a zero extent, by the op's shape
+    rule; None where aotc knows no rule. `probe` are the inputs with each zero extent made 1 and `probed`
+    the shape the op's tensor expression gives them: a rule applies only where it gives that too."""
+    shapes = [v.type.shape for v in inputs if v is not None]
+    probes = [v.type.shape for v in probe if v is not None]
+
+    def rule(given: list[tuple[int, ...]]) -> tuple[int, ...] | None:
+        first = given[0]
+        if op in _SAME_SHAPE_OPS:
+            return first
+        pattern = get_op(op).pattern
+        if pattern in (OpPattern.ELEMWISE, OpPattern.BROADCAST) and op not in ("broadcast_to", "prelu"):
+            try:
+                return tuple(np.broadcast_shapes(*given))
+            except ValueError:
+                return None
+        if op in ("reduce_sum", "reduce_max", "reduce_min", "reduce_mean", "reduce_prod"):
+            axes = {a % max(len(first), 1) for a in attrs["axes"]}
+            if attrs.get("keepdims", False):
+                return tuple(1 if d in axes else s for d, s in enumerate(first))
+            return tuple(s for d, s in enumerate(first) if d not in axes)
+        if op == "transpose":
+            return tuple(first[p] for p in attrs["perm"])
+        if op == "reshape":
+            return tuple(attrs["shape"]) if math.prod(attrs["shape"]) == math.prod(first) else None
+        if op == "concat":
+            axis = attrs["axis"] % len(first)
+            return (*first[:axis], sum(s[axis] for s in given), *first[axis + 1 :])
+        return None
+
+    # the rule must agree with the tensor expression where every extent is at least 1
+    if rule(probes) != tuple(probed):
+        return None
+    return rule(shapes)
+
+
+def _at_least_one(t: TensorType) -> TensorType:
+    """`t` with each zero extent made 1."""
+    return TensorType(tuple(max(s, 1) for s in t.shape), t.dtype)
+
+
+def _empty_reduction(op: str, dtype: str) -> Any:
+    """The value of reduction `op` over an empty set (its identity), None where it has none (a mean)."""
+    info = np.finfo(dtype) if np.dtype(dtype).kind == "f" else np.iinfo(dtype) if dtype != "bool" else None
+    if op == "reduce_sum":
+        return 0
+    if op == "reduce_prod":
+        return 1
+    if op in ("reduce_max", "reduce_min") and info is not None:
+        floating = np.dtype(dtype).kind == "f"
+        if op == "reduce_max":
+            return -np.inf if floating else info.min
+        return np.inf if floating else info.max
+    return None
+
+
+def _model_dims(vi: onnx.ValueInfoProto, source: str) -> list[int | str | None] | None:
+    """The model's dims of graph input `vi`: ints (0 for a zero-size dimension), symbolic names, None for
+    unknown; None if rank unknown."""
     if not vi.type.HasField("tensor_type"):
         raise ConversionError(f"{source}: input {vi.name} is not a tensor")
     tt = vi.type.tensor_type
@@ -701,20 +794,8 @@ def _model_dims(
         return None
     dims = [d.dim_value if d.dim_value > 0 else (d.dim_param or None) for d in tt.shape.dim]
     # a dim_value of 0 that the model sets is a zero-size dimension, not an unknown one
-    zero = [
-        i for i, d in enumerate(tt.shape.dim) if d.WhichOneof("value") == "dim_value" and d.dim_value == 0
-    ]
-    if zero:
-        message = (
-            f"{source}: input '{vi.name}' has zero-size dimension {', '.join(map(str, zero))} "
-            f"(shape {[d.dim_value if d.WhichOneof('value') == 'dim_value' else '?' for d in tt.shape.dim]}); "
-            + NONEMPTY
-        )
-        if empty is None:
-            raise InputShapeError(message)
-        empty[vi.name] = message
-        dims = [0 if i in zero else d for i, d in enumerate(dims)]
-    return dims
+    zero = {i for i, d in enumerate(tt.shape.dim) if d.WhichOneof("value") == "dim_value" and not d.dim_value}
+    return [0 if i in zero else d for i, d in enumerate(dims)]
 
 
 def _is_static(dims: list[int | str | None] | None) -> bool:
@@ -1218,18 +1299,22 @@ def _transposed_pads(cv: OnnxConverter, n: OnnxNode, sizes, kernel, strides, dil
 
 @dataclass
 class ConvWindow:
-    """Sliding-window attributes of a Conv/ConvTranspose/Pool node as 2-D ones (1-D lifted to H=1)."""
+    """Sliding-window attributes of a Conv/ConvTranspose/Pool node as 2-D ones (1-D lifted to H=1), or as
+    3-D ones (`rank` 3: the graph's 3-D window ops, whose pads are ONNX's too)."""
 
     attrs: dict[str, tuple[int, ...]]
     lifted: bool
+    rank: int = 2
 
 
 def conv_window(
     cv: OnnxConverter, n: OnnxNode, x: Value, kernel: Sequence[int], transposed: bool = False
 ) -> ConvWindow:
     rank = len(x.type.shape) - 2
-    if rank not in (1, 2):
-        raise cv.fail(f"only 1-D and 2-D windows are supported, got a {rank}-D input {x.type}")
+    if rank not in (1, 2, 3):
+        raise cv.fail(f"only 1-D, 2-D and 3-D windows are supported, got a {rank}-D input {x.type}")
+    if len(kernel) != rank:
+        raise cv.fail(f"a {len(kernel)}-D kernel {list(kernel)} on the {rank}-D input {x.type}")
     sizes = x.type.shape[2:]
     strides = list(n.attr("strides", [1] * rank))
     dilations = list(n.attr("dilations", [1] * rank))
@@ -1239,7 +1324,13 @@ def conv_window(
     if transposed:
         attrs["output_padding"] = n.attr("output_padding", [0] * rank)
     attrs = {k: tuple(int(e) for e in v) for k, v in attrs.items()}
-    return ConvWindow(_lift_attrs(attrs) if rank == 1 else attrs, rank == 1)
+    lengths = {"pads": 2 * rank}
+    wrong = [k for k, v in attrs.items() if len(v) != lengths.get(k, rank)]
+    if wrong:
+        raise cv.fail(f"{wrong[0]} {list(attrs[wrong[0]])} does not fit the {rank}-D input {x.type}")
+    if min(attrs["strides"]) < 1 or min(attrs["dilations"]) < 1 or min(attrs["kernel"]) < 1:
+        raise cv.fail(f"kernel, strides and dilations must be positive, got {attrs}")
+    return ConvWindow(_lift_attrs(attrs) if rank == 1 else attrs, rank == 1, max(rank, 2))
 
 
 def _lift_attrs(attrs: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
@@ -1260,7 +1351,9 @@ def _lift(cv: OnnxConverter, v: Value) -> Value:
 def _windowed(
     cv: OnnxConverter, n: OnnxNode, op: str, inputs: list[Value], attrs: dict, w: ConvWindow
 ) -> Value:
-    """Emit a 2-D window op, lifting 1-D operands to 2-D and the result back."""
+    """Emit a 2-D window op (`op`), lifting 1-D operands to 2-D and the result back, or its 3-D twin."""
+    if w.rank == 3:
+        op = op.replace("2d", "3d")  # conv3d, conv3d_transpose, max_pool3d, avg_pool3d
     if not w.lifted:
         return cv.emit(op, inputs, attrs, n.outputs[0])
     lifted = [_lift(cv, v) if len(v.type.shape) == 3 else v for v in inputs]
@@ -1665,7 +1758,8 @@ def _reshape_op(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
         shape = [x.type.shape[d] if s == 0 else s for d, s in enumerate(shape)]
     if not x.is_constant:
         shape = cv.batch.reshape_target(shape, x.type.shape)
-    if any(s == 0 for s in shape) or shape.count(-1) > 1 or any(s < -1 for s in shape):
+    empty_to_empty = x.type.num_elements == 0 and -1 not in shape  # allowzero's literal 0 extent
+    if (0 in shape and not empty_to_empty) or shape.count(-1) > 1 or any(s < -1 for s in shape):
         raise cv.fail(f"cannot reshape {x.type} to {spec.tolist()}")
     if -1 in shape:
         known = math.prod(s for s in shape if s != -1)
@@ -1734,13 +1828,8 @@ def _slice(cv: OnnxConverter, x: Value, ranges: dict[int, range], out: str | Non
     full = [ranges.get(d, range(s)) for d, s in enumerate(x.type.shape)]
     if all(r == range(s) for r, s in zip(full, x.type.shape)):
         return x
-    if any(len(r) == 0 for r in full):
-        if x.is_constant:  # an empty slice of a constant (a shape's) folds; no graph op may take it
-            data = x.data
-            for d, r in enumerate(full):
-                data = np.take(data, np.array(list(r), np.int64), axis=d)
-            return cv.constant(data, "slice", out=out)
-        raise cv.fail(f"the slice of {x.type} is empty; zero-sized tensors are not supported")
+    if any(len(r) == 0 for r in full):  # an empty slice is known (nothing): a constant, no kernel
+        return cv.constant(np.zeros([len(r) for r in full], x.type.dtype), "slice", out=out)
     attrs = {
         "begin": tuple(r.start for r in full),
         "end": tuple(r.stop for r in full),
@@ -1790,8 +1879,6 @@ def _split(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
         sizes = [min(chunk, extent - i * chunk) for i in range(parts)]
     if sum(sizes) != extent or min(sizes) < 0:
         raise cv.fail(f"split sizes {sizes} do not partition axis {axis} of {x.type}")
-    if min(sizes) == 0:
-        raise cv.fail(f"split sizes {sizes} of {x.type} make an empty output; {NONEMPTY}")
     outs, start = [], 0
     for size, name in zip(sizes, n.outputs):
         outs.append(_slice(cv, x, {axis: range(start, start + size)}, name or None))

@@ -277,12 +277,13 @@ def constant_requantize_tables(graph: Graph) -> Graph:
 
 
 def materialize_outputs(graph: Graph) -> Graph:
-    """Model outputs that are constants, model inputs, or repeated get a copy node, so a kernel writes each."""
+    """Model outputs that are constants, model inputs, or repeated get a copy node, so a kernel writes each
+    (an empty one has nothing to write: no kernel, which would see a zero extent)."""
     seen: set[Value] = set()
     inputs = set(graph.inputs)
     outputs = []
     for v in graph.outputs:
-        if v.is_constant or v in inputs or v in seen:
+        if v.type.num_elements and (v.is_constant or v in inputs or v in seen):
             node = Node("identity", [v], [], name=f"{v.name}_output_copy")
             copy = Value(v.name, v.type, producer=node)
             node.outputs = [copy]

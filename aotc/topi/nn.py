@@ -518,6 +518,180 @@ def conv2d_transpose_nchw(
     return te.compute((n, ocg * groups, oh, ow), body, name, tag="conv2d_transpose_nchw")
 
 
+# n-D windows (N, C, then the spatial axes) for the ranks the 2-D computes above do not cover (3-D): those
+# keep their own definitions, so that their workload keys, and the records tuned for them, stay valid.
+# `pads` are ONNX's: every axis's begin, then every axis's end.
+
+
+def _window_args(
+    what: str,
+    rank: int,
+    kernel: Sequence[int],
+    strides: Sequence[int],
+    pads: Sequence[int],
+    dilations: Sequence[int],
+) -> tuple[list[int], list[int], list[int], list[int], list[int]]:
+    """kernel, strides, dilations, begin and end pads as lists of `rank` ints, checked."""
+    if len(kernel) != rank or len(strides) != rank or len(dilations) != rank or len(pads) != 2 * rank:
+        raise te.TEError(
+            f"{what}: a {rank}-D window needs {rank} kernel extents, strides and dilations and {2 * rank} pads, "
+            f"got {list(kernel)}, {list(strides)}, {list(dilations)}, {list(pads)}"
+        )
+    if min(kernel) < 1 or min(strides) < 1 or min(dilations) < 1:
+        raise te.TEError(
+            f"{what}: kernel {list(kernel)}, strides {list(strides)}, dilations {list(dilations)}"
+        )
+    ints = [[int(e) for e in v] for v in (kernel, strides, dilations, pads[:rank], pads[rank:])]
+    return ints[0], ints[1], ints[2], ints[3], ints[4]
+
+
+def pool_nd(
+    data: Operation,
+    kind: str,
+    kernel: Sequence[int],
+    strides: Sequence[int],
+    pads: Sequence[int],
+    dilations: Sequence[int],
+    ceil_mode: bool = False,
+    count_include_pad: bool = False,
+    name: str = "pool",
+) -> Operation:
+    """Max or average pooling over every axis after N and C. An average divides by the window's taps
+    inside the input (inside the padded input with `count_include_pad`); ceil_mode's extra taps past the
+    end padding count for neither."""
+    n, c, *sizes = data.shape
+    kernel, strides, dilations, begins, ends = _window_args(
+        name, len(sizes), kernel, strides, pads, dilations
+    )
+    outs = [_pool_extent(*a, ceil_mode) for a in zip(sizes, kernel, strides, dilations, begins, ends)]
+    if min(outs) < 1:
+        raise te.TEError(f"{name}: window {kernel} does not fit input {sizes} with pads {list(pads)}")
+    extra = [
+        max(0, (o - 1) * s + d * (k - 1) + 1 - (size + b + e))
+        for o, s, d, k, size, b, e in zip(outs, strides, dilations, kernel, sizes, begins, ends)
+    ]
+    value = dtype_min(data.dtype) if kind == "max" else 0.0
+    ends_read = [e + x for e, x in zip(ends, extra)]
+    padded = pad(data, (0, 0, *begins), (0, 0, *ends_read), value=value, name=f"{name}_pad")
+    raxes = [te.reduce_axis(k, f"r{i}") for i, k in enumerate(kernel)]
+
+    def window(nn, cc, *o):
+        taps = (oi * s + r.var * d for oi, s, r, d in zip(o, strides, raxes, dilations))
+        return padded[(nn, cc, *taps)]
+
+    shape = (n, c, *outs)
+    if kind == "max":
+        return te.compute(shape, lambda *i: te.max(window(*i), raxes), name, tag="pool_max")
+    if kind != "avg":
+        raise te.TEError(f"{name}: kind must be 'max' or 'avg', got {kind!r}")
+    total = te.compute(shape, lambda *i: te.sum(window(*i), raxes), f"{name}_sum", tag="pool_sum")
+    bounds = [(-b, size + e) if count_include_pad else (0, size) for size, b, e in zip(sizes, begins, ends)]
+    axes = list(zip(outs, strides, dilations, kernel, begins, bounds))
+    if all(uniform_windows(o, s, d, k, b, lo, hi) for o, s, d, k, b, (lo, hi) in axes):
+        return te.compute(shape, lambda *i: total[i] / float(math.prod(kernel)), name, tag="elemwise")
+
+    def average(nn, cc, *o):
+        count = math.prod(
+            taps_inside(oi, s, d, k, b, lo, hi) for oi, (_, s, d, k, b, (lo, hi)) in zip(o, axes)
+        )
+        return total[(nn, cc, *o)] / count.astype(data.dtype)
+
+    return te.compute(shape, average, name, tag="elemwise")
+
+
+def conv_nd(
+    data: Operation,
+    weight: Operation,
+    strides: Sequence[int],
+    pads: Sequence[int],
+    dilations: Sequence[int],
+    groups: int = 1,
+    name: str = "conv",
+) -> Operation:
+    """Convolution of N, C, spatial... data with O, C / groups, kernel... weights."""
+    n, c, *sizes = data.shape
+    oc, icg, *kernel = weight.shape
+    kernel, strides, dilations, begins, ends = _window_args(
+        name, len(sizes), kernel, strides, pads, dilations
+    )
+    if groups < 1 or c % groups or oc % groups or icg != c // groups:
+        raise te.TEError(
+            f"{name}: channels {c}/{oc} do not match groups={groups} and weight {list(weight.shape)}"
+        )
+    outs = [
+        (size + b + e - d * (k - 1) - 1) // s + 1
+        for size, k, s, d, b, e in zip(sizes, kernel, strides, dilations, begins, ends)
+    ]
+    if min(outs) < 1:
+        raise te.TEError(f"{name}: kernel {kernel} does not fit input {sizes} with pads {list(pads)}")
+    padded = pad(data, (0, 0, *begins), (0, 0, *ends), name=f"{name}_pad")
+    rc = te.reduce_axis(icg, "rc")
+    raxes = [te.reduce_axis(k, f"r{i}") for i, k in enumerate(kernel)]
+    ocg = oc // groups
+
+    def body(nn, ff, *o):
+        cin = rc.var if groups == 1 else (ff // ocg) * icg + rc.var
+        taps = (oi * s + r.var * d for oi, s, r, d in zip(o, strides, raxes, dilations))
+        return te.sum(padded[(nn, cin, *taps)] * weight[(ff, rc.var, *(r.var for r in raxes))], [rc, *raxes])
+
+    return te.compute((n, oc, *outs), body, name, tag=f"conv{len(sizes)}d")
+
+
+def conv_transpose_nd(
+    data: Operation,
+    weight: Operation,
+    strides: Sequence[int],
+    pads: Sequence[int],
+    dilations: Sequence[int],
+    groups: int = 1,
+    output_padding: Sequence[int] | None = None,
+    name: str = "conv_transpose",
+) -> Operation:
+    """Transposed convolution, weight [C, O / groups, kernel...]: as conv2d_transpose_nchw, a convolution
+    with the flipped kernel over the input dilated by the strides and padded by dilation * (k - 1) - pad."""
+    n, c, *sizes = data.shape
+    ic, ocg, *kernel = weight.shape
+    rank = len(sizes)
+    kernel, strides, dilations, begins, ends = _window_args(name, rank, kernel, strides, pads, dilations)
+    extra = [int(e) for e in (output_padding if output_padding is not None else [0] * rank)]
+    if ic != c or groups < 1 or c % groups or len(extra) != rank:
+        raise te.TEError(
+            f"{name}: weight {list(weight.shape)} does not fit {c} channels, groups={groups}, "
+            f"output_padding {extra}"
+        )
+    before = [d * (k - 1) - b for d, k, b in zip(dilations, kernel, begins)]
+    after = [d * (k - 1) - e + x for d, k, e, x in zip(dilations, kernel, ends, extra)]
+    spans = [(size - 1) * s + 1 for size, s in zip(sizes, strides)]
+    padded_sizes = [span + b + a for span, b, a in zip(spans, before, after)]
+    outs = [p - d * (k - 1) for p, d, k in zip(padded_sizes, dilations, kernel)]
+    if min(outs) < 1:
+        raise te.TEError(f"{name}: pads {list(pads)} leave no output for input {sizes}")
+
+    def dilate_pad(nn, cc, *ii):
+        src, conds = [], []
+        for i, b, a, span, s in zip(ii, before, after, spans, strides):
+            j = i - b if b else i
+            conds += ([j >= 0] if b > 0 else []) + ([j < span] if a > 0 else [])
+            conds += [eq(j % s, 0)] if s > 1 else []
+            src.append(j // s if s > 1 else j)
+        read = data[(nn, cc, *src)]
+        return select(logical_and(*conds), read, const(0, data.dtype)) if conds else read
+
+    padded = te.compute((n, c, *padded_sizes), dilate_pad, f"{name}_dilate_pad", tag="dilate_pad")
+    icg = c // groups
+    rc = te.reduce_axis(icg, "rc")
+    raxes = [te.reduce_axis(k, f"r{i}") for i, k in enumerate(kernel)]
+
+    def body(nn, ff, *o):
+        cin = rc.var if groups == 1 else (ff // ocg) * icg + rc.var
+        f = ff if groups == 1 else ff % ocg
+        taps = (oi + r.var * d for oi, r, d in zip(o, raxes, dilations))
+        flipped = (k - 1 - r.var for k, r in zip(kernel, raxes))
+        return te.sum(padded[(nn, cin, *taps)] * weight[(cin, f, *flipped)], [rc, *raxes])
+
+    return te.compute((n, ocg * groups, *outs), body, name, tag=f"conv{rank}d_transpose")
+
+
 def bias_add(x: Operation, bias: Operation, axis: int = 1, name: str = "bias_add") -> Operation:
     return te.compute(x.shape, lambda *i: x[i] + bias[i[axis]], name, tag="elemwise")
 

@@ -266,3 +266,55 @@ def _rms_norm(inputs, attrs):
 def _cumsum(inputs, attrs):
     """attrs: axis, exclusive, reverse."""
     return [nn.cumsum(inputs[0], attrs["axis"], attrs.get("exclusive", False), attrs.get("reverse", False))]
+
+
+def _register_pool3d(name: str, kind: str) -> None:
+    @register(name, OpPattern.OUT_ELEMWISE_FUSABLE)
+    def compute(inputs, attrs):
+        """NCDHW data; attrs: kernel, strides, pads (ONNX's: begins, then ends), dilations, ceil_mode,
+        count_include_pad (avg)."""
+        return [
+            nn.pool_nd(
+                inputs[0],
+                kind,
+                attrs["kernel"],
+                attrs["strides"],
+                attrs["pads"],
+                attrs["dilations"],
+                ceil_mode=attrs.get("ceil_mode", False),
+                count_include_pad=attrs.get("count_include_pad", False),
+                name=name,
+            )
+        ]
+
+
+_register_pool3d("max_pool3d", "max")
+_register_pool3d("avg_pool3d", "avg")
+
+
+@register("conv3d", OpPattern.OUT_ELEMWISE_FUSABLE)
+def _conv3d(inputs, attrs):
+    """NCDHW data, weight [O, C / groups, KD, KH, KW], optional bias [O]; attrs: strides, pads (begins,
+    then ends), dilations, groups."""
+    data, weight = inputs[:2]
+    out = nn.conv_nd(
+        data, weight, attrs["strides"], attrs["pads"], attrs["dilations"], attrs.get("groups", 1), "conv3d"
+    )
+    return _with_bias(out, inputs, 1)
+
+
+@register("conv3d_transpose", OpPattern.OUT_ELEMWISE_FUSABLE)
+def _conv3d_transpose(inputs, attrs):
+    """NCDHW data, weight [C, O / groups, KD, KH, KW], optional bias [O]; attrs: strides, pads, dilations,
+    groups, output_padding."""
+    out = nn.conv_transpose_nd(
+        inputs[0],
+        inputs[1],
+        attrs["strides"],
+        attrs["pads"],
+        attrs["dilations"],
+        attrs.get("groups", 1),
+        attrs.get("output_padding"),
+        "conv3d_transpose",
+    )
+    return _with_bias(out, inputs, 1)
