@@ -2167,11 +2167,21 @@ from aotc.frontend import (  # noqa: E402, F401
     onnx_indexing,
     onnx_lowp,
     onnx_math,
+    onnx_misc,
     onnx_nn,
     onnx_quant,
     onnx_recurrent,
     onnx_sampling,
 )
 
-for _family in (onnx_attention, onnx_indexing, onnx_lowp, onnx_math, onnx_nn, onnx_recurrent, onnx_sampling):
+for _family in (
+    onnx_attention,
+    onnx_indexing,
+    onnx_lowp,
+    onnx_math,
+    onnx_misc,
+    onnx_nn,
+    onnx_recurrent,
+    onnx_sampling,
+):
     VERSIONS.update(_family.VERSIONS)

@@ -1,0 +1,204 @@
+"""DynamicQuantizeLinear, Det and TfIdfVectorizer (aotc/frontend/onnx_misc.py) against onnxruntime, through
+the frontend and the graph interpreter and, once (slow), compiled.
+
+Tolerances: quantized outputs, zero points and n-gram counts must be equal, and so must DynamicQuantizeLinear's
+scale (one float32 division, as onnxruntime's). Det: aotc computes in float64 (as numpy does for float32
+matrices), onnxruntime in float32: rtol 1e-4, atol 1e-5 against onnxruntime (float32); against
+numpy.linalg.det (float64, which onnxruntime has no kernel for) rtol 1e-9.
+"""
+
+from __future__ import annotations
+
+import aotc_runtime
+import numpy as np
+import pytest
+from onnx import helper
+
+import aotc
+from aotc.frontend.errors import ConversionError
+from aotc.frontend.onnx import load_onnx
+from aotc.graph.interpret import run_graph
+
+from .onnx_util import Input, make_graph_model, random_feeds, run_onnxruntime, single_op_model
+
+
+def run_aotc(model, feeds: dict) -> dict:
+    return run_graph(load_onnx(model.SerializeToString()), feeds)
+
+
+def assert_equal_outputs(got: dict, model, expected: list[np.ndarray]) -> None:
+    for out, ref in zip(model.graph.output, expected):
+        value = np.asarray(got[out.name])
+        assert value.shape == ref.shape and value.dtype == ref.dtype, (out.name, value.dtype, value.shape)
+        np.testing.assert_array_equal(value, ref, err_msg=out.name)
+
+
+# --- DynamicQuantizeLinear ----------------------------------------------------------------------------------
+
+DQL_DATA = {
+    "mixed": lambda rng, s: rng.uniform(-3, 2, s),
+    "positive": lambda rng, s: rng.uniform(0.5, 2, s),  # min adjusted to 0: zero point 0
+    "negative": lambda rng, s: rng.uniform(-4, -1, s),  # max adjusted to 0: zero point 255
+    "zeros": lambda rng, s: np.zeros(s),  # max == min: onnxruntime's scale 1
+    "halves": lambda rng, s: rng.integers(-10, 10, s) * 0.5,  # quotients near .5: ties to even
+}
+
+
+@pytest.mark.parametrize("shape", [(6,), (3, 4), (2, 3, 5), ()], ids=str)
+@pytest.mark.parametrize("data", list(DQL_DATA))
+def test_dynamic_quantize_linear_equals_onnxruntime(shape, data):
+    model = single_op_model("DynamicQuantizeLinear", [Input(shape)], 3, 11)
+    x = np.asarray(DQL_DATA[data](np.random.default_rng(0), shape), np.float32)
+    assert_equal_outputs(run_aotc(model, {"x0": x}), model, run_onnxruntime(model, {"x0": x}))
+
+
+# --- Det ----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "shape, singular",
+    [((1, 1), False), ((2, 2), False), ((3, 2, 2), False), ((3, 3), False), ((2, 4, 3, 3), False),
+     ((4, 4), True), ((5, 5), False), ((2, 6, 6), False), ((3, 3), True)],
+    ids=str,
+)  # fmt: skip
+def test_det_matches_onnxruntime_and_numpy(shape, singular):
+    x = np.random.default_rng(1).uniform(-2, 2, shape)
+    if singular:
+        x[..., 1, :] = 2 * x[..., 0, :]
+    if shape[-1] == 5:
+        x[..., 0, 0] = 0  # a zero on the diagonal: the first column needs a row swap
+    x32 = x.astype(np.float32)
+    model = single_op_model("Det", [Input(shape)], 1, 22)
+    got = run_aotc(model, {"x0": x32})["y0"]
+    (ref,) = run_onnxruntime(model, {"x0": x32})
+    assert got.shape == ref.shape and got.dtype == np.float32
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
+    model = single_op_model("Det", [Input(shape, "float64")], 1, 11)
+    got = run_aotc(model, {"x0": x})["y0"]
+    assert got.shape == shape[:-2] and got.dtype == np.float64
+    np.testing.assert_allclose(got, np.linalg.det(x), rtol=1e-9, atol=1e-12)
+
+
+def test_det_of_float16_is_computed_wide_and_rounded_once():
+    x = np.random.default_rng(2).uniform(-2, 2, (4, 3, 3)).astype(np.float16)
+    model = single_op_model("Det", [Input((4, 3, 3), "float16")], 1, 22)
+    got = run_aotc(model, {"x0": x})["y0"]
+    assert got.dtype == np.float16
+    np.testing.assert_allclose(got, np.linalg.det(x.astype(np.float64)).astype(np.float16), rtol=1e-3)
+
+
+# --- TfIdfVectorizer ----------------------------------------------------------------------------------------
+
+
+def random_tfidf(seed: int) -> tuple[dict, tuple[int, ...], str]:
+    """Attributes of a random TfIdfVectorizer (up to 3 unigrams, bigrams and trigrams of values 0..4, no
+    n-gram twice), an input shape and dtype."""
+    rng = np.random.default_rng(seed)
+    pool, counts, grams = [], [], 0
+    for size in (1, 2, 3):
+        counts.append(len(pool))
+        drawn = {tuple(int(v) for v in rng.integers(0, 5, size)) for _ in range(int(rng.integers(0, 4)))}
+        for gram in sorted(drawn):
+            pool += gram
+        grams += len(drawn)
+    grams = max(grams, 1)
+    if not pool:
+        pool, counts = [1], [0, 1, 1]
+    lo = int(rng.integers(1, 4))
+    mode = ("TF", "IDF", "TFIDF")[seed % 3]
+    attrs = dict(
+        mode=mode,
+        min_gram_length=lo,
+        max_gram_length=int(rng.integers(lo, 4)),
+        max_skip_count=int(rng.integers(0, 4)),
+        ngram_counts=counts,
+        pool_int64s=pool,
+    )
+    if seed % 2:  # weights: the identity ngram_indexes (onnxruntime's reading of weights is ONNX's there)
+        attrs["ngram_indexes"] = list(range(grams))
+        attrs["weights"] = [float(w) for w in rng.uniform(0.5, 2, grams)]
+    else:  # columns in another order, some unused
+        attrs["ngram_indexes"] = [int(i) for i in rng.permutation(grams + 2)[:grams]]
+    shape = (int(rng.integers(1, 4)), int(rng.integers(1, 10))) if seed % 5 else (int(rng.integers(1, 12)),)
+    return attrs, shape, ("int32", "int64")[seed % 4 // 2]
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_tfidf_vectorizer_equals_onnxruntime(seed):
+    attrs, shape, dtype = random_tfidf(seed)
+    model = single_op_model("TfIdfVectorizer", [Input(shape, dtype)], 1, 9, **attrs)
+    x = np.random.default_rng(seed).integers(0, 5, shape).astype(dtype)
+    assert_equal_outputs(run_aotc(model, {"x0": x}), model, run_onnxruntime(model, {"x0": x}))
+
+
+def test_tfidf_vectorizer_skips_count_each_bigram_once_per_distance_and_unigrams_once():
+    """x = 1 2 1 2: bigram (1, 2) at distance 1 twice and at distance 3 once; unigram 2 twice."""
+    attrs = dict(mode="TF", min_gram_length=1, max_gram_length=2, max_skip_count=2, ngram_counts=[0, 1])
+    model = single_op_model(
+        "TfIdfVectorizer", [Input((4,), "int64")], 1, 9, ngram_indexes=[0, 1], pool_int64s=[2, 1, 2], **attrs
+    )
+    got = run_aotc(model, {"x0": np.array([1, 2, 1, 2], np.int64)})["y0"]
+    np.testing.assert_array_equal(got, np.array([2, 3], np.float32))
+
+
+# --- refusals -----------------------------------------------------------------------------------------------
+
+TFIDF = dict(mode="TF", min_gram_length=1, max_gram_length=1, max_skip_count=0, ngram_counts=[0])
+
+
+@pytest.mark.parametrize(
+    "op_type, operands, kw, message",
+    [
+        ("DynamicQuantizeLinear", [Input((3,), "float64")], {"outputs": 3, "opset": 11}, r"node dynamicquantizelinear_node \(DynamicQuantizeLinear\): DynamicQuantizeLinear quantizes float32 tensors, got float64"),
+        ("Det", [Input((2, 3))], {}, r"node det_node \(Det\): Det needs square matrices in the last two axes, got float32\[2, 3\]"),
+        ("Det", [Input((17, 17))], {}, r"Det of 17x17 matrices: aotc unrolls LU up to 16x16"),
+        ("TfIdfVectorizer", [Input((4,), "int64")], {**TFIDF, "ngram_indexes": [0, 1], "pool_strings": ["a", "b"], "opset": 9}, r"pool_strings: aotc compiles no string tensors"),
+        ("TfIdfVectorizer", [Input((4,), "int64")], {**TFIDF, "ngram_indexes": [0, 1], "pool_int64s": [3, 3], "opset": 9}, r"n-gram \[3\] is in pool_int64s twice"),
+        ("TfIdfVectorizer", [Input((4,), "int64")], {**TFIDF, "mode": "IDF", "ngram_indexes": [1, 0], "pool_int64s": [3, 4], "weights": [1.0, 2.0], "opset": 9}, r"weights\[i\] must equal weights\[ngram_indexes\[i\]\]"),
+        ("TfIdfVectorizer", [Input((4,), "float32")], {**TFIDF, "ngram_indexes": [0], "pool_int64s": [3], "opset": 9}, r"X must be int32 or int64, got float32"),
+    ],
+)  # fmt: skip
+def test_what_aotc_does_not_compute_is_refused_naming_node_and_reason(op_type, operands, kw, message):
+    kw = dict(kw)
+    model = single_op_model(op_type, operands, kw.pop("outputs", 1), kw.pop("opset", 22), **kw)
+    with pytest.raises(ConversionError, match=message):
+        load_onnx(model.SerializeToString())
+
+
+@pytest.mark.slow
+def test_the_operators_compile_and_match_onnxruntime(tmp_path):
+    """One package (Det by cofactors and by LU, DynamicQuantizeLinear, TfIdfVectorizer with skips), run with
+    aotc_runtime."""
+    nodes = [
+        helper.make_node("Det", ["m3"], ["det3"]),
+        helper.make_node("Det", ["m5"], ["det5"]),
+        helper.make_node("DynamicQuantizeLinear", ["x"], ["y", "y_scale", "y_zero_point"]),
+        helper.make_node(
+            "TfIdfVectorizer", ["t"], ["tf"], mode="TF", min_gram_length=1, max_gram_length=2, max_skip_count=2,
+            ngram_counts=[0, 3], ngram_indexes=[0, 1, 2, 3, 4], pool_int64s=[2, 3, 5, 2, 3, 5, 7],
+        ),
+    ]  # fmt: skip
+    inputs = {
+        "m3": Input((2, 3, 3)),
+        "m5": Input((3, 5, 5)),
+        "x": Input((4, 5)),
+        "t": Input((2, 8), "int32", 0, 8),
+    }
+    outputs = ["det3", "det5", "y", "y_scale", "y_zero_point", "tf"]
+    model = make_graph_model(nodes, inputs, outputs, opset=11)
+    feeds = random_feeds(model, inputs)
+    path = tmp_path / "m.onnx"
+    path.write_bytes(model.SerializeToString())
+    shapes = {name: list(spec.shape) for name, spec in inputs.items()}
+    package = aotc.compile(
+        str(path), inputs=shapes, validate=False, output=tmp_path / "m.aotc", log=lambda _: None
+    )
+    got = aotc_runtime.load(str(package.path)).run(feeds)
+    expected = run_onnxruntime(model, feeds)
+    for name, ref in zip(outputs, expected):
+        value = np.asarray(got[name])
+        assert value.shape == ref.shape and value.dtype == ref.dtype, name
+        if name.startswith("det"):
+            np.testing.assert_allclose(value, ref, rtol=1e-4, atol=1e-5, err_msg=name)
+        else:
+            np.testing.assert_array_equal(value, ref, err_msg=name)
