@@ -252,3 +252,28 @@ def test_qlinearmatmul_float16_scales_and_batched_b_as_onnx_reference(tmp_path):
     feeds = {"a": rng.integers(0, 256, (2, 2, 4)).astype(np.uint8)}
     got = _compile_and_run(tmp_path, model, feeds)
     np.testing.assert_array_equal(got["y"], ReferenceEvaluator(model).run(None, feeds)[0])
+
+
+def test_scalars_and_a_bfloat16_range_fold_as_onnx_reference():
+    """0-d low-precision constants fold (Cast of a bfloat16 scalar), and Range reads bfloat16 constants as
+    numbers (computed in float32, stash_type 1), its result a bfloat16 tensor."""
+    inits = [
+        numpy_helper.from_array(np.array(v, ml_dtypes.bfloat16), k)
+        for k, v in {"start": 1.0, "limit": 9.5, "delta": 2.5}.items()
+    ]
+    nodes = [
+        helper.make_node("Range", ["start", "limit", "delta"], ["r"]),
+        helper.make_node("Cast", ["delta"], ["delta_f"], to=TensorProto.FLOAT),
+        helper.make_node("Cast", ["delta_f"], ["delta_f8"], to=TensorProto.FLOAT8E5M2),
+    ]
+    outputs = [
+        helper.make_tensor_value_info("r", TensorProto.BFLOAT16, [4]),
+        helper.make_tensor_value_info("delta_f", TensorProto.FLOAT, []),
+        helper.make_tensor_value_info("delta_f8", TensorProto.FLOAT8E5M2, []),
+    ]
+    model = _model(nodes, [], outputs, inits, opset=27)
+    graph = load_onnx(model.SerializeToString())
+    assert graph.elements == {"r": "bfloat16", "delta_f8": "float8_e5m2"}
+    got = {v.name: v.data for v in graph.outputs}
+    for name, ref in zip(["r", "delta_f", "delta_f8"], ReferenceEvaluator(model).run(None, {})):
+        np.testing.assert_array_equal(got[name], _bits(ref) if ref.dtype.itemsize < 4 else ref, err_msg=name)

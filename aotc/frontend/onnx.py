@@ -628,6 +628,8 @@ class OnnxConverter:
             return None
         if not v.is_constant:
             raise self.run_time_value_error(n, i, what, "aotc needs its value at compile time")
+        if v.name in self.formats:  # a low-precision constant's bits, read as its ml_dtypes type
+            return v.data.view(np.dtype(self.formats[v.name]))
         return v.data
 
     def run_time_value_error(self, n: OnnxNode, i: int, what: str, why: str) -> RunTimeValueError:
@@ -2129,13 +2131,14 @@ def _constant_of_shape(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
 @converts("Range")
 def _range(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
     start, limit, delta = (cv.const_input(n, i, what) for i, what in enumerate(("start", "limit", "delta")))
+    dtype = start.dtype  # ml_dtypes' bfloat16 for a bfloat16 start (const_input reads its bits as such)
     count = max(math.ceil((limit.item() - start.item()) / delta.item()), 0)
     if str(start.dtype) in ("float16", "bfloat16"):  # Range-27's new types
         if n.attr("stash_type", 1) != onnx.TensorProto.FLOAT:
             raise cv.fail_version(f"stash_type={n.attr('stash_type')} is not supported (1: float32)")
         # stash_type 1 (the default): start and delta cast to float32, the values computed there
         start, delta = start.astype(np.float32), delta.astype(np.float32)
-    values = (start + np.arange(count, dtype=start.dtype) * delta).astype(n.inputs[0].type.dtype)
+    values = (start + np.arange(count, dtype=start.dtype) * delta).astype(dtype)
     return [cv.constant(values, "range", out=n.outputs[0])]
 
 

@@ -38,8 +38,9 @@ VERSIONS: dict[str, tuple[int, ...]] = {
 }
 """ONNX operator -> the versions of it that this module converts (merged into aotc.frontend.onnx.VERSIONS)."""
 
-READS_FORMAT = frozenset({"Cast", "CastLike", "QuantizeLinear", "DequantizeLinear"})
-"""Operators whose converters read a low-precision input's format."""
+READS_FORMAT = frozenset({"Cast", "CastLike", "QuantizeLinear", "DequantizeLinear", "Range"})
+"""Operators whose converters read a low-precision input's format (Range: its constants, which
+`OnnxConverter.const_input` gives as ml_dtypes arrays)."""
 MOVES_BITS = {
     **dict.fromkeys(("Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose"), 0),
     **dict.fromkeys(("Gather", "Slice", "Expand", "Tile"), 0),

@@ -139,7 +139,7 @@ def _eval(e: Expr, grid, values, fdt):
             return np.asarray(v).astype(_dt(e.dtype, fdt))
     if isinstance(e, Reinterpret):
         # the bits of the exact source type, whatever float type the evaluation computes in
-        v = np.ascontiguousarray(_eval(e.value, grid, values, fdt), dtype=e.value.dtype)
+        v = np.asarray(_eval(e.value, grid, values, fdt), dtype=e.value.dtype)  # 0-d stays 0-d
         return v.view(e.dtype).astype(_dt(e.dtype, fdt))
     if isinstance(e, Call):
         x = _eval(e.args[0], grid, values, fdt)
