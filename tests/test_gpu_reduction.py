@@ -102,6 +102,13 @@ def min_37_threads():
     return dag, cross_thread(State.initial(dag), "reduce", 64)
 
 
+def prod_37_threads():
+    """A product (ReduceProd's combiner): threads past the 37 elements contribute its identity, 1."""
+    x = te.placeholder((3, 37), name="x")
+    dag = te.ComputeDAG([nn.reduce(x, "prod", [1])])
+    return dag, cross_thread(State.initial(dag), "reduce", 64)
+
+
 def softmax_maxelem():
     x = te.placeholder((5, 37), name="x")
     dag = te.ComputeDAG([nn.softmax(x)])
@@ -219,6 +226,7 @@ WORKLOADS = {
     "sum_two_axes": sum_two_axes,
     "sum_to_scalar": sum_to_scalar,
     "min_37_threads": min_37_threads,
+    "prod_37_threads": prod_37_threads,
     "softmax_maxelem": softmax_maxelem,
     "softmax_root": softmax_root,
     "softmax_fused": softmax_fused,
