@@ -44,7 +44,7 @@ DQL_DATA = {
 }
 
 
-@pytest.mark.parametrize("shape", [(6,), (3, 4), (2, 3, 5), ()], ids=str)
+@pytest.mark.parametrize("shape", [(6,), (3, 4), (2, 3, 5), (), (2, 0)], ids=str)
 @pytest.mark.parametrize("data", list(DQL_DATA))
 def test_dynamic_quantize_linear_equals_onnxruntime(shape, data):
     model = single_op_model("DynamicQuantizeLinear", [Input(shape)], 3, 11)
@@ -77,6 +77,13 @@ def test_det_matches_onnxruntime_and_numpy(shape, singular):
     got = run_aotc(model, {"x0": x})["y0"]
     assert got.shape == shape[:-2] and got.dtype == np.float64
     np.testing.assert_allclose(got, np.linalg.det(x), rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("shape", [(3, 0, 0), (0, 2, 2), (0, 0)], ids=str)
+def test_det_of_empty_matrices_or_batches_equals_onnxruntime(shape):
+    model = single_op_model("Det", [Input(shape)], 1, 22)
+    x = np.zeros(shape, np.float32)
+    assert_equal_outputs(run_aotc(model, {"x0": x}), model, run_onnxruntime(model, {"x0": x}))
 
 
 def test_det_of_float16_is_computed_wide_and_rounded_once():

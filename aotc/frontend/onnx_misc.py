@@ -99,6 +99,8 @@ def _det(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
     if size > DET_MAX_SIZE:
         raise cv.fail(f"Det of {size}x{size} matrices: aotc unrolls LU up to {DET_MAX_SIZE}x{DET_MAX_SIZE}")
     count = math.prod(batch)
+    if count == 0 or size == 0:  # no matrix (an empty result), or 0x0 ones (determinant 1, as numpy's)
+        return [cv.constant(np.ones(batch, dtype), "det", out=n.outputs[0])]
     wide = cv.emit("cast", [x], {"dtype": "float64"}) if dtype != "float64" else x
     wide = cv.emit("reshape", [wide], {"shape": (count, size, size)})
     rows = [
