@@ -81,6 +81,7 @@ CASES = [
     case("MeanVarianceNormalization", [Input((2, 3, 4))], axes=[1], opset=9, id="mvn-axis1-9"),
     case("LRN", [Input((1, 5, 3, 3))], size=3, opset=13, id="lrn"),
     case("LRN", [Input((2, 6, 2, 3))], size=5, alpha=0.01, beta=0.5, bias=2.0, opset=13, id="lrn-attributes"),
+    case("LRN", [Input((1, 4, 3, 3), "float16")], size=3, opset=13, id="lrn-float16"),
     case("GroupNormalization", [Input((2, 6, 3, 3)), SCALE, BIAS], num_groups=3, opset=21, id="group-norm"),
     case("GroupNormalization", [Input((2, 6, 4)), SCALE, BIAS], num_groups=1, epsilon=1e-2, opset=21, id="group-norm-1"),
     case("GroupNormalization", [Input((1, 6, 2, 2), "float16"), SCALE.astype(np.float16), BIAS.astype(np.float16)], num_groups=2, opset=21, id="group-norm-float16"),

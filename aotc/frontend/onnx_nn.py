@@ -86,14 +86,11 @@ def _reduce(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
         given = cv.const_input(n, 1, "axes")
         raw = None if given is None else given.reshape(-1).tolist()
     axes = sorted({onnx_axis(cv, int(a), ndim) for a in raw or ()})
-    if not axes:
-        if n.attr("noop_with_empty_axes", 0):
-            # the input itself (the log of it for ReduceLogSum, whose ReduceSum is then the identity)
-            return [cv.emit("log", [x], out=n.outputs[0]) if log_sum else x]
-        axes = list(range(ndim))
-    if not axes:  # a 0-d input: the product or sum of its one element is itself
+    if not axes and (n.attr("noop_with_empty_axes", 0) or not ndim):
+        # no reduction (the product or sum of a 0-d input's one element is itself): the input, or its log
+        # for ReduceLogSum, whose function body's ReduceSum is then the identity
         return [cv.emit("log", [x], out=n.outputs[0]) if log_sum else x]
-    attrs = {"axes": tuple(axes), "keepdims": bool(n.attr("keepdims", 1))}
+    attrs = {"axes": tuple(axes or range(ndim)), "keepdims": bool(n.attr("keepdims", 1))}
     if log_sum:
         return [cv.emit("log", [cv.emit("reduce_sum", [x], attrs)], out=n.outputs[0])]
     if dtype == "float16":  # products of float16 factors in float32, rounded once, as reduce_sum's sums
@@ -146,7 +143,8 @@ def _mvn(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
 def _lrn(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
     """x / (bias + alpha / size * square_sum) ^ beta, square_sum over the channels c - floor((size-1)/2) to
     c + ceil((size-1)/2) (those that exist). The windowed sum is an average pool over the channel axis of
-    the squares seen as [N, 1, C, D1*...*Dk], padded with zeros that count (sum / size)."""
+    the squares seen as [N, 1, C, D1*...*Dk], padded with zeros that count (sum / size). Float16 is
+    computed in float32 and rounded once."""
     x = n.inputs[0]
     shape = x.type.shape
     if x.type.dtype not in _FLOATS or len(shape) < 2:
@@ -155,9 +153,12 @@ def _lrn(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
     if not isinstance(size, int) or size < 1:
         raise cv.fail(f"size must be a positive integer, got {size!r}")
     alpha, beta, bias = n.attr("alpha", 1e-4), n.attr("beta", 0.75), n.attr("bias", 1.0)
-    dtype = x.type.dtype
+    dtype = "float32" if x.type.dtype == "float16" else x.type.dtype
+    wide = cv.emit("cast", [x], {"dtype": dtype}) if dtype != x.type.dtype else x
     rows = cv.emit(
-        "reshape", [cv.emit("multiply", [x, x])], {"shape": (shape[0], 1, shape[1], math.prod(shape[2:]))}
+        "reshape",
+        [cv.emit("multiply", [wide, wide])],
+        {"shape": (shape[0], 1, shape[1], math.prod(shape[2:]))},
     )
     before, after = (size - 1) // 2, size // 2
     attrs = {
@@ -171,9 +172,8 @@ def _lrn(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
     mean = cv.emit("reshape", [cv.emit("avg_pool2d", [rows], attrs)], {"shape": shape})
     scaled = cv.emit("multiply", [mean, cv.constant(alpha, "alpha", dtype)])
     base = cv.emit("add", [scaled, cv.constant(bias, "bias", dtype)])
-    return [
-        cv.emit("divide", [x, cv.emit("power", [base, cv.constant(beta, "beta", dtype)])], out=n.outputs[0])
-    ]
+    y = cv.emit("divide", [wide, cv.emit("power", [base, cv.constant(beta, "beta", dtype)])])
+    return [cv.emit("cast", [y], {"dtype": x.type.dtype}) if wide is not x else y]
 
 
 @converts("GroupNormalization")
