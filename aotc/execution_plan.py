@@ -107,8 +107,9 @@ def _size(n: int) -> str:
 
 
 def spec_inputs(spec: PackageSpec | VariantSpec) -> dict[str, tuple[tuple[int, ...], str]]:
-    """The input shapes and dtypes of a package (its first variant) or of one variant."""
-    return {io.name: (tuple(io.shape), io.dtype) for io in spec.inputs}
+    """The input shapes and dtypes of a package (its first variant) or of one variant: the ml_dtypes type
+    of an input of a low-precision element type, as the runtime takes it."""
+    return {io.name: (tuple(io.shape), io.element or io.dtype) for io in spec.inputs}
 
 
 def kernel_symbol(i: int, task: Task) -> str:

@@ -23,6 +23,7 @@ import numpy as np
 
 from aotc.frontend.batch import run_by_sample
 from aotc.frontend.options import DEFAULT_REQUANTIZE
+from aotc.topi.lowp import FORMATS
 
 RTOL = 1e-4
 """Relative to each reference element."""
@@ -73,7 +74,11 @@ def random_inputs(specs: Mapping[str, tuple[tuple[int, ...], str]], seed: int = 
     rng = np.random.default_rng(seed)
     out = {}
     for name, (shape, dtype) in specs.items():
-        if np.issubdtype(np.dtype(dtype), np.floating):
+        fmt = FORMATS.get(np.dtype(dtype).name)
+        if fmt is not None:  # an ml_dtypes type (bfloat16, float8, int4...): values it holds exactly
+            values = rng.uniform(-1.0, 1.0, shape) if fmt.kind == "float" else rng.integers(0, 2, shape)
+            out[name] = values.astype(np.float32).astype(np.dtype(dtype))
+        elif np.issubdtype(np.dtype(dtype), np.floating):
             out[name] = rng.uniform(-1.0, 1.0, shape).astype(dtype)
         elif dtype == "bool":
             out[name] = rng.integers(0, 2, shape).astype(bool)
@@ -83,6 +88,22 @@ def random_inputs(specs: Mapping[str, tuple[tuple[int, ...], str]], seed: int = 
         else:
             out[name] = rng.integers(0, 4, shape).astype(dtype)
     return out
+
+
+def _has_low_precision_io(model: Path) -> bool:
+    """Whether an ONNX model's inputs or outputs include a low-precision or sub-byte element type."""
+    import onnx
+
+    graph = onnx.load(str(model), load_external_data=False).graph
+    for vi in [*graph.input, *graph.output]:
+        code = vi.type.tensor_type.elem_type if vi.type.HasField("tensor_type") else 0
+        try:
+            name = onnx.helper.tensor_dtype_to_np_dtype(code).name if code else ""
+        except (KeyError, ValueError, TypeError):
+            continue
+        if name in FORMATS:
+            return True
+    return False
 
 
 def reference_outputs(
@@ -95,6 +116,13 @@ def reference_outputs(
         return litert_outputs(model, inputs, xnnpack=requantize == "float")
     if suffix != ".onnx":
         raise ValueError(f"{model}: no reference runtime for {suffix!r} models")
+    if _has_low_precision_io(model):
+        # onnxruntime's Python API takes and returns no ml_dtypes arrays (bfloat16, float8, int4...):
+        # ONNX's own reference evaluator, which defines these types' semantics, runs the model instead
+        from onnx.reference import ReferenceEvaluator
+
+        evaluator = ReferenceEvaluator(str(model))
+        return dict(zip(evaluator.output_names, evaluator.run(None, dict(inputs))))
     try:
         import onnxruntime as ort
     except ModuleNotFoundError as err:
