@@ -137,6 +137,7 @@ def test_a_package_takes_and_returns_tensors_with_no_elements(tmp_path):
 
 # ----------------------------------------------------------------------------- 3-D windows
 
+X2 = Input((2, 3, 7, 6))
 X3 = Input((1, 3, 5, 6, 7))
 
 
@@ -161,6 +162,31 @@ def pool_case(op_type, id, **attrs):
 def test_3d_pooling(op_type, attrs):
     graph = check(single_op_model(op_type, [X3], opset=19, **attrs))
     assert [n.op for n in graph.nodes] == [("max_pool3d" if op_type == "MaxPool" else "avg_pool3d")]
+
+
+@pytest.mark.parametrize(
+    ("x", "attrs"),
+    [
+        pytest.param(Input((2, 3, 9)), {"kernel_shape": [3], "strides": [2], "pads": [1, 1]}, id="1d"),
+        pytest.param(X2, {"kernel_shape": [3, 2], "pads": [1, 0, 1, 1]}, id="2d-pads"),
+        pytest.param(
+            X2, {"kernel_shape": [2, 3], "strides": [2, 1], "storage_order": 1}, id="2d-column-major"
+        ),
+        pytest.param(X2, {"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1}, id="2d-ceil"),
+        pytest.param(X2, {"kernel_shape": [2, 2], "dilations": [2, 2]}, id="2d-dilations"),
+        pytest.param(Input((2, 3, 5, 6, 7), "float32", 0, 3), {"kernel_shape": [2, 3, 2]}, id="3d-ties"),
+        pytest.param(X3, {"kernel_shape": [3, 2, 2], "strides": [2, 2, 3], "storage_order": 1}, id="3d-col"),
+    ],
+)
+def test_maxpool_indices(x, attrs):
+    """MaxPool's second output: where each window's maximum lies in the flattened input (its first tap in
+    scan order where values tie: integer-valued inputs)."""
+    model = single_op_model("MaxPool", [x], outputs=2, opset=12, **attrs)
+    feeds = random_feeds(model, {"x0": x})
+    if x.high == 3:
+        feeds["x0"] = np.floor(feeds["x0"])  # many equal values in a window
+    graph = check(model, feeds)
+    assert "max_pool_indices" in [n.op for n in graph.nodes]
 
 
 def weights(*shape: int, seed: int = 1) -> np.ndarray:
@@ -221,17 +247,18 @@ def test_windows_beyond_3d_and_mismatched_attributes_are_refused():
 
 
 def test_3d_windows_compile_and_match_onnxruntime(tmp_path):
-    """One package of a 3-D conv, transposed conv and both poolings, run by aotc_runtime."""
+    """One package of a 3-D conv, transposed conv and both poolings (MaxPool's Indices too), run by
+    aotc_runtime."""
     nodes = [
         helper.make_node("Conv", ["x", "w", "b"], ["conv"], pads=[1, 1, 1, 1, 1, 1], strides=[1, 2, 2]),
         helper.make_node(
-            "MaxPool", ["conv"], ["max"], kernel_shape=[2, 2, 2], ceil_mode=1, strides=[2, 2, 2]
+            "MaxPool", ["conv"], ["max", "where"], kernel_shape=[2, 2, 2], ceil_mode=1, strides=[2, 2, 2]
         ),
         helper.make_node("AveragePool", ["x"], ["avg"], kernel_shape=[3, 3, 3], pads=[1] * 6),
         helper.make_node("ConvTranspose", ["max", "wt"], ["up"], strides=[2, 2, 2], output_padding=[1, 0, 1]),
     ]
     inits = {"w": weights(4, 3, 3, 3, 3), "b": weights(4, seed=2), "wt": weights(4, 2, 2, 2, 2, seed=3)}
-    model = make_graph_model(nodes, {"x": X3}, ["avg", "up"], inits)
+    model = make_graph_model(nodes, {"x": X3}, ["avg", "up", "where"], inits)
     path = tmp_path / "windows.onnx"
     path.write_bytes(model.SerializeToString())
     package = aotc.compile(str(path), validate=False, output=tmp_path / "windows.aotc", log=lambda _: None)

@@ -87,6 +87,10 @@ SAMPLES: dict[str, list[tuple[list[TensorType], dict]]] = {
         ([X], {"kernel": (2, 2), "strides": (2, 2), "count_include_pad": True}),
     ],
     "max_pool3d": [([X3], {"kernel": (2, 3, 3), **WINDOW3, "ceil_mode": True})],
+    "max_pool_indices": [
+        ([t(2, 3, 6, 5, dtype="int32"), t(2, 3, 3, 3, dtype="int32")], {"kernel": (3, 3), **WINDOW}),
+        ([X3, t(1, 3, 3, 3, 4)], {"kernel": (2, 3, 3), **WINDOW3, "storage_order": 1}),
+    ],
     "avg_pool3d": [
         ([X3], {"kernel": (3, 2, 2), **WINDOW3, "count_include_pad": False, "ceil_mode": True}),
         ([X3], {"kernel": (2, 2, 2), "strides": (2, 2, 2), "pads": (0,) * 6, "dilations": (1, 1, 1)}),

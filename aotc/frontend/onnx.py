@@ -1384,7 +1384,20 @@ def _pool(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
     if n.op_type == "AveragePool":
         attrs["count_include_pad"] = bool(n.attr("count_include_pad", 0))
     op = "max_pool2d" if n.op_type == "MaxPool" else "avg_pool2d"
-    return [_windowed(cv, n, op, [x], attrs, w)]
+    y = _windowed(cv, n, op, [x], attrs, w)
+    if n.op_type != "MaxPool" or len(n.outputs) < 2 or not n.outputs[1]:
+        return [y]
+    # Indices: where each window's maximum lies in the flattened input (storage_order 1: column-major)
+    order = n.attr("storage_order", 0)
+    if order not in (0, 1):
+        raise cv.fail(f"storage_order={order} is not 0 or 1")
+    index_attrs = {k: w.attrs[k] for k in ("kernel", "strides", "pads", "dilations")}
+    index_attrs["storage_order"] = order
+    if not w.lifted:
+        return [y, cv.emit("max_pool_indices", [x, y], index_attrs, n.outputs[1])]
+    # a 1-D window lifted to [N, C, 1, L]: its row-major and column-major numbers are the 1-D ones
+    lifted = cv.emit("max_pool_indices", [_lift(cv, x), _lift(cv, y)], index_attrs)
+    return [y, cv.emit("reshape", [lifted], {"shape": y.type.shape}, n.outputs[1])]
 
 
 @converts("GlobalAveragePool", "GlobalMaxPool")

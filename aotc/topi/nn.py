@@ -599,6 +599,56 @@ def pool_nd(
     return te.compute(shape, average, name, tag="elemwise")
 
 
+def max_pool_indices(
+    data: Operation,
+    pooled: Operation,
+    kernel: Sequence[int],
+    strides: Sequence[int],
+    pads: Sequence[int],
+    dilations: Sequence[int],
+    storage_order: int = 0,
+    name: str = "max_pool_indices",
+) -> Operation:
+    """ONNX MaxPool's Indices, for any number of spatial axes: the int64 index into the flattened `data`
+    (N, C, spatial...) of the first tap, in row-major scan order of the window, inside the input whose value
+    equals the window's maximum `pooled`; `storage_order` 1 numbers the spatial axes column-major (the
+    first fastest), as ONNX does. Two stages: the smallest matching row-major index, then its number."""
+    n, c, *sizes = data.shape
+    if tuple(pooled.shape[:2]) != (n, c) or len(pooled.shape) != len(data.shape):
+        raise te.TEError(f"{name}: pooled {list(pooled.shape)} does not fit data {list(data.shape)}")
+    rank = len(sizes)
+    kernel, strides, dilations, begins, ends = _window_args(name, rank, kernel, strides, pads, dilations)
+    outs = list(pooled.shape[2:])
+    reach = [(o - 1) * s + d * (k - 1) + 1 for o, s, d, k in zip(outs, strides, dilations, kernel)]
+    extra = [max(0, r - (size + b + e)) for r, size, b, e in zip(reach, sizes, begins, ends)]
+    value = dtype_min(data.dtype)
+    padded = pad(data, (0, 0, *begins), (0, 0, *(e + x for e, x in zip(ends, extra))), value, f"{name}_pad")
+    raxes = [te.reduce_axis(k, f"r{i}") for i, k in enumerate(kernel)]
+    plane = math.prod(sizes)
+    row_strides = [math.prod(sizes[a + 1 :]) for a in range(rank)]
+
+    def first(nn, cc, *o):
+        starts = [oi * s + r.var * d for oi, s, r, d in zip(o, strides, raxes, dilations)]
+        taps = [t - b for t, b in zip(starts, begins)]
+        inside = [cond for t, size in zip(taps, sizes) for cond in (t >= 0, t < size)]
+        hit = logical_and(*inside, eq(padded[(nn, cc, *starts)], pooled[(nn, cc, *o)]))
+        flat = sum((t * st for t, st in zip(taps, row_strides)), const(0))
+        return te.min(select(hit, flat, const(plane)), raxes)
+
+    found = te.compute(tuple(pooled.shape), first, f"{name}_first", tag="arg_reduce")
+    col_strides = [math.prod(sizes[:a]) for a in range(rank)]
+
+    def number(nn, cc, *o):
+        r = found[(nn, cc, *o)]
+        if storage_order:
+            r = sum(
+                ((r // rs) % size * cs for rs, size, cs in zip(row_strides, sizes, col_strides)), const(0)
+            )
+        return (nn * c + cc) * plane + r
+
+    return te.compute(tuple(pooled.shape), number, name, tag="elemwise")
+
+
 def conv_nd(
     data: Operation,
     weight: Operation,

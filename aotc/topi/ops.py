@@ -318,3 +318,20 @@ def _conv3d_transpose(inputs, attrs):
         "conv3d_transpose",
     )
     return _with_bias(out, inputs, 1)
+
+
+@register("max_pool_indices", OpPattern.COMM_REDUCE)
+def _max_pool_indices(inputs, attrs):
+    """NC + spatial data and its max pooling; attrs: kernel, strides, pads (begins, then ends), dilations,
+    storage_order. ONNX MaxPool's int64 Indices."""
+    return [
+        nn.max_pool_indices(
+            inputs[0],
+            inputs[1],
+            attrs["kernel"],
+            attrs["strides"],
+            attrs["pads"],
+            attrs["dilations"],
+            attrs.get("storage_order", 0),
+        )
+    ]
