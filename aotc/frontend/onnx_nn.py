@@ -428,12 +428,23 @@ def _dft_matrix(used: int, components: int, length: int, inverse: bool, onesided
     return np.stack(rows, axis=1).reshape(used * components, -1)
 
 
+_DFT_MATRIX_LIMIT = 1 << 24
+"""The most elements of a DFT's constant float64 matrix (a DFT of about 2048 complex points): larger
+transforms would need an FFT, which aotc does not compute."""
+
+
 def _dft(cv: OnnxConverter, x: Value, axis: int, length: int, inverse: bool, onesided: bool) -> Value:
     """The DFT of `length` points of x [..., c] (c: 1 real, 2 complex) along `axis`: a matrix product with a
     constant DFT matrix, in float64 (as numpy's FFT computes ONNX's reference values) and cast back."""
     shape, dtype = x.type.shape, x.type.dtype
     rank, components = len(shape), shape[-1]
     used = min(shape[axis], length // 2 + 1 if inverse and onesided else length)
+    columns = length if inverse and onesided else 2 * (length // 2 + 1 if onesided else length)
+    if used * components * columns > _DFT_MATRIX_LIMIT:
+        raise cv.fail(
+            f"a DFT of {length} points over {used} samples: aotc computes it as a product with a constant "
+            f"{used * components}x{columns} matrix, which it limits to {_DFT_MATRIX_LIMIT} elements (128 MiB)"
+        )
     if axis != rank - 2:  # the transformed axis next to the components, so that each row is one signal
         perm = [d for d in range(rank - 1) if d != axis] + [axis, rank - 1]
         x = cv.emit("transpose", [x], {"perm": tuple(perm)})
