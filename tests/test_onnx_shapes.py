@@ -11,6 +11,8 @@ products: float32 rounding stays well inside).
 
 from __future__ import annotations
 
+import shutil
+
 import aotc_runtime
 import numpy as np
 import onnx
@@ -264,3 +266,33 @@ def test_3d_windows_compile_and_match_onnxruntime(tmp_path):
     package = aotc.compile(str(path), validate=False, output=tmp_path / "windows.aotc", log=lambda _: None)
     feeds = random_feeds(model)
     assert_matches(aotc_runtime.load(str(package.path)).run(feeds), model, run_onnxruntime(model, feeds))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    shutil.which("cc") is None or shutil.which("make") is None, reason="no C compiler or make"
+)
+def test_the_c_runtime_takes_and_returns_tensors_with_no_elements(tmp_path):
+    """runtime/c reads zero-byte inputs and writes zero-byte outputs as the Python runtime does."""
+    from .test_c_runtime import build_runtime, python_outputs, read_outputs, run_model
+
+    nodes = [
+        helper.make_node("CastLike", ["x", "like"], ["cast"]),
+        helper.make_node("ReduceSum", ["e", "axes"], ["sum"], keepdims=0),
+        helper.make_node("Relu", ["e"], ["relu"]),
+    ]
+    inputs = {"x": Input((3, 4)), "like": Input((0,), "float64"), "e": Input((2, 0, 4), "int32")}
+    model = make_graph_model(nodes, inputs, ["cast", "sum", "relu"], {"axes": i64(1)}, opset=21)
+    path = tmp_path / "empty.onnx"
+    path.write_bytes(model.SerializeToString())
+    package = aotc.compile(
+        str(path), "llvm", validate=False, output=tmp_path / "empty.aotc", log=lambda _: None
+    )
+    feeds = random_feeds(model)
+    proc = run_model(build_runtime(tmp_path / "build"), package.path, list(feeds.values()), tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    expected = python_outputs(package.path, feeds)
+    got = read_outputs(tmp_path, expected)
+    assert [got[k].shape for k in expected] == [(3, 4), (2, 4), (2, 0, 4)]
+    for name, value in expected.items():
+        np.testing.assert_array_equal(got[name], value, err_msg=name)
