@@ -1,7 +1,7 @@
-"""DynamicQuantizeLinear, Det and TfIdfVectorizer (aotc/frontend/onnx_misc.py) against onnxruntime, through
-the frontend and the graph interpreter and, once (slow), compiled.
+"""DynamicQuantizeLinear, Det, TfIdfVectorizer and NonMaxSuppression (aotc/frontend/onnx_misc.py) against
+onnxruntime, through the frontend and the graph interpreter and, once (slow), compiled.
 
-Tolerances: quantized outputs, zero points and n-gram counts must be equal, and so must DynamicQuantizeLinear's
+Tolerances: quantized outputs, zero points, n-gram counts and selected box indices must be equal, and so must DynamicQuantizeLinear's
 scale (one float32 division, as onnxruntime's). Det: aotc computes in float64 (as numpy does for float32
 matrices), onnxruntime in float32: rtol 1e-4, atol 1e-5 against onnxruntime (float32); against
 numpy.linalg.det (float64, which onnxruntime has no kernel for) rtol 1e-9.
@@ -16,7 +16,7 @@ from onnx import helper
 
 import aotc
 from aotc.frontend.errors import ConversionError
-from aotc.frontend.onnx import load_onnx
+from aotc.frontend.onnx import RunTimeValueError, load_onnx
 from aotc.graph.interpret import run_graph
 
 from .onnx_util import Input, make_graph_model, random_feeds, run_onnxruntime, single_op_model
@@ -148,6 +148,53 @@ def test_tfidf_vectorizer_skips_count_each_bigram_once_per_distance_and_unigrams
     np.testing.assert_array_equal(got, np.array([2, 3], np.float32))
 
 
+# --- NonMaxSuppression --------------------------------------------------------------------------------------
+
+
+def random_nms(seed: int) -> tuple[list[np.ndarray], int]:
+    """Operands of a random NonMaxSuppression (coordinates on a half grid and scores in eighths: ties in
+    both; a score threshold for 2 seeds in 3) and its center_point_box."""
+    rng = np.random.default_rng(seed)
+    batches, classes, count = int(rng.integers(1, 3)), int(rng.integers(1, 4)), int(rng.integers(1, 30))
+    center = seed % 2
+    if center:
+        boxes = np.concatenate(
+            [rng.uniform(0, 10, (batches, count, 2)), rng.uniform(0, 4, (batches, count, 2))], -1
+        )
+    else:
+        boxes = rng.uniform(0, 10, (batches, count, 4))
+    operands = [
+        (np.round(boxes * 2) / 2).astype(np.float32),
+        (rng.integers(0, 8, (batches, classes, count)) / 8).astype(np.float32),
+        np.array([rng.integers(0, 10)], np.int64),
+        np.array([rng.choice([0.0, 0.2, 0.5, 1.0, 1 / 3])], np.float32),
+    ]
+    if seed % 3:
+        operands.append(np.array([rng.choice([0.0, 0.25, 0.5])], np.float32))
+    return operands, center
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_non_max_suppression_of_constants_folds_to_onnxruntimes_selection(seed):
+    operands, center = random_nms(seed)
+    model = single_op_model("NonMaxSuppression", operands, 1, 11, center_point_box=center)
+    assert_equal_outputs(run_aotc(model, {}), model, run_onnxruntime(model, {}))
+
+
+def test_non_max_suppression_fed_at_run_time_is_a_run_time_value_that_constants_fix():
+    operands, _ = random_nms(3)
+    model = single_op_model("NonMaxSuppression", [Input(operands[0].shape), *operands[1:]], 1, 10)
+    with pytest.raises(
+        RunTimeValueError,
+        match=r"node nonmaxsuppression_node \(NonMaxSuppression\): input 0 \(boxes, value x0\) must be a "
+        r"constant: the output's shape, \[number of selected boxes, 3\], depends on its value",
+    ) as e:
+        load_onnx(model.SerializeToString())
+    assert e.value.inputs == ("x0",)
+    got = run_graph(load_onnx(model.SerializeToString(), constants={"x0": operands[0]}), {})
+    assert_equal_outputs(got, model, run_onnxruntime(model, {"x0": operands[0]}))
+
+
 # --- refusals -----------------------------------------------------------------------------------------------
 
 TFIDF = dict(mode="TF", min_gram_length=1, max_gram_length=1, max_skip_count=0, ngram_counts=[0])
@@ -162,6 +209,8 @@ TFIDF = dict(mode="TF", min_gram_length=1, max_gram_length=1, max_skip_count=0, 
         ("TfIdfVectorizer", [Input((4,), "int64")], {**TFIDF, "ngram_indexes": [0, 1], "pool_strings": ["a", "b"], "opset": 9}, r"pool_strings: aotc compiles no string tensors"),
         ("TfIdfVectorizer", [Input((4,), "int64")], {**TFIDF, "ngram_indexes": [0, 1], "pool_int64s": [3, 3], "opset": 9}, r"n-gram \[3\] is in pool_int64s twice"),
         ("TfIdfVectorizer", [Input((4,), "int64")], {**TFIDF, "mode": "IDF", "ngram_indexes": [1, 0], "pool_int64s": [3, 4], "weights": [1.0, 2.0], "opset": 9}, r"weights\[i\] must equal weights\[ngram_indexes\[i\]\]"),
+        ("NonMaxSuppression", [np.zeros((1, 2, 4), np.float32), np.zeros((1, 1, 2), np.float32), np.array([2]), np.array([1.5], np.float32)], {"opset": 11}, r"iou_threshold must be in \[0, 1\], got 1.5"),
+        ("NonMaxSuppression", [np.full((1, 2, 4), np.nan, np.float32), np.zeros((1, 1, 2), np.float32), np.array([2])], {"opset": 11}, r"boxes or scores hold NaN"),
         ("TfIdfVectorizer", [Input((4,), "float32")], {**TFIDF, "ngram_indexes": [0], "pool_int64s": [3], "opset": 9}, r"X must be int32 or int64, got float32"),
     ],
 )  # fmt: skip

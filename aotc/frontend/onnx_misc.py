@@ -1,8 +1,12 @@
-"""ONNX frontend: small operators of their own kind (DynamicQuantizeLinear, Det, TfIdfVectorizer).
+"""ONNX frontend: small operators of their own kind (DynamicQuantizeLinear, Det, TfIdfVectorizer,
+NonMaxSuppression).
 
-Each is built from graph ops at conversion: DynamicQuantizeLinear's scale and zero point from the input's
-minimum and maximum in the kernel, Det by cofactor expansion or LU with partial pivoting unrolled over the
-(static) matrix size, TfIdfVectorizer's pool of n-grams as products of shifted equality masks.
+The first three are built from graph ops at conversion: DynamicQuantizeLinear's scale and zero point from the
+input's minimum and maximum in the kernel, Det by cofactor expansion or LU with partial pivoting unrolled over
+the (static) matrix size, TfIdfVectorizer's pool of n-grams as products of shifted equality masks.
+NonMaxSuppression's output shape is the number of boxes it selects, which depends on every input's value: it
+converts when they are all constants (folded) and is refused with a RunTimeValueError naming the input
+otherwise, as NonZero and Unique are (aotc.frontend.onnx_indexing).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ VERSIONS: dict[str, tuple[int, ...]] = {
     "DynamicQuantizeLinear": (11,),
     "Det": (11, 22),  # 22 only adds bfloat16 (refused as a type)
     "TfIdfVectorizer": (9,),
+    "NonMaxSuppression": (10, 11),  # 11 changed no semantics (the schemas' texts are equal)
 }
 """ONNX operator -> the versions of it that this module converts (merged into aotc.frontend.onnx.VERSIONS)."""
 
@@ -308,3 +313,86 @@ def _tfidf_pool(cv: OnnxConverter, n: OnnxNode) -> tuple[dict[int, dict[tuple[in
                 grams[size][gram] = indexes[gram_id]
             gram_id += 1
     return grams, max(indexes) + 1
+
+
+# --- NonMaxSuppression --------------------------------------------------------------------------------------
+
+_NMS_INPUTS = ("boxes", "scores", "max_output_boxes_per_class", "iou_threshold", "score_threshold")
+
+
+@converts("NonMaxSuppression")
+def _non_max_suppression(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
+    """The int64 [num_selected, 3] (batch, class, box) indices that greedy non-maximum suppression selects,
+    folded from constant inputs as onnxruntime (and ONNX's reference evaluator) computes them in float32:
+    per batch and class, the boxes scoring above score_threshold (when given) by descending score, the
+    lower index first on ties, each kept unless its IoU with a kept box exceeds iou_threshold, up to
+    max_output_boxes_per_class (0 when absent)."""
+    data = []
+    for i, what in enumerate(_NMS_INPUTS):
+        v = n.input(i)
+        if v is not None and not v.is_constant:
+            raise cv.run_time_value_error(
+                n, i, what, "the output's shape, [number of selected boxes, 3], depends on its value"
+            )
+        data.append(None if v is None else np.asarray(v.data))
+    boxes, scores, limit, iou, threshold = data
+    if boxes.dtype != np.float32 or scores.dtype != np.float32:
+        raise cv.fail(f"boxes and scores must be float32, got {boxes.dtype} and {scores.dtype}")
+    if boxes.ndim != 3 or boxes.shape[2] != 4 or scores.ndim != 3 or scores.shape[::2] != boxes.shape[:2]:
+        raise cv.fail(
+            f"boxes must be [batches, boxes, 4] and scores [batches, classes, boxes], got {list(boxes.shape)} "
+            f"and {list(scores.shape)}"
+        )
+    center = n.attr("center_point_box", 0)
+    if center not in (0, 1):
+        raise cv.fail(f"center_point_box must be 0 or 1, got {center}")
+    if np.isnan(boxes).any() or np.isnan(scores).any():
+        raise cv.fail("boxes or scores hold NaN, which has no order among scores and no defined overlap")
+    limit = max(int(limit.reshape(-1)[0]), 0) if limit is not None and limit.size else 0
+    iou = np.float32(iou.reshape(-1)[0]) if iou is not None and iou.size else np.float32(0)
+    if not 0 <= iou <= 1:  # onnxruntime refuses the model too
+        raise cv.fail(f"iou_threshold must be in [0, 1], got {iou}")
+    threshold = threshold.reshape(-1)[:1] if threshold is not None and threshold.size else None
+    selected = []
+    for b in range(boxes.shape[0]):
+        extent = _box_extent(boxes[b], center)
+        for c in range(scores.shape[1]):
+            score = scores[b, c]
+            candidates = np.arange(score.size) if threshold is None else np.flatnonzero(score > threshold[0])
+            order = candidates[np.lexsort((candidates, -score[candidates]))]  # score down, index up
+            kept: list[int] = []
+            for box in order:
+                if len(kept) >= limit:
+                    break
+                if not kept or not _suppressed(extent, int(box), np.array(kept), iou).any():
+                    kept.append(int(box))
+            selected += [(b, c, box) for box in kept]
+    found = np.array(selected, np.int64).reshape(len(selected), 3)
+    return [cv.constant(found, "selected_indices", out=n.outputs[0])]
+
+
+def _box_extent(boxes: np.ndarray, center: int) -> tuple[np.ndarray, ...]:
+    """(x_min, x_max, y_min, y_max, area) of float32 boxes [n, 4]: [y1, x1, y2, x2] of any two opposite
+    corners (center_point_box 0) or [x_center, y_center, width, height] (1), in onnxruntime's float32 steps."""
+    if center == 0:
+        x_min, x_max = np.minimum(boxes[:, 1], boxes[:, 3]), np.maximum(boxes[:, 1], boxes[:, 3])
+        y_min, y_max = np.minimum(boxes[:, 0], boxes[:, 2]), np.maximum(boxes[:, 0], boxes[:, 2])
+    else:
+        half_w, half_h = boxes[:, 2] / np.float32(2), boxes[:, 3] / np.float32(2)
+        x_min, x_max = boxes[:, 0] - half_w, boxes[:, 0] + half_w
+        y_min, y_max = boxes[:, 1] - half_h, boxes[:, 1] + half_h
+    return x_min, x_max, y_min, y_max, (x_max - x_min) * (y_max - y_min)
+
+
+def _suppressed(extent: tuple[np.ndarray, ...], box: int, kept: np.ndarray, iou: np.float32) -> np.ndarray:
+    """Whether box `box` overlaps each kept box by an IoU above `iou` (onnxruntime's SuppressByIOU: boxes
+    that do not intersect, or of no area, never suppress)."""
+    x_min, x_max, y_min, y_max, area = extent
+    ix = np.minimum(x_max[box], x_max[kept]) - np.maximum(x_min[box], x_min[kept])
+    iy = np.minimum(y_max[box], y_max[kept]) - np.maximum(y_min[box], y_min[kept])
+    inter = ix * iy
+    union = area[box] + area[kept] - inter
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = inter / union
+    meets = (ix > 0) & (iy > 0) & (inter > 0) & (area[box] > 0) & (area[kept] > 0) & (union > 0)
+    return meets & (ratio > iou)
