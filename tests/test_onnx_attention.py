@@ -79,6 +79,38 @@ def test_attention_3d_gqa_past_causal_mask_mode3(opset):
     check_reference(m, feeds)
 
 
+def function_body_model(m: onnx.ModelProto, opset: int) -> onnx.ModelProto:
+    """`m`'s one Attention node replaced by the nodes of its ONNX function body (as the _expanded tests)."""
+    node = m.graph.node[0]
+    types = {vi.name: vi.type for vi in m.graph.input}
+    given = [types[x].SerializeToString() if x else onnx.TypeProto().SerializeToString() for x in node.input]
+    body = onnx.FunctionProto()
+    body.ParseFromString(
+        onnx.defs.get_schema("Attention", opset).get_context_dependent_function(
+            node.SerializeToString(), given
+        )
+    )
+    graph = helper.make_graph(list(body.node), "expanded", m.graph.input, m.graph.output)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=m.ir_version)
+
+
+def test_attention_causal_mask_broadcast_over_queries_follows_the_function_body():
+    """A causal node whose mask broadcasts over the queries: ONNX's reference takes the query count from
+    the mask (one row: query 0's frontier on every row); aotc follows the spec and the function body."""
+    inputs = {
+        "Q": Input((1, 2, 4, 4)),
+        "K": Input((1, 2, 4, 4)),
+        "V": Input((1, 2, 4, 3)),
+        "attn_mask": Input((1, 4)),
+    }
+    m = model("Attention", inputs, ["Y"], 24, is_causal=1)
+    feeds = random_feeds(m, inputs, seed=2)
+    expected = ReferenceEvaluator(function_body_model(m, 24)).run(None, feeds)[0]
+    got = run_graph(load_onnx(m.SerializeToString()), feeds)["Y"]
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+    assert not np.allclose(got, ReferenceEvaluator(m).run(None, feeds)[0], atol=1e-3)
+
+
 @pytest.mark.parametrize("mode", [1, 2])
 def test_attention_float_mask_softcap_scale(mode):
     inputs = qkv(1, 2, 1, 4, 6, 8) | {"attn_mask": Input((2, 4, 6))}
@@ -99,6 +131,13 @@ def test_attention_float16_softmax_precision():
         qk_matmul_output_mode=3,
     )
     check_reference(m, random_feeds(m, inputs, seed=5), "float16")
+
+
+def test_attention_float16_softcap_in_float32():
+    """The reference divides float16 scores by a float32 softcap: the rest up to the softmax is float32."""
+    inputs = qkv(1, 2, 2, 3, 5, 8, dtype="float16") | {"attn_mask": Input((3, 5), "float16")}
+    m = model("Attention", inputs, ["Y", "", "", "qk"], 23, softcap=1.5, qk_matmul_output_mode=2)
+    check_reference(m, random_feeds(m, inputs, seed=6), "float16")
 
 
 def test_attention_nonpad_kv_seqlen_causal():

@@ -56,6 +56,10 @@ def _reshape(cv: OnnxConverter, x: Value, shape: tuple[int, ...], out: str | Non
     return cv.emit("reshape", [x], {"shape": tuple(shape)}, out)
 
 
+def _cast(cv: OnnxConverter, x: Value, dtype: str) -> Value:
+    return x if x.type.dtype == dtype else cv.emit("cast", [x], {"dtype": dtype})
+
+
 def _fill(cv: OnnxConverter, value: float, shape: tuple[int, ...], dtype: str, hint: str) -> Value:
     return cv.constant(np.full(shape, value, dtype), hint)
 
@@ -147,7 +151,9 @@ def _attention_bias(
     i = np.arange(q_len, dtype=np.int64)[:, None]
     j = np.arange(total, dtype=np.int64)[None, :]
     if nonpad is None:
-        # the causal offset is the past length (0 without one): query i attends keys j <= i + offset
+        # the causal offset is the past length (0 without one): query i attends keys j <= i + offset. (ONNX's
+        # reference takes the query count from the mask's shape, so a mask broadcast over the queries gets
+        # query 0's frontier on every row; aotc follows the spec and the function body.)
         static = np.ones((q_len, total), bool)
         if causal:
             static &= j <= i + past
@@ -246,28 +252,35 @@ def _attention(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
     total = keys.type.shape[2]
     wanted = [i < len(n.outputs) and n.outputs[i] in cv.used for i in range(4)]
 
+    # sqrt(scale) on Q and on K, as the reference scales: in float64 for the default 1 / sqrt(head size),
+    # in float32 for a given one (a float attribute, which the reference reads as a float32)
     scale = n.attr("scale")
-    scale = 1 / np.sqrt(head_size) if scale is None else scale
-    root = cv.constant(np.sqrt(scale), "sqrt_scale", dtype)  # on Q and on K, as the reference scales
+    root = np.sqrt(1 / np.sqrt(head_size)) if scale is None else np.sqrt(np.float32(scale))
+    root = cv.constant(root, "sqrt_scale", dtype)
     group = q_heads // kv_heads
     scaled_q = _reshape(cv, cv.emit("multiply", [q, root]), (batch, kv_heads, group * q_len, head_size))
     keys_t = cv.emit("transpose", [cv.emit("multiply", [keys, root])], {"perm": (0, 1, 3, 2)})
     scores = _reshape(cv, cv.emit("matmul", [scaled_q, keys_t]), (batch, q_heads, q_len, total))
     raw = scores
     softcap = n.attr("softcap", 0.0)
+    work = dtype
     if softcap > 0:
-        cap = cv.constant(softcap, "softcap", dtype)
+        # the reference divides by the softcap as a float32 scalar, which numpy promotes float16 scores to:
+        # from here on a float16 node computes in float32 up to the softmax's cast back
+        work = "float32" if dtype == "float16" else dtype
+        scores = _cast(cv, scores, work)
+        cap = cv.constant(softcap, "softcap", work)
         scores = cv.emit("multiply", [cv.emit("tanh", [cv.emit("divide", [scores, cap])]), cap])
 
     bias = _attention_bias(cv, n, dtype, batch, q_heads, q_len, total, past)
-    logits = scores if bias is None else cv.emit("add", [scores, bias])
+    logits = scores if bias is None else cv.emit("add", [scores, _cast(cv, bias, work)])
     precision = n.attr("softmax_precision")
-    wide = dtype
+    wide = work
     if precision is not None:
         if precision not in _SOFTMAX_PRECISIONS:
             raise cv.fail(f"softmax_precision {precision} is not supported (1 float, 10 float16, 11 double)")
         wide = _SOFTMAX_PRECISIONS[precision]
-    probs = _softmax_last(cv, logits if wide == dtype else cv.emit("cast", [logits], {"dtype": wide}))
+    probs = _softmax_last(cv, _cast(cv, logits, wide))
     if bias is not None:
         # a query row whose bias is -inf everywhere attends nothing: zeros, not softmax's NaN
         axis = len(bias.type.shape) - 1
@@ -275,8 +288,7 @@ def _attention(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
         empty = cv.emit("equal", [row_max, cv.constant(-np.inf, "neg_inf", dtype)])
         if not (empty.is_constant and not empty.data.any()):
             probs = cv.emit("where", [empty, cv.constant(0, "zero", wide), probs])
-    if wide != dtype:
-        probs = cv.emit("cast", [probs], {"dtype": dtype})
+    probs = _cast(cv, probs, dtype)
 
     grouped = _reshape(cv, probs, (batch, kv_heads, group * q_len, total))
     y = _reshape(cv, cv.emit("matmul", [grouped, values]), (batch, q_heads, q_len, v_size))
@@ -284,7 +296,7 @@ def _attention(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
         y = _reshape(cv, cv.emit("transpose", [y], {"perm": (0, 2, 1, 3)}), (batch, q_len, q_heads * v_size))
     results = [y, keys, values]
     if wanted[3]:
-        results.append(_qk_output(cv, n, raw, scores, logits, probs, softcap))
+        results.append(_cast(cv, _qk_output(cv, n, raw, scores, logits, probs, softcap), dtype))
     return results
 
 
