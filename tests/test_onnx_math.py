@@ -26,6 +26,7 @@ import pytest
 from onnx import helper
 
 from aotc import te
+from aotc.codegen import llvm as llvm_codegen
 from aotc.codegen.gpu import compile_cuda, emit_gpu, nvcc_path, opencl_device, run_opencl
 from aotc.codegen.llvm import build_llvm_ir
 from aotc.codegen.module import build_module, load_library
@@ -80,7 +81,6 @@ ACTIVATIONS = {
 """Float activations: ONNX op -> (attributes, numpy reference in float64)."""
 
 HOST = parse_target("llvm")
-INTS = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
 
 
 class Backend(AotcBackend):
@@ -242,13 +242,13 @@ def test_isnan_isinf_and_sign_on_floats_match_onnxruntime(dtype):
 
 
 def test_sign_bitwise_and_integer_shrink_are_exact():
-    """Sign, BitwiseAnd/Or/Xor (with broadcasting) and BitwiseNot over the whole range of every integer
-    type, its extremes included, and Shrink with an integral bias (x + 3 below -2.5, x - 3 above 2.5, which
+    """Sign, BitwiseAnd/Or/Xor (with broadcasting) and BitwiseNot over the whole range of integer types of
+    every width and both signednesses, their extremes included, and Shrink with an integral bias (x + 3 below -2.5, x - 3 above 2.5, which
     cannot overflow), against numpy's integer arithmetic, and against onnxruntime where it has the kernel
     (its Shrink computes in float32, exact only for 8- and 16-bit types)."""
     rng = np.random.default_rng(3)
     feeds, nodes, want = {}, [], []
-    for dtype in INTS:
+    for dtype in ("int8", "int16", "int32", "int64", "uint8", "uint64"):
         info = np.iinfo(dtype)
         a = rng.integers(info.min, int(info.max) + 1, (4, 3, 5), dtype=dtype)
         a.flat[:9] = [info.min, info.max, 0, 1, 2, 3, info.max - 1, info.min + 1, info.min + 2]
@@ -400,6 +400,25 @@ def test_math_calls_vectorized_and_scalar_within_4_ulp(tmp_path, dtype):
         assert ulps(folded, want).max() <= 4, f"{name} folded"
     if veclib_for(HOST) is not None:
         assert "@_ZGV" in build_llvm_ir([_kernel("sin", dtype, n, 16)], HOST)
+
+
+def test_vector_loops_call_libm_lane_by_lane_without_libmvec(tmp_path, monkeypatch):
+    """Where a target has no libmvec (aarch64, say), a vector loop calls libm's scalar function for each
+    lane: the same results as the scalar loop, bit for bit."""
+    monkeypatch.setattr(llvm_codegen, "veclib_for", lambda target: None)
+    rng = np.random.default_rng(8)
+    n = 101
+    funcs = [_kernel(op.lower(), "float32", n, lanes) for op in TRIG for lanes in (8, 0)]
+    assert "@_ZGV" not in build_llvm_ir(funcs, HOST) and "@sinf(" in build_llvm_ir(funcs, HOST)
+    path = str(tmp_path / "lanes.so")
+    build_module(funcs, HOST, path)
+    lib = load_library(path)
+    for op, (_, (lo, hi)) in TRIG.items():
+        x = rng.uniform(max(lo, -50.0), min(hi, 50.0), n).astype(np.float32)
+        vector, scalar = np.zeros_like(x), np.zeros_like(x)
+        lib.kernel(f"k_{op.lower()}_8")(x, vector)
+        lib.kernel(f"k_{op.lower()}_0")(x, scalar)
+        np.testing.assert_array_equal(vector, scalar, err_msg=op)
 
 
 def _gpu_dag(dtype: str):
