@@ -279,3 +279,51 @@ def test_scalars_and_a_bfloat16_range_fold_as_onnx_reference():
     got = {v.name: v.data for v in graph.outputs}
     for name, ref in zip(["r", "delta_f", "delta_f8"], ReferenceEvaluator(model).run(None, {})):
         np.testing.assert_array_equal(got[name], _bits(ref) if ref.dtype.itemsize < 4 else ref, err_msg=name)
+
+
+def _gpu_module(target: str):
+    """lowp_encode (float8, bfloat16, float8e8m0), lowp_decode and a bit cast as one GPU module."""
+    from aotc import te
+    from aotc.codegen.gpu import emit_gpu
+    from aotc.ir.expr import reinterpret
+    from aotc.schedule.lower import lower
+    from aotc.schedule.state import Annotation, State
+    from aotc.target import parse_target
+    from aotc.topi.lowp import decode, encode
+
+    x = te.placeholder((256,), name="x", dtype="float32")
+    b = te.placeholder((256,), name="b", dtype="uint8")
+    outs = [
+        te.compute((256,), lambda i: encode(x[i], FORMATS["float8_e4m3fn"], True), "e4m3"),
+        te.compute((256,), lambda i: encode(x[i], FORMATS["bfloat16"], False), "bf16"),
+        te.compute((256,), lambda i: encode(x[i], FORMATS["float8_e8m0fnu"], True, "nearest"), "e8m0"),
+        te.compute((256,), lambda i: decode(b[i], FORMATS["float8_e5m2"]), "dec"),
+        te.compute((256,), lambda i: reinterpret("int32", x[i]), "bits"),
+    ]
+    state = State.initial(te.ComputeDAG(outs))
+    for op in outs:
+        state = state.split(op.name, 0, [64]).bind(op.name, 0, Annotation.BLOCK_X)
+        state = state.bind(op.name, 1, Annotation.THREAD_X)
+    return emit_gpu(lower(state, "lowp"), parse_target(target))
+
+
+def test_gpu_kernels_convert_bit_exact_on_opencl_and_compile_as_cuda():
+    """The conversions' GPU form (OpenCL's as_<type>, CUDA's __float_as_int family): bit-exact on an
+    OpenCL device (PoCL's CPU one in CI); the CUDA source compiles where a CUDA compiler is installed."""
+    from aotc.codegen.gpu import compile_cuda, cuda_compiler_name, opencl_device, run_opencl
+
+    device = opencl_device()
+    if device is None and cuda_compiler_name() is None:
+        pytest.skip("neither an OpenCL device nor a CUDA compiler")
+    if cuda_compiler_name() is not None:
+        assert compile_cuda(_gpu_module("cuda -arch=sm_90").cuda_source, "sm_90")[:4] == b"\x7fELF"
+    if device is None:
+        return
+    x, codes = _samples()[:256], np.arange(256, dtype=np.uint8)
+    e4m3, bf16, e8m0, dec, bits = run_opencl(_gpu_module("opencl"), [x, codes], device)
+    np.testing.assert_array_equal(e4m3, _bits(numpy_helper.saturate_cast(x, ml_dtypes.float8_e4m3fn)))
+    np.testing.assert_array_equal(bf16, _bits(x.astype(ml_dtypes.bfloat16)))
+    np.testing.assert_array_equal(e8m0, _bits(numpy_helper.to_float8e8m0(x, True, "nearest")))
+    want = codes.view(ml_dtypes.float8_e5m2).astype(np.float32)
+    np.testing.assert_array_equal(dec.view(np.uint32), want.view(np.uint32))
+    np.testing.assert_array_equal(bits, x.view(np.int32))

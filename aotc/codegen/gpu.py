@@ -25,6 +25,7 @@ from aotc.ir.expr import (
     Expr,
     Load,
     Logical,
+    Reinterpret,
     Select,
     Var,
     dtype_bits,
@@ -61,6 +62,12 @@ CUDA_PRELUDE = """\
 #define AOTC_NAN_F32 __int_as_float(0x7fc00000)
 #define AOTC_INF_F64 __longlong_as_double(0x7ff0000000000000LL)
 #define AOTC_NAN_F64 __longlong_as_double(0x7ff8000000000000LL)
+#define AOTC_AS_int(x) __float_as_int(x)
+#define AOTC_AS_uint(x) __float_as_uint(x)
+#define AOTC_AS_float(x) __int_as_float((int)(x))
+#define AOTC_AS_long(x) __double_as_longlong(x)
+#define AOTC_AS_ulong(x) ((u64)__double_as_longlong(x))
+#define AOTC_AS_double(x) __longlong_as_double((i64)(x))
 typedef long long i64;
 typedef unsigned long long u64;
 """
@@ -105,6 +112,12 @@ OPENCL_PRELUDE = """\
 #define asinhf asinh
 #define acoshf acosh
 #define atanhf atanh
+#define AOTC_AS_int(x) as_int(x)
+#define AOTC_AS_uint(x) as_uint(x)
+#define AOTC_AS_float(x) as_float((int)(x))
+#define AOTC_AS_long(x) as_long(x)
+#define AOTC_AS_ulong(x) as_ulong(x)
+#define AOTC_AS_double(x) as_double((i64)(x))
 typedef long i64;
 typedef ulong u64;
 """
@@ -549,11 +562,28 @@ class _KernelWriter:
             if e.dtype == "bool":
                 return f"(({self._expr(e.value)}) != 0)"
             return f"(({c_type(e.dtype)})({self._expr(e.value)}))"
+        if isinstance(e, Reinterpret):
+            return self._reinterpret(e)
         if isinstance(e, Call):
             return self._call(e)
         if isinstance(e, Load):
             return f"{self.names.buffer(e.buffer)}[{self._expr(e.buffer.flat_index(e.indices))}]"
         raise GPUCodegenError(f"expression {type(e).__name__} has no GPU form")
+
+    def _reinterpret(self, e: Reinterpret) -> str:
+        """A bit cast: between integers of one width a C cast keeps the bits (two's complement); to or from
+        a float, CUDA's __float_as_int family or OpenCL's as_<type> (the AOTC_AS_ macros of the preludes)."""
+        x, src = self._expr(e.value), e.value.dtype
+        if not is_float(src) and not is_float(e.dtype):
+            return f"(({c_type(e.dtype)})({x}))"
+        if is_float(e.dtype):
+            if src not in ("int32", "uint32", "int64", "uint64"):
+                raise GPUCodegenError(f"reinterpret of {src} as {e.dtype} has no GPU form")
+            return f"AOTC_AS_{'float' if e.dtype == 'float32' else 'double'}({x})"
+        name = {"int32": "int", "uint32": "uint", "int64": "long", "uint64": "ulong"}.get(e.dtype)
+        if name is None or src not in ("float32", "float64"):
+            raise GPUCodegenError(f"reinterpret of {src} as {e.dtype} has no GPU form")
+        return f"AOTC_AS_{name}({x})"
 
     def _binary(self, e: Binary) -> str:
         a, b = self._expr(e.a), self._expr(e.b)
@@ -654,6 +684,8 @@ def _const(e: Const) -> str:
         return "1" if e.value else "0"
     if e.dtype == "int64" and -(2**31) < int(e.value) < 2**31:
         return str(int(e.value))  # an int literal; with an i64 operand C computes in 64 bits
+    if int(e.value) >= 2**63:  # past every signed type: a decimal literal needs the unsigned suffix
+        return f"(({c_type(e.dtype)}){int(e.value)}u)"
     return f"(({c_type(e.dtype)}){int(e.value)})"
 
 

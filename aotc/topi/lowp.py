@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from aotc import te
 from aotc.ir.expr import (
     Expr,
+    abs_,
     cast,
     const,
     eq,
@@ -160,19 +161,19 @@ def _as_float(x: Expr, dtype: str) -> Expr:
 
 def _encode_float(x: Expr, fmt: Format, saturate: bool) -> Expr:
     """Round a float64 (which holds every float32, float16 and int32 exactly: one rounding only)."""
-    u = reinterpret("uint64", x)
-    sign = cast("int32", u // const(1 << 63, "uint64"))
-    abs_bits = u % const(1 << 63, "uint64")
-    inf_bits = const(0x7FF << 52, "uint64")
+    # the magnitude's bits as a nonnegative int64 (floor division of them is a shift on every target)
+    sign = select(reinterpret("int64", x) < const(0, "int64"), const(1, "int32"), const(0, "int32"))
+    a = abs_(x)
+    abs_bits = reinterpret("int64", a)
+    inf_bits = const(0x7FF << 52, "int64")
     is_nan, is_inf = abs_bits > inf_bits, eq(abs_bits, inf_bits)
-    a = reinterpret("float64", abs_bits)
     # the binade of a, at least the format's smallest normal one: a = n * 2 ** (e - mbits), n < 2 ** (mbits + 1)
     emin = 1 - fmt.bias
     e = maximum(
-        cast("int32", abs_bits // const(1 << 52, "uint64")) - const(1023, "int32"), const(emin, "int32")
+        cast("int32", abs_bits // const(1 << 52, "int64")) - const(1023, "int32"), const(emin, "int32")
     )
     scale = reinterpret(
-        "float64", cast("uint64", const(1023 + fmt.mbits, "int32") - e) * const(1 << 52, "uint64")
+        "float64", cast("int64", const(1023 + fmt.mbits, "int32") - e) * const(1 << 52, "int64")
     )
     n = cast("int32", round_(a * scale))  # exact scaling by a power of two, then the one rounding
     mag = (e - const(emin, "int32")) * const(1 << fmt.mbits, "int32") + n
