@@ -2021,13 +2021,16 @@ def _resize(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
     x = n.inputs[0]
     shape = x.type.shape
     mode = n.attr("mode", "nearest")
-    if mode not in ("nearest", "linear"):
-        raise cv.fail(f"mode {mode!r} is not supported (nearest, linear)")
-    if n.op_type == "Upsample" or n.older_than(11):
+    legacy = n.op_type == "Upsample" or n.older_than(11)
+    if mode not in ("nearest", "linear") and (legacy or mode != "cubic"):
+        # cubic is Resize-11's (Upsample and Resize-10 define nearest and linear)
+        raise cv.fail(f"mode {mode!r} is not supported (nearest, linear{'' if legacy else ', cubic'})")
+    if legacy:
         return [_legacy_resize(cv, n, x, mode)]
     ctm = n.attr("coordinate_transformation_mode", "half_pixel")
-    if ctm == "tf_crop_and_resize" or n.attr("antialias", 0):
-        raise cv.fail("tf_crop_and_resize and antialias are not supported")
+    if mode == "cubic" or ctm == "tf_crop_and_resize" or n.attr("antialias", 0):
+        # indices and weights that aotc's resize does not compute: per-axis tables (onnx_sampling)
+        return [onnx_sampling.resize_by_taps(cv, n, x, mode, ctm)]
     if ctm not in _TRANSFORMATIONS or (ctm == "half_pixel_symmetric" and n.older_than(19)):
         # tf_half_pixel_for_nn (Resize-11 only); half_pixel_symmetric is Resize-19's
         raise cv.fail_version(f"coordinate_transformation_mode {ctm!r} is not supported")
@@ -2054,11 +2057,8 @@ def _resize(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
                 ctm == "align_corners" or (ctm == "pytorch_half_pixel" and size[a] == 1)
             ):
                 # these modes read length_resized itself (pytorch_half_pixel: whether it is > 1), not the
-                # extent, which aotc's resize takes
-                raise cv.fail(
-                    f"{ctm} with scale {float(s):g} on axis {a} (extent {shape[a]}): the scaled length "
-                    f"{float(length):g} is not a whole number, which aotc's resize does not compute"
-                )
+                # extent, which aotc's resize takes: per-axis tables compute it (onnx_sampling)
+                return [onnx_sampling.resize_by_taps(cv, n, x, mode, ctm)]
     else:
         raise cv.fail("needs scales or sizes")
     if tuple(size) == shape and all(s == 1.0 for s in scale):

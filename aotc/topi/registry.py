@@ -71,4 +71,5 @@ def _load_all() -> None:
     import aotc.topi.nhwc  # noqa: F401
     import aotc.topi.ops  # noqa: F401
     import aotc.topi.quantized  # noqa: F401
+    import aotc.topi.sampling  # noqa: F401
     import aotc.topi.scan  # noqa: F401
