@@ -361,3 +361,45 @@ def test_flex_attention_refusals():
     )
     with pytest.raises(ConversionError, match="must keep its input"):
         load_onnx(flex_model(inputs, score_mod=bad).SerializeToString())
+
+
+@pytest.mark.parametrize("rule,past", [("linear", False), ("linear", True), ("gated", True)])
+def test_linear_attention_closed_form_beyond_the_unrolled_length(rule, past):
+    """The linear and gated (a decay per head) rules in closed form, on a sequence longer than aotc
+    unrolls (LINEAR_ATTENTION_MAX_STEPS); the delta rules on it are refused."""
+    b, t, heads, d = 1, 80, 2, 4
+    inputs = {
+        "query": Input((b, t, heads * d), "float32", -1.0, 1.0),
+        "key": Input((b, t, heads * d), "float32", -0.5, 0.5),
+        "value": Input((b, t, heads * d), "float32", -1.0, 1.0),
+    }
+    if past:
+        inputs["past_state"] = Input((b, heads, d, d), "float32", -0.1, 0.1)
+    names = ["query", "key", "value", "past_state" if past else ""]
+    if rule == "gated":
+        inputs["decay"] = Input((b, t, heads), "float32", -0.2, 0.0)
+        names.append("decay")
+    attrs = {"update_rule": rule, "q_num_heads": heads, "kv_num_heads": heads}
+    m = model("LinearAttention", inputs, ["output", "present_state"], 27, names=names, **attrs)
+    feeds = random_feeds(m, inputs, seed=9)
+    expected = ReferenceEvaluator(m).run(None, feeds)
+    got = run_graph(load_onnx(m.SerializeToString()), feeds)
+    for name, ref in zip(("output", "present_state"), expected):
+        np.testing.assert_allclose(got[name], ref, rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+def test_linear_attention_refuses_long_delta_rule():
+    inputs = {name: Input((1, 80, 8)) for name in ("query", "key", "value")} | {"beta": Input((1, 80, 2))}
+    names = ["query", "key", "value", "", "", "beta"]
+    m = model(
+        "LinearAttention",
+        inputs,
+        ["output"],
+        27,
+        names=names,
+        update_rule="delta",
+        q_num_heads=2,
+        kv_num_heads=2,
+    )
+    with pytest.raises(ConversionError, match="up to 64 steps"):
+        load_onnx(m.SerializeToString())

@@ -453,7 +453,7 @@ def _causal_conv_with_state(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
 
 LINEAR_ATTENTION_MAX_STEPS = 64
 """The longest sequence whose LinearAttention recurrence aotc unrolls into graph ops at build time (about
-ten ops a step)."""
+ten ops a step): the delta rules and a decay per key feature; the others have a closed form."""
 
 
 def _step(cv: OnnxConverter, x: Value, t: int, shape: tuple[int, ...]) -> Value:
@@ -463,9 +463,10 @@ def _step(cv: OnnxConverter, x: Value, t: int, shape: tuple[int, ...]) -> Value:
 
 @converts("LinearAttention")
 def _linear_attention(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
-    """The recurrence of ONNX's reference unrolled over the (static) sequence, in float32: per step the
-    state [batch, kv heads, d_k, d_v] is decayed by exp(decay) (gated rules), corrected by
-    beta * (v - S^T k) (delta rules), grows by k v^T, and is read by the query heads it serves."""
+    """The recurrence of ONNX's reference, in float32: per step the state [batch, kv heads, d_k, d_v] is
+    decayed by exp(decay) (gated rules), corrected by beta * (v - S^T k) (delta rules), grows by k v^T, and
+    is read by the query heads it serves; unrolled over the (static) sequence, or in closed form where
+    there is one."""
     query, key, value, past, decay, beta = (n.input(i) for i in range(6))
     dtype = query.type.dtype
     rule = n.attr("update_rule", "gated_delta")
@@ -504,40 +505,118 @@ def _linear_attention(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
     state_shape = (batch, kv_heads, d_k, d_v)
     if past is not None and (past.type.shape != state_shape or past.type.dtype not in ("float16", "float32")):
         raise cv.fail(f"past_state {past.type} must be float16/32{list(state_shape)}")
-    if steps > LINEAR_ATTENTION_MAX_STEPS:
-        raise cv.fail(
-            f"a sequence of {steps} steps: aotc unrolls the recurrence, up to {LINEAR_ATTENTION_MAX_STEPS} steps"
-        )
 
     def wide(v: Value | None) -> Value | None:
-        return v if v is None or v.type.dtype == "float32" else cv.emit("cast", [v], {"dtype": "float32"})
+        return v if v is None or v.type.dtype == "float32" else _cast(cv, v, "float32")
 
-    query, key, value, beta, state = wide(query), wide(key), wide(value), wide(beta), wide(past)
-    gates = cv.emit("exp", [wide(decay)]) if decay is not None else None
+    query, key, value, beta, state, decay = (wide(v) for v in (query, key, value, beta, past, decay))
+    scale = n.attr("scale", 0.0) or 1 / np.sqrt(d_k)
+    dims = (batch, steps, kv_heads, group, d_k, d_v)
+    if not delta and (decay is None or decay.type.shape[2] == kv_heads):
+        out, state = _parallel_linear_attention(cv, query, key, value, state, decay, dims)
+    else:
+        if steps > LINEAR_ATTENTION_MAX_STEPS:
+            raise cv.fail(
+                f"a sequence of {steps} steps: aotc unrolls the recurrence of the delta rules and of a decay per "
+                f"key feature, up to {LINEAR_ATTENTION_MAX_STEPS} steps"
+            )
+        out, state = _unrolled_linear_attention(cv, query, key, value, state, decay, beta, dims)
+    out = cv.emit("multiply", [out, cv.constant(scale, "scale", "float32")])
+    state_dtype = past.type.dtype if past is not None else dtype
+    return [_cast(cv, out, dtype), _cast(cv, state, state_dtype)]
+
+
+def _unrolled_linear_attention(
+    cv: OnnxConverter,
+    query: Value,
+    key: Value,
+    value: Value,
+    state: Value | None,
+    decay: Value | None,
+    beta: Value | None,
+    dims: tuple[int, ...],
+) -> tuple[Value, Value]:
+    """The recurrence step by step: the output [batch, T, q heads * d_v] (unscaled) and the last state."""
+    batch, steps, kv_heads, group, d_k, d_v = dims
+    gates = cv.emit("exp", [decay]) if decay is not None else None
     reads = []
     for t in range(steps):
         k_t, v_t = (
             _step(cv, key, t, (batch, kv_heads, 1, d_k)),
             _step(cv, value, t, (batch, kv_heads, 1, d_v)),
         )
-        if gated and state is not None:
+        if gates is not None and state is not None:
             per_key = gates.type.shape[2] // kv_heads
             state = cv.emit("multiply", [state, _step(cv, gates, t, (batch, kv_heads, per_key, 1))])
-        if delta:
+        if beta is not None:
             if state is not None:
                 v_t = cv.emit("subtract", [v_t, cv.emit("matmul", [k_t, state])])
             v_t = cv.emit("multiply", [_step(cv, beta, t, (batch, beta.type.shape[2], 1, 1)), v_t])
         outer = cv.emit("multiply", [_reshape(cv, k_t, (batch, kv_heads, d_k, 1)), v_t])
         state = outer if state is None else cv.emit("add", [state, outer])
         q_t = _step(cv, query, t, (batch, kv_heads, group, d_k))
-        reads.append(_reshape(cv, cv.emit("matmul", [q_t, state]), (batch, 1, q_heads * d_v)))
-    out = reads[0] if len(reads) == 1 else cv.emit("concat", reads, {"axis": 1})
-    scale = n.attr("scale", 0.0) or 1 / np.sqrt(d_k)
-    out = cv.emit("multiply", [out, cv.constant(scale, "scale", "float32")])
-    state_dtype = past.type.dtype if past is not None else dtype
-    results = [out if dtype == "float32" else cv.emit("cast", [out], {"dtype": dtype})]
-    results.append(state if state_dtype == "float32" else cv.emit("cast", [state], {"dtype": state_dtype}))
-    return results
+        reads.append(_reshape(cv, cv.emit("matmul", [q_t, state]), (batch, 1, kv_heads * group * d_v)))
+    return (reads[0] if len(reads) == 1 else cv.emit("concat", reads, {"axis": 1})), state
+
+
+def _parallel_linear_attention(
+    cv: OnnxConverter,
+    query: Value,
+    key: Value,
+    value: Value,
+    state: Value | None,
+    decay: Value | None,
+    dims: tuple[int, ...],
+) -> tuple[Value, Value]:
+    """The linear and gated rules (a decay per head) in closed form, for any length: with G the running
+    sum of the decay (0 without one), o_t = exp(G_t) q_t S_0 + sum over s <= t of exp(G_t - G_s) (q_t . k_s)
+    v_s, and S_T = exp(G_T) S_0 + sum over s of exp(G_T - G_s) k_s v_s^T."""
+    batch, steps, kv_heads, group, d_k, d_v = dims
+    heads = cv.emit(
+        "transpose", [_reshape(cv, query, (batch, steps, kv_heads, group, d_k))], {"perm": (0, 2, 3, 1, 4)}
+    )
+    q = _reshape(cv, heads, (batch, kv_heads, group * steps, d_k))
+    k_t = cv.emit("transpose", [_reshape(cv, key, (batch, steps, kv_heads, d_k))], {"perm": (0, 2, 3, 1)})
+    v = cv.emit("transpose", [_reshape(cv, value, (batch, steps, kv_heads, d_v))], {"perm": (0, 2, 1, 3)})
+    scores = _reshape(cv, cv.emit("matmul", [q, k_t]), (batch, kv_heads, group, steps, steps))
+    causal = cv.constant(np.tril(np.ones((steps, steps), bool)), "causal")
+    if decay is None:
+        weights = cv.emit("where", [causal, scores, cv.constant(0, "zero", "float32")])
+    else:
+        total = cv.emit("cumsum", [cv.emit("transpose", [decay], {"perm": (0, 2, 1)})], {"axis": 2})
+        rows, cols = (_reshape(cv, total, (batch, kv_heads, *s)) for s in ((steps, 1), (1, steps)))
+        gaps = cv.emit(
+            "where", [causal, cv.emit("subtract", [rows, cols]), cv.constant(-np.inf, "neg_inf", "float32")]
+        )
+        factors = _reshape(cv, cv.emit("exp", [gaps]), (batch, kv_heads, 1, steps, steps))
+        weights = cv.emit("multiply", [scores, factors])
+    out = cv.emit("matmul", [_reshape(cv, weights, (batch, kv_heads, group * steps, steps)), v])
+    if state is not None:
+        from_past = cv.emit("matmul", [q, state])
+        if decay is not None:
+            grown = _reshape(cv, cv.emit("exp", [total]), (batch, kv_heads, 1, steps, 1))
+            from_past = cv.emit(
+                "multiply", [_reshape(cv, from_past, (batch, kv_heads, group, steps, d_v)), grown]
+            )
+            from_past = _reshape(cv, from_past, (batch, kv_heads, group * steps, d_v))
+        out = cv.emit("add", [out, from_past])
+    if decay is None:
+        added = cv.emit("matmul", [k_t, v])
+    else:
+        last = _cut(cv, total, 2, steps - 1, steps)
+        since = _reshape(
+            cv, cv.emit("exp", [cv.emit("subtract", [last, total])]), (batch, kv_heads, 1, steps)
+        )
+        added = cv.emit("matmul", [cv.emit("multiply", [k_t, since]), v])
+        if state is not None:
+            state = cv.emit(
+                "multiply", [state, _reshape(cv, cv.emit("exp", [last]), (batch, kv_heads, 1, 1))]
+            )
+    state = added if state is None else cv.emit("add", [state, added])
+    out = cv.emit(
+        "transpose", [_reshape(cv, out, (batch, kv_heads, group, steps, d_v))], {"perm": (0, 3, 1, 2, 4)}
+    )
+    return _reshape(cv, out, (batch, steps, kv_heads * group * d_v)), state
 
 
 # --- FlexAttention (ai.onnx.preview) -------------------------------------------------------------------------
