@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from aotc import te
 from aotc.ir.expr import (
     Expr,
-    abs_,
     cast,
     const,
     eq,
@@ -161,10 +160,13 @@ def _as_float(x: Expr, dtype: str) -> Expr:
 
 def _encode_float(x: Expr, fmt: Format, saturate: bool) -> Expr:
     """Round a float64 (which holds every float32, float16 and int32 exactly: one rounding only)."""
-    # the magnitude's bits as a nonnegative int64 (floor division of them is a shift on every target)
-    sign = select(reinterpret("int64", x) < const(0, "int64"), const(1, "int32"), const(0, "int32"))
-    a = abs_(x)
-    abs_bits = reinterpret("int64", a)
+    # the magnitude's bits as a nonnegative int64, from the bits with the sign bit subtracted (fabs may
+    # keep a NaN's sign on a GPU; the GPU code's floor division of 64-bit values is signed)
+    u = reinterpret("uint64", x)
+    negative = u >= const(1 << 63, "uint64")
+    sign = select(negative, const(1, "int32"), const(0, "int32"))
+    abs_bits = cast("int64", select(negative, u - const(1 << 63, "uint64"), u))
+    a = reinterpret("float64", abs_bits)
     inf_bits = const(0x7FF << 52, "int64")
     is_nan, is_inf = abs_bits > inf_bits, eq(abs_bits, inf_bits)
     # the binade of a, at least the format's smallest normal one: a = n * 2 ** (e - mbits), n < 2 ** (mbits + 1)
