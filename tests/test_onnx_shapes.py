@@ -76,6 +76,13 @@ E = Input((2, 0, 4))  # a graph input with no elements
         pytest.param("Size", [E], {}, id="size"),
         pytest.param("ConstantOfShape", [i64(0)], {}, id="constant-of-shape-zero"),
         pytest.param("Slice", [Input((4, 3)), i64(9), i64(12), i64(0)], {}, id="slice-out-of-bounds"),
+        # no shape rule of aotc's own: ONNX's shape inference gives an output with no elements
+        pytest.param("MatMul", [Input((0, 2)), Input((2, 3))], {}, id="inferred-matmul"),
+        pytest.param(
+            "Conv", [Input((0, 2, 4, 4)), np.ones((3, 2, 1, 1), np.float32)], {}, id="inferred-conv"
+        ),
+        pytest.param("Expand", [Input((1, 0, 1)), i64(2, 0, 3)], {}, id="inferred-expand"),
+        pytest.param("Gather", [Input((3, 4)), np.zeros(0, np.int64)], {"axis": 0}, id="inferred-gather"),
     ],
 )
 def test_an_operand_with_no_elements_folds_to_a_constant(op_type, operands, attrs):

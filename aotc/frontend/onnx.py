@@ -529,12 +529,16 @@ class OnnxConverter:
             # converters were written for operands with elements; where one's arithmetic does not hold for
             # an empty operand (a division by its size, say) that is a refusal, not an internal error
             empty = [v for v in self.node.inputs if v is not None and v.type.num_elements == 0]
-            if not empty or isinstance(e, FrontendError):
+            if not empty:
                 raise
-            raise self.fail(
-                f"input {empty[0].name} ({empty[0].type}) has no elements, which this converter does not "
-                f"handle ({type(e).__name__}: {e})"
-            ) from e
+            results = self._empty_outputs(proto)  # what ONNX's own shape inference says, where all empty
+            if results is None and isinstance(e, FrontendError):
+                raise
+            if results is None:
+                raise self.fail(
+                    f"input {empty[0].name} ({empty[0].type}) has no elements, which this converter does "
+                    f"not handle ({type(e).__name__}: {e})"
+                ) from e
         for i, out in enumerate(proto.output):
             if not out:
                 continue
@@ -551,6 +555,41 @@ class OnnxConverter:
                     self.formats[v.name] = self.formats[results[i].name]
             self.values[out] = v
         self.node = None
+
+    def _empty_outputs(self, proto: onnx.NodeProto) -> list[Value | None] | None:
+        """The outputs of default-domain node `proto`, which has an input with no elements and which its
+        converter refused, as empty constants where ONNX's shape inference (the operator's own schema, the
+        constant inputs' values known) gives every output a static shape with no elements: such an output
+        has one value, nothing, whatever the operator computes. None where it does not."""
+        if proto.domain not in ("", "ai.onnx") or any(name in self.formats for name in proto.input):
+            return None  # (a low-precision input is stored as the bits of another type)
+        inputs, known = [], []
+        for name in dict.fromkeys(n for n in proto.input if n):
+            v = self.values[name]
+            elem = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(v.type.dtype))
+            inputs.append(onnx.helper.make_tensor_value_info(name, elem, list(v.type.shape)))
+            if v.is_constant:
+                known.append(numpy_helper.from_array(np.asarray(v.data), name))
+        outputs = [onnx.helper.make_empty_tensor_value_info(o) for o in proto.output if o]
+        graph = onnx.helper.make_graph([proto], "node", inputs, outputs, known)
+        model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", self.opset)])
+        try:
+            inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
+        except Exception:  # onnx raises its own error types for a node its inference rejects
+            return None
+        types = {vi.name: vi.type for vi in [*inferred.graph.output, *inferred.graph.value_info]}
+        results: list[Value | None] = []
+        for name in proto.output:
+            t = types.get(name)
+            tt = t.tensor_type if t is not None and t.HasField("tensor_type") else None
+            dims = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim] if tt else None
+            if not name:
+                results.append(None)
+            elif tt is None or tt.elem_type not in _DTYPES or None in dims or math.prod(dims) != 0:
+                return None
+            else:
+                results.append(self._constant_value(name, np.zeros(dims, _DTYPES[tt.elem_type])))
+        return results
 
     def emit(
         self, op: str, inputs: Sequence[Value], attrs: dict | None = None, out: str | None = None
