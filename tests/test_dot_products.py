@@ -204,9 +204,14 @@ def test_dot_forms_follow_the_cpu_features():
     assert forms("llvm -mcpu=skylake-avx512") == {("maddwd", 16, 2), ("maddwd", 8, 2)}
     assert forms("llvm -mcpu=sierraforest") >= {("vnni", 8, 4)}  # AVX-VNNI without AVX-512
     assert forms("llvm -mtriple=aarch64-linux-gnu") == set()
-    # usdot needs FEAT_I8MM; sdot/udot alone (a Cortex-A76) do not read the uint8 x int8 products
-    assert forms("llvm -mtriple=aarch64-linux-gnu -mcpu=neoverse-n2") == {("usdot", 4, 4)}
-    assert forms("llvm -mtriple=aarch64-linux-gnu -mcpu=cortex-a76") == set()
+    # usdot needs FEAT_I8MM; sdot/udot need FEAT_DotProd only (a Cortex-A76), tests/test_arm_dot.py
+    assert forms("llvm -mtriple=aarch64-linux-gnu -mcpu=neoverse-n2") == {
+        ("usdot", 4, 4),
+        ("sdot", 4, 4),
+        ("udot", 4, 4),
+    }
+    assert forms("llvm -mtriple=aarch64-linux-gnu -mcpu=cortex-a76") == {("sdot", 4, 4), ("udot", 4, 4)}
+    assert forms("llvm -mtriple=aarch64-linux-gnu -mcpu=cortex-a72") == set()
 
 
 def test_sketches_offer_a_dot_product_variant_only_where_it_fits():

@@ -351,8 +351,8 @@ class StmtGen(ExprGen):
 
     def _dot_operand(self, op: Operand, r: Var, form: DotForm) -> str:
         """The operand as the instruction reads it: element `lane * depth + j` holds the factor of lane
-        `lane` at `r = j`; bytes for vpdpbusd and usdot (int8 + 128 as x ^ 0x80), 16-bit values for
-        vpmaddwd."""
+        `lane` at `r = j`; bytes for vpdpbusd, usdot, sdot and udot (int8 + 128 or uint8 - 128 as x ^ 0x80),
+        16-bit values for vpmaddwd."""
         raw = self._dot_bytes(op.value, r, form.lanes, form.depth)
         n = form.lanes * form.depth
         if op.offset:

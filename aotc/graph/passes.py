@@ -26,9 +26,17 @@ _WINOGRAD_OPS = {
 }
 
 
-def optimize(graph: Graph, winograd: bool = True, nhwc: bool = True, dot_products: bool = True) -> Graph:
+def optimize(
+    graph: Graph,
+    winograd: bool = True,
+    nhwc: bool = True,
+    dot_products: bool = True,
+    same_sign_dots: bool = False,
+) -> Graph:
     """The graph passes of a build. `dot_products`: the target has dot-product instructions
-    (aotc.ir.dot.dot_forms), so quantized convs are padded to the depth they sum."""
+    (aotc.ir.dot.dot_forms), so quantized convs are padded to the depth they sum. `same_sign_dots`: they
+    read factors of one signedness only (aotc.ir.dot.same_sign_only: AArch64 sdot/udot), so the input
+    zero point fold keeps an input's factor of the weight's signedness."""
     graph = remove_identities(graph)
     graph = fold_batch_norm(graph)
     if nhwc:
@@ -36,7 +44,7 @@ def optimize(graph: Graph, winograd: bool = True, nhwc: bool = True, dot_product
     if dot_products:
         graph = pad_conv_channels(graph)
         graph = pad_depthwise_taps(graph)
-    graph = fold_input_zero_point(graph)
+    graph = fold_input_zero_point(graph, same_sign=same_sign_dots)
     graph = constant_requantize_tables(graph)
     if winograd:
         graph = winograd_convolutions(graph)
@@ -134,20 +142,21 @@ def _weight_zero_points(node: Node) -> tuple[int, ...]:
     return tuple(int(z) for z in (zps if isinstance(zps, (tuple, list)) else (zps,)))
 
 
-def fold_input_zero_point(graph: Graph) -> Graph:
+def fold_input_zero_point(graph: Graph, same_sign: bool = False) -> Graph:
     """sum((x - zx) * w) = sum((x - m) * w) - (zx - m) * sum(w): with a constant weight whose zero point is
     0, the second term joins the int32 bias at build time. m is `mac_zero_point`: 0, so the kernel's
     multiply-accumulate skips one subtraction per product, or -128 for int8 convs (depthwise too) and
     dense layers, whose factor x + 128 is then a uint8 (what a dot-product instruction reads). Padding still
-    reads zx, which the folded term cancels exactly."""
+    reads zx, which the folded term cancels exactly. `same_sign`: m gives x the weight's signedness (0, or
+    +-128 where the dtypes differ; sdot/udot read int8 x int8 or uint8 x uint8) and is recorded in the
+    node's `mac_zero_point`."""
     for node in graph.nodes:
         axis = _WEIGHT_CHANNEL_AXIS.get(node.op)
         if axis is None or node.attrs.get("input_zero_point_in_bias") or len(node.inputs) < 2:
             continue
         weight = node.inputs[1]
-        shift = int(node.attrs.get("input_zero_point", 0)) - mac_zero_point(
-            node.op, node.inputs[0].type.dtype
-        )
+        m = mac_zero_point(node.op, node.inputs[0].type.dtype, weight.type.dtype if same_sign else None)
+        shift = int(node.attrs.get("input_zero_point", 0)) - m
         if shift == 0 or not weight.is_constant or any(_weight_zero_points(node)):
             continue
         channels = weight.type.shape[axis]
@@ -167,7 +176,10 @@ def fold_input_zero_point(graph: Graph) -> Graph:
             *node.inputs[:2],
             Value(name, TensorType((channels,), "int32"), data=folded.astype(np.int32)),
         ]
+        # only a same-sign build records m: every other build's attrs (and workload keys) stay as they were
         node.attrs = {**node.attrs, "input_zero_point_in_bias": True}
+        if same_sign:
+            node.attrs["mac_zero_point"] = m
     return graph
 
 

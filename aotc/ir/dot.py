@@ -11,15 +11,19 @@ of a form the target has:
 - `maddwd`: AVX2 / AVX-512BW `vpmaddwd` on values widened to 16 bits, 2 products per lane; any 8-bit
   `u` and `s` (each product and the pair's sum fit 32 bits exactly).
 - `usdot`: AArch64 `usdot` (FEAT_I8MM), vpdpbusd's unsigned x signed byte products on 4 NEON lanes.
-  (`sdot`/`udot` alone, as on a Cortex-A76, read int8 x int8 or uint8 x uint8: the x + 128 factor needs
-  the unsigned x signed form.)
+- `sdot` / `udot`: AArch64 `sdot` / `udot` (FEAT_DotProd, e.g. Cortex-A55/A76, Neoverse N1): signed x
+  signed or unsigned x unsigned byte products on 4 NEON lanes. A target with these but no unsigned x
+  signed form gets a graph whose products have factors of matching signedness (`same_sign_only`).
 
+A factor may be an 8-bit value with its top bit flipped: int8 + 128 is a uint8, uint8 - 128 an int8 (both
+read as `x ^ 0x80`), which is how the graph gives a product the signedness its target's form reads.
 The plain widening code stays the fallback: a schedule without the annotation.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from aotc.ir.expr import Binary, Buffer, Cast, Const, Expr, Load, Var, free_vars
@@ -28,18 +32,20 @@ from aotc.ir.stmt import BufferStore, For
 from aotc.target import Target, cpu_features
 
 BYTE_DTYPES = ("int8", "uint8")
-INT8_OFFSET = 128  # int8 + 128 is the uint8 that vpdpbusd reads
+INT8_OFFSET = 128  # int8 + 128 is the uint8 that vpdpbusd reads; uint8 - 128 the int8 that sdot reads
+# The factors' signedness a form reads: u unsigned and s signed, any, both signed, both unsigned.
+SIGNS = ("us", "any", "ss", "uu")
 
 
 @dataclass(frozen=True)
 class DotForm:
     """One dot-product instruction: `depth` products per 32-bit lane, `lanes` lanes."""
 
-    name: str  # "vnni", "maddwd" or "usdot"
+    name: str  # "vnni", "maddwd", "usdot", "sdot" or "udot"
     lanes: int
     depth: int
     intrinsic: str
-    unsigned_u: bool  # the first operand must be unsigned (vpdpbusd, usdot read u8 x s8)
+    signs: str  # one of SIGNS: "us" for vpdpbusd and usdot (u8 x s8), "ss" sdot, "uu" udot
     widens: bool = False  # the operands are widened to 16 bits and the products' sums added to the acc
 
     @property
@@ -50,12 +56,15 @@ class DotForm:
 
 _FORMS = (
     # (instruction set, required features, form), widest first
-    ("x86_64", ("avx512vnni",), DotForm("vnni", 16, 4, "llvm.x86.avx512.vpdpbusd.512", True)),
-    ("x86_64", ("avx512vnni", "avx512vl"), DotForm("vnni", 8, 4, "llvm.x86.avx512.vpdpbusd.256", True)),
-    ("x86_64", ("avxvnni",), DotForm("vnni", 8, 4, "llvm.x86.avx512.vpdpbusd.256", True)),
-    ("x86_64", ("avx512bw",), DotForm("maddwd", 16, 2, "llvm.x86.avx512.pmaddw.d.512", False, True)),
-    ("x86_64", ("avx2",), DotForm("maddwd", 8, 2, "llvm.x86.avx2.pmadd.wd", False, True)),
-    ("aarch64", ("i8mm",), DotForm("usdot", 4, 4, "llvm.aarch64.neon.usdot.v4i32.v16i8", True)),
+    ("x86_64", ("avx512vnni",), DotForm("vnni", 16, 4, "llvm.x86.avx512.vpdpbusd.512", "us")),
+    ("x86_64", ("avx512vnni", "avx512vl"), DotForm("vnni", 8, 4, "llvm.x86.avx512.vpdpbusd.256", "us")),
+    ("x86_64", ("avxvnni",), DotForm("vnni", 8, 4, "llvm.x86.avx512.vpdpbusd.256", "us")),
+    ("x86_64", ("avx512bw",), DotForm("maddwd", 16, 2, "llvm.x86.avx512.pmaddw.d.512", "any", True)),
+    ("x86_64", ("avx2",), DotForm("maddwd", 8, 2, "llvm.x86.avx2.pmadd.wd", "any", True)),
+    # usdot first: where both exist, a product of mixed signedness takes it, matching ones sdot/udot
+    ("aarch64", ("i8mm",), DotForm("usdot", 4, 4, "llvm.aarch64.neon.usdot.v4i32.v16i8", "us")),
+    ("aarch64", ("dotprod",), DotForm("sdot", 4, 4, "llvm.aarch64.neon.sdot.v4i32.v16i8", "ss")),
+    ("aarch64", ("dotprod",), DotForm("udot", 4, 4, "llvm.aarch64.neon.udot.v4i32.v16i8", "uu")),
 )
 
 
@@ -72,17 +81,29 @@ def dot_forms(target: Target) -> tuple[DotForm, ...]:
     return tuple(out.values())
 
 
+def same_sign_only(forms: Sequence[DotForm]) -> bool:
+    """Whether `forms` read 8-bit factors of matching signedness but no unsigned x signed pair (AArch64
+    `sdot`/`udot` without FEAT_I8MM's `usdot`): the graph then offsets a conv's or dense layer's input
+    only where its signedness differs from the weight's (`mac_zero_point`), instead of making every int8
+    input a uint8 (x + 128) for vpdpbusd/usdot. Targets with an unsigned x signed form, or with no form,
+    keep the x + 128 graph, so their workloads (and tuned records) do not change."""
+    if any(f.signs == "us" for f in forms):
+        return False
+    return any(f.signs in ("ss", "uu") for f in forms)
+
+
 @dataclass(frozen=True)
 class Operand:
-    """An 8-bit value read as an int32 factor: `value` (int8/uint8), plus 128 where `offset`."""
+    """An 8-bit value read as an int32 factor: `value` (int8/uint8), with its top bit flipped where
+    `offset` (int8 + 128, or uint8 - 128)."""
 
     value: Expr
     offset: bool
 
     @property
     def unsigned(self) -> bool:
-        """The factor is a uint8 value (vpdpbusd's unsigned side)."""
-        return self.value.dtype == "uint8" or self.offset
+        """The factor is a uint8 byte: a uint8 value, or an int8 one plus 128."""
+        return (self.value.dtype == "uint8") != self.offset
 
 
 @dataclass(frozen=True)
@@ -96,13 +117,17 @@ class DotBody:
 
 
 def byte_operand(e: Expr) -> Operand | None:
-    """`int32(x)` or `int32(x) + 128` (as `- (-128)` too) with x 8-bit; None otherwise."""
+    """`int32(x)`, `int32(x) + 128` with x int8 or `int32(x) - 128` with x uint8 (each as a subtraction
+    or addition of the negated constant too); None otherwise."""
     if isinstance(e, Cast) and e.dtype == "int32" and e.value.dtype in BYTE_DTYPES:
         return Operand(e.value, False)
     if isinstance(e, Binary) and e.op in ("add", "sub") and isinstance(e.b, Const):
         inner = byte_operand(e.a)
         shift = e.b.value if e.op == "add" else -e.b.value
-        if inner is not None and not inner.offset and inner.value.dtype == "int8" and shift == INT8_OFFSET:
+        if inner is None or inner.offset:
+            return None
+        want = INT8_OFFSET if inner.value.dtype == "int8" else -INT8_OFFSET
+        if shift == want:
             return Operand(inner.value, True)
     return None
 
@@ -154,10 +179,14 @@ def form_error(
     """Why `form` cannot sum the products `u * s`, or None."""
     if form is None:
         return f"{target_name} has no dot-product instruction for {lanes} lanes of {depth} products"
-    if form.unsigned_u and not u.unsigned:
+    if form.signs == "us" and not u.unsigned:
         return f"{form.name} needs one unsigned factor (uint8, or int8 + 128)"
-    if form.unsigned_u and s.value.dtype != "int8":
-        return f"{form.name} needs a signed int8 second factor"
+    if form.signs == "us" and s.unsigned:
+        return f"{form.name} needs a signed second factor (int8, or uint8 - 128)"
+    if form.signs == "ss" and (u.unsigned or s.unsigned):
+        return f"{form.name} needs two signed factors (int8, or uint8 - 128)"
+    if form.signs == "uu" and not (u.unsigned and s.unsigned):
+        return f"{form.name} needs two unsigned factors (uint8, or int8 + 128)"
     return None
 
 
@@ -180,8 +209,10 @@ def tensorized_dot(
     if isinstance(dot, str):
         return dot
     depth = loop.max_extent
-    form = next((f for f in forms if f.lanes == lanes and f.depth == depth), None)
-    err = form_error(dot.u, dot.s, form, lanes, depth, "the target")
+    shaped = [f for f in forms if f.lanes == lanes and f.depth == depth]
+    # the first form of this shape that reads these factors (usdot before sdot/udot); else the first's error
+    form = next((f for f in shaped if form_error(dot.u, dot.s, f, lanes, depth, "") is None), None)
+    err = form_error(dot.u, dot.s, form or (shaped[0] if shaped else None), lanes, depth, "the target")
     if err:
         return f"tensorized loop {loop.var.name}: {err}"
     assert form is not None

@@ -344,19 +344,28 @@ def _quantized_term(in_zp: int, w_zp: int) -> Callable[[Expr, Expr], Expr]:
 MAC_OPS = ("qnn.conv2d_nhwc", "qnn.depthwise_conv2d_nhwc", "qnn.dense")
 
 
-def mac_zero_point(op: str, dtype: str) -> int:
+def mac_zero_point(op: str, dtype: str, same_sign_as: str | None = None) -> int:
     """The zero point a conv or dense layer with `input_zero_point_in_bias` still subtracts from its
     `dtype` input: -128 for int8 (an int8 input), whose factor x + 128 is then the uint8 that a dot-product
-    instruction reads (vpdpbusd: uint8 x int8; docs/int8.md), else 0."""
-    return -128 if dtype == "int8" and op in MAC_OPS else 0
+    instruction reads (vpdpbusd, usdot: uint8 x int8; docs/int8.md), else 0. With `same_sign_as` (the
+    weight's dtype, for a target whose forms read factors of one signedness: sdot/udot) the factor takes
+    the weight's signedness instead: 0 where the dtypes match, else x + 128 (int8) or x - 128 (uint8)."""
+    if op not in MAC_OPS:
+        return 0
+    if same_sign_as is None:
+        return -128 if dtype == "int8" else 0
+    if dtype == same_sign_as:
+        return 0
+    return -128 if dtype == "int8" else 128
 
 
 def _mac_input_zero_point(attrs: dict, op: str, dtype: str) -> int:
-    """The input zero point the multiply-accumulate subtracts: `mac_zero_point` when the graph folded
-    -(input_zero_point - mac_zero_point) * sum(weight) into the bias (`input_zero_point_in_bias`)."""
-    return (
-        mac_zero_point(op, dtype) if attrs.get("input_zero_point_in_bias") else int(attrs["input_zero_point"])
-    )
+    """The input zero point the multiply-accumulate subtracts: the node's `mac_zero_point` (else the default
+    `mac_zero_point`) when the graph folded -(input_zero_point - m) * sum(weight) into the bias
+    (`input_zero_point_in_bias`)."""
+    if not attrs.get("input_zero_point_in_bias"):
+        return int(attrs["input_zero_point"])
+    return int(attrs.get("mac_zero_point", mac_zero_point(op, dtype)))
 
 
 def _weight_zero_point(attrs: dict, what: str) -> int:
