@@ -651,19 +651,22 @@ def test_model_file_path_loads(tmp_path):
 
 def test_all_unsupported_operators_are_listed_in_one_error():
     nodes = [
-        helper.make_node("TopK", ["x", "k"], ["v0", "i0"], name="topk_0"),
-        helper.make_node("NonMaxSuppression", ["b", "s"], ["sel"], name="nms_1"),
-        helper.make_node("TopK", ["x", "k"], ["v3", "i3"], name="topk_3"),
+        helper.make_node("RandomUniformLike", ["x"], ["r0"], name="rand_0"),
+        helper.make_node("Multinomial", ["x"], ["m1"], name="multinomial_1"),
+        helper.make_node("RandomUniformLike", ["x"], ["r3"], name="rand_3"),
         helper.make_node("Relu", ["x"], ["y"]),
     ]
-    inputs = {"x": Input((4, 5)), "b": Input((1, 4, 4)), "s": Input((1, 1, 4))}
-    model = make_graph_model(nodes, inputs, ["y", "v0", "v3", "sel"], {"k": i64(2)})
+    inputs = {"x": Input((4, 5))}
+    model = make_graph_model(nodes, inputs, ["y", "r0", "r3", "m1"], {})
     with pytest.raises(UnsupportedOperatorError) as err:
         load_onnx(model.SerializeToString())
     assert str(err.value) == (
-        "<bytes>: 2 unsupported operators: NonMaxSuppression (nodes: nms_1), TopK (nodes: topk_0, topk_3)"
+        "<bytes>: 2 unsupported operators: Multinomial (nodes: multinomial_1), RandomUniformLike (nodes: rand_0, rand_3)"
     )
-    assert err.value.operators == {"NonMaxSuppression": ["nms_1"], "TopK": ["topk_0", "topk_3"]}
+    assert err.value.operators == {
+        "Multinomial": ["multinomial_1"],
+        "RandomUniformLike": ["rand_0", "rand_3"],
+    }
 
 
 def test_opset_newer_than_the_installed_onnx_is_an_error_naming_it():
