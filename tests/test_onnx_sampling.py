@@ -224,6 +224,29 @@ CASES = [
         id="gridsample-nearest-int32",
         evaluator=True,
     ),
+    case(
+        "GridSample",
+        [Input((1, 2, 7)), Input((1, 5, 1), low=-1.3, high=1.3)],
+        mode="cubic",
+        opset=20,
+        id="gridsample-1d-cubic",
+        evaluator=True,  # onnxruntime 1.32 samples 4-D and 5-D inputs only, cubic 4-D only
+    ),
+    case(
+        "GridSample",
+        [Input((1, 2, 3, 4, 3)), Input((1, 2, 2, 2, 3), low=-1.6, high=1.6)],
+        mode="cubic",
+        padding_mode="reflection",
+        opset=20,
+        id="gridsample-volumetric-cubic-reflection",
+        evaluator=True,
+    ),
+    case(
+        "GridSample",
+        [Input((1, 2, 4, 5), "float16"), Input((1, 2, 3, 2), "float16", low=-1.3, high=1.3)],
+        opset=20,
+        id="gridsample-float16",
+    ),
     # AffineGrid (its size a constant)
     case("AffineGrid", [Input((2, 2, 3)), _i([2, 3, 4, 5])], opset=20, id="affine-grid-2d"),
     case(
