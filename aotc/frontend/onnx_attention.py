@@ -16,9 +16,9 @@ from aotc.graph.ir import Value
 from aotc.topi.elemwise import broadcast_shape
 
 VERSIONS: dict[str, tuple[int, ...]] = {
-    # 23: causal mask bottom-right aligned to the past length (the errata of onnx 1.20+ made it, and the
-    #     zero row of a fully masked query, the 23 semantics too); a mask shorter than the total length is
-    #     not defined by 23, and ONNX's reference pads it as 24 does, which aotc does as well.
+    # 23: the causal mask aligned bottom-right, to the past length, and a fully masked query row zero (23's
+    #     text as errata-corrected in place, which the reference and backend tests follow); a mask shorter
+    #     than the total length is not defined by 23: padded as 24 says (ONNX's reference does so for 23).
     # 24: nonpad_kv_seqlen (the external cache: padding mask, causal offset nonpad - q length per batch),
     #     a mask shorter than the total length padded with -inf / False.
     # 25: left_window_size / right_window_size; q_num_heads / kv_num_heads are invalid on 4-D inputs.
@@ -50,10 +50,8 @@ def _cut(cv: OnnxConverter, x: Value, axis: int, start: int, stop: int, step: in
     )
 
 
-def _reshape(cv: OnnxConverter, x: Value, shape: tuple[int, ...], out: str | None = None) -> Value:
-    if x.type.shape == tuple(shape) and out is None:
-        return x
-    return cv.emit("reshape", [x], {"shape": tuple(shape)}, out)
+def _reshape(cv: OnnxConverter, x: Value, shape: tuple[int, ...]) -> Value:
+    return x if x.type.shape == tuple(shape) else cv.emit("reshape", [x], {"shape": tuple(shape)})
 
 
 def _cast(cv: OnnxConverter, x: Value, dtype: str) -> Value:
@@ -250,7 +248,6 @@ def _attention(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
     past = n.input(4).type.shape[2] if n.input(4) is not None else 0
     keys, values = _with_past(cv, n, k, 4, "past_key"), _with_past(cv, n, v, 5, "past_value")
     total = keys.type.shape[2]
-    wanted = [i < len(n.outputs) and n.outputs[i] in cv.used for i in range(4)]
 
     # sqrt(scale) on Q and on K, as the reference scales: in float64 for the default 1 / sqrt(head size),
     # in float32 for a given one (a float attribute, which the reference reads as a float32)
@@ -295,7 +292,7 @@ def _attention(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
     if len(n.inputs[0].type.shape) == 3:
         y = _reshape(cv, cv.emit("transpose", [y], {"perm": (0, 2, 1, 3)}), (batch, q_len, q_heads * v_size))
     results = [y, keys, values]
-    if wanted[3]:
+    if len(n.outputs) > 3 and n.outputs[3] in cv.used:
         results.append(_cast(cv, _qk_output(cv, n, raw, scores, logits, probs, softcap), dtype))
     return results
 
