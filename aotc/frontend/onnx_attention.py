@@ -440,9 +440,10 @@ def _causal_conv_with_state(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
             y = cv.emit("cast", [y], {"dtype": dtype})
     results = [y]
     if len(n.outputs) > 1 and n.outputs[1] in cv.used:
-        if k == 1:
-            raise cv.fail("present_state is empty for a kernel of size 1; aotc compiles nonempty tensors")
-        results.append(_cut(cv, padded, 2, total - (k - 1), total))
+        if k == 1:  # no state to carry: an empty [batch, channels, 0]
+            results.append(cv.constant(np.zeros((batch, channels, 0), dtype), "present_state"))
+        else:
+            results.append(_cut(cv, padded, 2, total - (k - 1), total))
     return results
 
 
