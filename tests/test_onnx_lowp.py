@@ -122,10 +122,11 @@ def test_compiled_casts_take_and_return_ml_dtypes_arrays_bit_exact(tmp_path):
     nodes.append(helper.make_node("Cast", ["i"], ["i_int8"], to=TensorProto.INT8))
     nodes.append(helper.make_node("Reshape", ["i", "flat"], ["i_flat"]))
     nodes.append(helper.make_node("BitCast", ["x"], ["x_bits"], to=TensorProto.INT32))
-    # data movement passes the bits on: a selection (OneHot's values), a gather, a slice
+    # data movement passes the bits on: a selection (OneHot's values), a gather, a transpose
     nodes.append(helper.make_node("OneHot", ["hot_at", "depth", "b_pair"], ["hot"], axis=1))
     nodes.append(helper.make_node("Gather", ["b", "rows"], ["b_rows"], axis=0))
-    nodes.append(helper.make_node("Slice", ["to_float8_e4m3fn", "starts", "ends"], ["f8_part"]))
+    nodes.append(helper.make_node("Reshape", ["to_float8_e4m3fn", "square"], ["f8_square"]))
+    nodes.append(helper.make_node("Transpose", ["f8_square"], ["f8_part"]))
     outputs += [
         helper.make_tensor_value_info("e5m2_nosat", TensorProto.FLOAT8E5M2, shape),
         helper.make_tensor_value_info("b_half", TensorProto.FLOAT16, [2, 3]),
@@ -134,18 +135,18 @@ def test_compiled_casts_take_and_return_ml_dtypes_arrays_bit_exact(tmp_path):
         helper.make_tensor_value_info("x_bits", TensorProto.INT32, shape),
         helper.make_tensor_value_info("hot", TensorProto.BFLOAT16, [3, 4]),
         helper.make_tensor_value_info("b_rows", TensorProto.BFLOAT16, [2, 3]),
-        helper.make_tensor_value_info("f8_part", TensorProto.FLOAT8E4M3FN, [4]),
+        helper.make_tensor_value_info("f8_part", TensorProto.FLOAT8E4M3FN, [8, 8]),
     ]
     inputs = [
         helper.make_tensor_value_info("x", TensorProto.FLOAT, shape),
         helper.make_tensor_value_info("b", TensorProto.BFLOAT16, [2, 3]),
         helper.make_tensor_value_info("i", TensorProto.INT4, [2, 3]),
     ]
-    consts = {"flat": [6], "hot_at": [0, 3, -1], "rows": [1, 0], "starts": [1], "ends": [5]}
+    consts = {"flat": [6], "hot_at": [0, 3, -1], "rows": [1, 0], "square": [8, 8]}
     inits = [numpy_helper.from_array(np.array(v, np.int64), k) for k, v in consts.items()]
     inits.append(numpy_helper.from_array(np.array(4, np.float32), "depth"))
     inits.append(numpy_helper.from_array(np.array([0.5, 2.5], ml_dtypes.bfloat16), "b_pair"))
-    model = _model(nodes, inputs, outputs, inits, opset=26)
+    model = _model(nodes, inputs, outputs, inits, opset=28)  # OneHot-28 takes bfloat16 values
     feeds = {
         "x": _samples()[:64],
         "b": np.array([[1.5, -2.25, np.inf], [0, -0.0, 3e38]], ml_dtypes.bfloat16),
