@@ -553,6 +553,8 @@ class OnnxConverter:
                 v = self.emit("identity", [v], out=out)
                 if results[i].name in self.formats:
                     self.formats[v.name] = self.formats[results[i].name]
+            if v.name in self.formats:  # under its ONNX name too (an Identity's output is its input's value)
+                self.formats[out] = self.formats[v.name]
             self.values[out] = v
         self.node = None
 
