@@ -58,7 +58,9 @@ def element_dtype(name: str) -> np.dtype:
     try:
         import ml_dtypes
     except ImportError:
-        raise ImportError(f"this package takes or returns {name} tensors: pip install ml_dtypes") from None
+        raise ImportError(
+            f"this package takes or returns {name} tensors: pip install 'aotc-runtime[lowp]' (ml_dtypes)"
+        ) from None
     return np.dtype(getattr(ml_dtypes, name))
 
 
