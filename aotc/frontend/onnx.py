@@ -33,6 +33,7 @@ from aotc.frontend.errors import (
     UnsupportedOpsetError,
 )
 from aotc.frontend.folding import live_nodes, typed_node
+from aotc.frontend.onnx_schema import declared_types, tensor_type, type_problem
 from aotc.graph.interpret import infer_types
 from aotc.graph.ir import Graph, Node, TensorType, Value
 from aotc.ir.expr import DTYPES, unique_name
@@ -444,6 +445,8 @@ class OnnxConverter:
         self.used = _referenced_names(graph) | self.output_names  # subgraphs' reads of outer values too
         self.value_names = {o for p in graph.node for o in p.output} | {i.name for i in graph.input}
         self.value_names |= {t.name for t in graph.initializer}
+        self.declared_types = declared_types(graph)
+        """Values whose element type the graph declares (outputs, value_info) -> its type string."""
         self.node_names: set[str] = set()
         self.node: OnnxNode | None = None
         self.batch = BatchTracker(source)
@@ -518,6 +521,13 @@ class OnnxConverter:
             list(proto.output),
             _operator_version(proto.op_type, self.opset) if default_domain else None,
         )
+        # element types the operator's schema does not allow are refused before a converter, written for
+        # the types ONNX defines, computes something for them
+        version = self.opset if default_domain else _DOMAIN_VERSIONS.get(proto.domain)
+        types = {v: self.element_type(v) for v in proto.input if v}
+        problem = type_problem(proto, version, types, self.declared_types)
+        if problem is not None:
+            raise self.fail(problem)
         check = _VERSION_CHECKS.get(_op_key(proto))
         if check is not None:
             check(self, self.node)
@@ -557,6 +567,12 @@ class OnnxConverter:
                 self.formats[out] = self.formats[v.name]
             self.values[out] = v
         self.node = None
+
+    def element_type(self, name: str) -> str | None:
+        """The ONNX type string of ONNX value `name` ("tensor(float)"; its format's for a low-precision one,
+        which `formats` keys by the graph value's name)."""
+        v = self.values[name]
+        return tensor_type(self.formats.get(v.name) or v.type.dtype)
 
     def _empty_outputs(self, proto: onnx.NodeProto) -> list[Value | None] | None:
         """The outputs of default-domain node `proto`, which has an input with no elements and which its
