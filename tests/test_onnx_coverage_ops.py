@@ -155,9 +155,9 @@ def test_bitshift_11_matches_onnxruntime_with_broadcasting():
 @pytest.mark.parametrize(
     "op_type, operands, kw, message",
     [
-        ("BitShift", [Input((3,)), Input((3,))], {"direction": "LEFT", "opset": 28}, r"BitShift is defined on integer tensors, got x0 of type float32"),
+        ("BitShift", [Input((3,)), Input((3,))], {"direction": "LEFT", "opset": 28}, r"input 0 \(X, value x0\) is tensor\(float\), which type constraint T of BitShift-28 \(opset 28\) does not allow"),
         ("BitShift", [Input((3,), "int32"), Input((3,), "int32")], {"direction": "UP", "opset": 28}, r"direction must be LEFT or RIGHT"),
-        ("ArgMax", [Input((3,), "bool")], {}, r"node argmax_node \(ArgMax\): ArgMax is not defined on bool tensors"),
+        ("ArgMax", [Input((3,), "bool")], {}, r"node argmax_node \(ArgMax\): input 0 \(data, value x0\) is tensor\(bool\), which type constraint T of ArgMax-13"),
         ("GatherElements", [Input((3, 4)), np.zeros((3,), np.int64)], {}, r"indices int64\[3\] must have the rank of data"),
         ("Trilu", [Input((4,))], {"opset": 14}, r"Trilu needs an input of rank 2 or more, got float32\[4\]"),
         ("RMSNormalization", [Input((2, 3)), Input((3,))], {"stash_type": 0, "opset": 23}, r"stash_type=0 is not supported"),
