@@ -86,6 +86,15 @@ def test_a_declared_output_type_against_the_schema():
     assert "output 0 (shape, value y) is tensor(float), which type constraint T1 of Shape-15" in message
 
 
+def test_declared_outputs_follow_an_input_given_another_dtype():
+    """input_shapes may make a float16 model's input float32: its outputs, declared float16, follow."""
+    x, y = (helper.make_tensor_value_info(name, TensorProto.FLOAT16, [2, 3]) for name in "xy")
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="relu")], "g", [x], [y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    graph = load_onnx(model.SerializeToString(), {"x": ((2, 3), "float32")})
+    assert graph.outputs[0].type.dtype == "float32"
+
+
 def test_in_a_subgraph():
     """An If branch's nodes are checked as the main graph's are."""
     branch = [helper.make_node("Neg", ["x"], ["b"], name="neg")]

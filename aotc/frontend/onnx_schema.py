@@ -115,8 +115,8 @@ def type_problem(
 ) -> str | None:
     """Why node `proto`'s element types break its operator's schema (opset `version` of its domain), or
     None: each input and output whose type is known (`input_types`, `output_types`: value name -> type
-    string) must be one its formal parameter allows, and those of one type constraint must be one type
-    (except a heterogeneous variadic's, each free, as Loop's carried values)."""
+    string) must be one its formal parameter allows, and the inputs of one type constraint must be one
+    type (except a heterogeneous variadic's, each free, as Loop's carried values)."""
     domain = "" if proto.domain == "ai.onnx" else proto.domain
     sig = signature(proto.op_type, domain, version) if version is not None else None
     if sig is None:
@@ -137,7 +137,9 @@ def type_problem(
                 fixed = formal.type_str.startswith("tensor(")  # a type itself, not a constraint's name
                 by = at if fixed else f"type constraint {formal.type_str} of {at}"
                 return f"{what} is {t}, which {by} does not allow (it allows {allowed})"
-            if formal.variadic and not formal.homogeneous:
+            # a declared output is not bound to the inputs' types: `input_shapes` may give an input another
+            # dtype than the model's (float32 for float16), which the outputs follow, their declarations not
+            if kind == "output" or (formal.variadic and not formal.homogeneous):
                 continue
             first = bound.setdefault(formal.type_str, (t, what))
             if first[0] != t:
