@@ -174,11 +174,13 @@ def test_what_the_operators_do_not_define_is_refused_naming_node_and_reason(op_t
         load_onnx(model.SerializeToString())
 
 
-def test_trilu_k_fed_at_run_time_is_a_run_time_value_naming_the_input():
-    model, _ = op_model("Trilu", [Input((3, 3)), Input((), "int64")], opset=14)
-    with pytest.raises(RunTimeValueError, match=r"node trilu_node \(Trilu\): input 1 \(k, value x1\)") as e:
-        load_onnx(model.SerializeToString())
-    assert e.value.inputs == ("x1",)
+@pytest.mark.parametrize("upper", [0, 1])
+def test_trilu_k_fed_at_run_time_is_a_kernel_input(upper):
+    model, feeds = op_model("Trilu", [Input((2, 3, 5)), Input((), "int64")], opset=14, upper=upper)
+    graph = load_onnx(model.SerializeToString())  # one build serves every k
+    for k in (-4, -1, 0, 2, 6):
+        feeds["x1"] = np.array(k, np.int64)
+        assert_matches(run_graph(graph, feeds), model, reference(model, feeds))
 
 
 def test_a_quantized_weight_fed_at_run_time_is_a_run_time_value_that_constants_fix():

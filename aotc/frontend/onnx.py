@@ -1982,14 +1982,28 @@ def _gather_elements(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
 @converts("Trilu")
 def _trilu(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
     """The upper (upper=1, the default) or lower triangle of the last two axes from the k-th diagonal (input
-    1, a scalar, default 0, needed at compile time); the other elements are 0."""
+    1, a scalar, default 0); the other elements are 0. A k fed at run time is a kernel input."""
     x = n.inputs[0]
     if len(x.type.shape) < 2:
         raise cv.fail(f"Trilu needs an input of rank 2 or more, got {x.type}")
+    upper = bool(n.attr("upper", 1))
+    k_value = n.input(1)
+    if k_value is not None and k_value.type.num_elements != 1:
+        raise cv.fail(f"k must be a scalar, got {k_value.type}")
+    if k_value is not None and not k_value.is_constant:
+        # keep (i, j) where j - i >= k (upper) or <= k (lower): the offsets are a build-time constant
+        rows, cols = x.type.shape[-2:]
+        offsets = np.arange(cols, dtype=np.int64)[None, :] - np.arange(rows, dtype=np.int64)[:, None]
+        k = _scalar(cv, k_value)
+        if k.type.dtype != "int64":
+            k = cv.emit("cast", [k], {"dtype": "int64"})
+        keep = cv.emit(
+            "greater_equal" if upper else "less_equal", [cv.constant(offsets, "diagonal_offsets"), k]
+        )
+        zero = cv.constant(np.zeros((), x.type.dtype), "zero")
+        return [cv.emit("where", [keep, x, zero], out=n.outputs[0])]
     k = cv.const_input(n, 1, "k")
-    if k is not None and k.size != 1:
-        raise cv.fail(f"k must be a scalar, got {k.size} values")
-    attrs = {"k": int(k.item()) if k is not None else 0, "upper": bool(n.attr("upper", 1))}
+    attrs = {"k": int(k.item()) if k is not None else 0, "upper": upper}
     return [cv.emit("trilu", [x], attrs, n.outputs[0])]
 
 
