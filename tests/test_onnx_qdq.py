@@ -318,22 +318,8 @@ def test_reshape_between_dq_and_q_folds_only_with_its_input_quantization(tmp_pat
 # --- bad input ------------------------------------------------------------------------------------------------
 
 
-def test_runtime_scale_and_unsupported_zero_point_type_are_errors_naming_node_and_field(tmp_path):
-    runtime_scale = make_graph_model(
-        [helper.make_node("DequantizeLinear", ["x", "s"], ["y"], name="dq_runtime_scale")],
-        {},
-        ["y"],
-        opset=13,
-    )
-    runtime_scale.graph.input.extend(
-        [
-            helper.make_tensor_value_info("x", TensorProto.INT8, [2, 3]),
-            helper.make_tensor_value_info("s", TensorProto.FLOAT, []),
-        ]
-    )
-    with pytest.raises(ConversionError, match=r"dq_runtime_scale \(DequantizeLinear\).*x_scale.*constant"):
-        load_onnx(runtime_scale.SerializeToString())
-
+def test_unsupported_zero_point_type_is_an_error_naming_node_and_field(tmp_path):
+    # (a run-time scale is a kernel input: tests/test_onnx_quant_runtime.py)
     int16 = make_graph_model(
         [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["y"], name="q_int16")],
         {},

@@ -138,9 +138,12 @@ QUANT_TYPES_SINCE |= {"float4_e2m1fn": 23, "int2": 25, "uint2": 25}
 
 def general_qdq(cv: OnnxConverter, n: OnnxNode) -> bool:
     """Whether a QuantizeLinear/DequantizeLinear is this module's: a low-precision tensor or zero point,
-    int16/uint16, a float16 scale, a low-precision output_dtype or blocked quantization."""
+    int16/uint16, a float16 scale, a low-precision output_dtype, blocked quantization, or a scale or zero
+    point computed or fed at run time."""
     if any(v is not None and v.name in cv.formats for v in n.inputs):
         return True
+    if any(v is not None and not v.is_constant for v in n.inputs[1:3]):
+        return True  # run-time scale or zero point: kernel inputs, which the qnn ops do not take
     zero, scale = n.input(2), n.input(1)
     if zero is not None and zero.type.dtype in ("int16", "uint16"):
         return True
@@ -169,38 +172,75 @@ def _values(cv: OnnxConverter, v: Value) -> np.ndarray:
     return data
 
 
-def _broadcast(cv: OnnxConverter, n: OnnxNode, values: np.ndarray, x: Value, what: str) -> np.ndarray:
+Param = np.ndarray | Value
+"""A scale or zero point: a constant's values, or a run-time value (a kernel input or computed)."""
+
+
+def _shape(values: Param) -> tuple[int, ...]:
+    return tuple(values.shape) if isinstance(values, np.ndarray) else tuple(values.type.shape)
+
+
+def _broadcast(cv: OnnxConverter, n: OnnxNode, values: Param, x: Value, what: str) -> Param:
     """A scale or zero point shaped to broadcast against `x`: one value, one per entry of `axis`, or with
-    block_size one per block of that many entries along `axis` (the same shape as x's otherwise)."""
-    shape, block = x.type.shape, n.attr("block_size", 0)
-    if values.size == 1 and not block:
-        return values.reshape(())
+    block_size one per block of that many entries along `axis` (the same shape as x's otherwise); a
+    run-time one by reshape / broadcast / slice ops, as ONNX's reference (`reshape_input`) does."""
+    shape, block, vshape = x.type.shape, n.attr("block_size", 0), _shape(values)
+    const = isinstance(values, np.ndarray)
+    size = int(np.prod(vshape, dtype=np.int64))
+    if size == 1 and not block:
+        return values.reshape(()) if const else cv.emit("reshape", [values], {"shape": ()})
     axis = n.attr("axis", 1)
     if not -len(shape) <= axis < len(shape):
         raise cv.fail(f"axis {axis} is out of range for {x.type}")
     axis %= len(shape)
     if not block:
-        if values.ndim != 1 or values.size != shape[axis]:
-            raise cv.fail(f"{what} has shape {list(values.shape)}; axis {axis} of {x.type} has {shape[axis]}")
-        return values.reshape([values.size if d == axis else 1 for d in range(len(shape))])
+        if len(vshape) != 1 or size != shape[axis]:
+            raise cv.fail(f"{what} has shape {list(vshape)}; axis {axis} of {x.type} has {shape[axis]}")
+        dims = tuple(size if d == axis else 1 for d in range(len(shape)))
+        return values.reshape(dims) if const else cv.emit("reshape", [values], {"shape": dims})
     blocks = -(-shape[axis] // block) if block > 0 else 0
     expected = tuple(blocks if d == axis else s for d, s in enumerate(shape))
-    if block < 0 or values.shape != expected:
-        raise cv.fail(f"block_size={block}: {what} has shape {list(values.shape)}, expected {list(expected)}")
-    return np.repeat(values, block, axis=axis).take(range(shape[axis]), axis=axis)
+    if block < 0 or vshape != expected:
+        raise cv.fail(f"block_size={block}: {what} has shape {list(vshape)}, expected {list(expected)}")
+    if const:
+        return np.repeat(values, block, axis=axis).take(range(shape[axis]), axis=axis)
+    # repeat each entry `block` times along axis: [.., blocks, 1, ..] -> [.., blocks, block, ..], merged,
+    # then cut to x's extent (the last block may be partial)
+    split = (*expected[:axis], blocks, 1, *expected[axis + 1 :])
+    v = cv.emit("reshape", [values], {"shape": split})
+    v = cv.emit("broadcast_to", [v], {"shape": (*split[: axis + 1], block, *split[axis + 2 :])})
+    v = cv.emit("reshape", [v], {"shape": (*shape[:axis], blocks * block, *shape[axis + 1 :])})
+    if blocks * block == shape[axis]:
+        return v
+    attrs = {"begin": (0,) * len(shape), "end": tuple(shape), "strides": (1,) * len(shape)}
+    return cv.emit("strided_slice", [v], attrs)
+
+
+def _operand(cv: OnnxConverter, v: Param, hint: str, dtype: str) -> Value:
+    """A broadcast scale or zero point as a graph value of `dtype`: a constant, or the run-time value cast."""
+    if isinstance(v, np.ndarray):
+        return cv.constant(v, hint, dtype)
+    return v if v.type.dtype == dtype else cv.emit("cast", [v], {"dtype": dtype})
+
+
+def _nonzero(zero: Param | None) -> bool:
+    """Whether a zero point may be nonzero: a run-time one may."""
+    return zero is not None and (not isinstance(zero, np.ndarray) or bool(np.any(zero)))
 
 
 def _quant_params(cv: OnnxConverter, n: OnnxNode, x: Value, quantized: Value | None) -> tuple:
-    """(scale as float32, zero point as float32 or None, the quantized type): a dtype or FORMATS name."""
+    """(scale as float32, zero point as float32 or None, the quantized type): a dtype or FORMATS name.
+    Each is a constant's values or, fed or computed at run time, a graph value (float32; an int32 zero
+    point float64, which holds it exactly)."""
     scale_v, zero_v = n.input(1), n.input(2)
-    for i, v, what in ((1, scale_v, "scale"), (2, zero_v, "zero_point")):
-        if v is not None and not v.is_constant:
-            raise cv.run_time_value_error(n, i, what, "aotc needs its value at compile time")
     if scale_v is None or scale_v.type.dtype not in ("float32", "float16") or scale_v.name in cv.formats:
-        raise cv.fail("the scale must be a float32 or float16 constant")
-    scale = np.asarray(scale_v.data).astype(np.float32)
-    if not np.all(np.isfinite(scale)) or np.any(scale == 0):
-        raise cv.fail(f"the scale must be finite and nonzero, got {scale.reshape(-1)[:8].tolist()}")
+        raise cv.fail("the scale must be float32 or float16")
+    if scale_v.is_constant:
+        scale = np.asarray(scale_v.data).astype(np.float32)
+        if not np.all(np.isfinite(scale)) or np.any(scale == 0):
+            raise cv.fail(f"the scale must be finite and nonzero, got {scale.reshape(-1)[:8].tolist()}")
+    else:  # float16 widens to float32 exactly
+        scale = _operand(cv, scale_v, "scale", "float32")
     if quantized is not None:
         qtype = cv.formats.get(quantized.name, quantized.type.dtype)
     elif zero_v is not None:
@@ -212,35 +252,46 @@ def _quant_params(cv: OnnxConverter, n: OnnxNode, x: Value, quantized: Value | N
             f"the zero point is {cv.formats.get(zero_v.name, zero_v.type.dtype)}, the quantized {qtype}"
         )
     prefix = "y" if n.op_type == "QuantizeLinear" else "x"
-    if qtype not in FORMATS and qtype not in WIDE_INTS:
+    # int32 (DequantizeLinear only) comes here when its scale or zero point is a run-time value
+    wide = WIDE_INTS if n.op_type == "QuantizeLinear" else {**WIDE_INTS, "int32": (-(2**31), 2**31 - 1)}
+    if qtype not in FORMATS and qtype not in wide:
         raise cv.fail(
-            f"{prefix}_zero_point: element type {qtype} is not supported ({', '.join([*WIDE_INTS, *FORMATS])})"
+            f"{prefix}_zero_point: element type {qtype} is not supported ({', '.join([*wide, *FORMATS])})"
         )
     since = QUANT_TYPES_SINCE.get(qtype, 10)
     if n.older_than(since) or (scale_v.type.dtype == "float16" and n.older_than(19)):
         what = f"{prefix}_zero_point: element type {qtype}" if n.older_than(since) else "a float16 scale"
         raise cv.fail_version(f"{what} is not defined before {n.op_type}-{max(since, 19)}")
+    zero_type = "float64" if qtype == "int32" else "float32"
     zero = None
-    if zero_v is not None:
-        zero = _broadcast(cv, n, _values(cv, zero_v).astype(np.float32), x, "zero_point")
-        if qtype in FORMATS and FORMATS[qtype].kind == "float" and qtype != "float4_e2m1fn" and np.any(zero):
+    float_format = qtype in FORMATS and FORMATS[qtype].kind == "float"
+    if zero_v is not None and zero_v.is_constant:
+        zero = _broadcast(cv, n, _values(cv, zero_v).astype(zero_type), x, "zero_point")
+        if float_format and qtype != "float4_e2m1fn" and np.any(zero):
             raise cv.fail(f"a {qtype} zero point must be 0, got {zero.reshape(-1)[:8].tolist()}")
+    elif zero_v is not None and not (float_format and qtype != "float4_e2m1fn"):
+        # a float8 zero point is 0 by definition: the reference ignores it
+        zero = _broadcast(cv, n, _operand(cv, decode(cv, zero_v), "zero_point", zero_type), x, "zero_point")
     return _broadcast(cv, n, scale, x, "scale"), zero, qtype
 
 
 def dequantize_linear(cv: OnnxConverter, n: OnnxNode) -> Value:
     """(x - zero_point) * scale in float32, as ONNX's reference (a float8 or float4 x has no zero point to
-    subtract), the result in the scale's type."""
+    subtract), the result in the scale's type. An int32 x (run-time parameters) is computed in float64,
+    where the reference's float32 x minus its int32 zero point is exact, then rounded once."""
     x = n.inputs[0]
     scale, zero, qtype = _quant_params(cv, n, x, x)
     v = decode(cv, x)
     v = v if v.type.dtype == "float32" else cv.emit("cast", [v], {"dtype": "float32"})
-    if zero is not None and not (qtype in FORMATS and FORMATS[qtype].kind == "float") and np.any(zero):
-        v = cv.emit("subtract", [v, cv.constant(zero, "zero_point", "float32")])
+    work = "float64" if qtype == "int32" else "float32"
+    if work != "float32":
+        v = cv.emit("cast", [v], {"dtype": work})
+    if _nonzero(zero) and not (qtype in FORMATS and FORMATS[qtype].kind == "float"):
+        v = cv.emit("subtract", [v, _operand(cv, zero, "zero_point", work)])
     out_dtype = n.inputs[1].type.dtype
-    last = n.outputs[0] if out_dtype == "float32" else None
-    v = cv.emit("multiply", [v, cv.constant(scale, "scale", "float32")], out=last)
-    return v if out_dtype == "float32" else cv.emit("cast", [v], {"dtype": out_dtype}, n.outputs[0])
+    last = n.outputs[0] if out_dtype == work else None
+    v = cv.emit("multiply", [v, _operand(cv, scale, "scale", work)], out=last)
+    return v if out_dtype == work else cv.emit("cast", [v], {"dtype": out_dtype}, n.outputs[0])
 
 
 def quantize_linear(cv: OnnxConverter, n: OnnxNode) -> Value:
@@ -253,19 +304,19 @@ def quantize_linear(cv: OnnxConverter, n: OnnxNode) -> Value:
         )
     scale, zero, qtype = _quant_params(cv, n, x, None)
     out = n.outputs[0]
-    v = cv.emit("divide", [x, cv.constant(scale, "scale", "float32")])
+    v = cv.emit("divide", [x, _operand(cv, scale, "scale", "float32")])
     fmt = FORMATS.get(qtype)
     if fmt is not None and fmt.kind == "float":
-        if qtype == "float4_e2m1fn" and zero is not None and np.any(zero):
-            v = cv.emit("add", [v, cv.constant(zero, "zero_point", "float32")])
+        if qtype == "float4_e2m1fn" and _nonzero(zero):
+            v = cv.emit("add", [v, _operand(cv, zero, "zero_point", "float32")])
         attrs = {"format": qtype, "saturate": bool(n.attr("saturate", 1)) and qtype in FLOAT8_SATURATES}
         v = cv.emit("lowp_encode", [v], attrs, out)
         cv.formats[v.name] = qtype
         return v
     lo, hi = WIDE_INTS.get(qtype) or _int_range(fmt)
     v = cv.emit("round", [v])
-    if zero is not None and np.any(zero):
-        v = cv.emit("add", [v, cv.constant(zero, "zero_point", "float32")])
+    if _nonzero(zero):  # exact in float32: the rounded quotient saturates long before 2 ** 24
+        v = cv.emit("add", [v, _operand(cv, zero, "zero_point", "float32")])
     v = cv.emit("clip", [v], {"min": float(lo), "max": float(hi)})
     if fmt is None:
         return cv.emit("cast", [v], {"dtype": qtype}, out)
