@@ -18,7 +18,7 @@ from onnx.reference import ReferenceEvaluator
 
 import aotc
 from aotc.frontend.errors import ConversionError
-from aotc.frontend.onnx import RunTimeValueError, load_onnx
+from aotc.frontend.onnx import load_onnx
 from aotc.graph.interpret import run_graph
 
 from .onnx_util import Input, make_graph_model, random_feeds, run_onnxruntime, single_op_model
@@ -183,16 +183,16 @@ def test_trilu_k_fed_at_run_time_is_a_kernel_input(upper):
         assert_matches(run_graph(graph, feeds), model, reference(model, feeds))
 
 
-def test_a_quantized_weight_fed_at_run_time_is_a_run_time_value_that_constants_fix():
+def test_a_quantized_weight_fed_at_run_time_is_a_kernel_input_and_constants_still_fix_it():
     nodes = [helper.make_node("MatMulInteger", ["a", "b"], ["y"], name="mmi")]
     model = make_graph_model(nodes, {"a": Input((2, 3), "uint8"), "b": Input((3, 4), "uint8")}, ["y"])
-    with pytest.raises(RunTimeValueError, match=r"input 1 \(B, value b\) must be a constant: quantized") as e:
-        load_onnx(model.SerializeToString())
-    assert e.value.inputs == ("b",)
     b = np.arange(12, dtype=np.uint8).reshape(3, 4)
     a = np.arange(6, dtype=np.uint8).reshape(2, 3)
+    expected = a.astype(np.int32) @ b.astype(np.int32)
+    got = run_graph(load_onnx(model.SerializeToString()), {"a": a, "b": b})["y"]
+    np.testing.assert_array_equal(got, expected)
     got = run_graph(load_onnx(model.SerializeToString(), constants={"b": b}), {"a": a})["y"]
-    np.testing.assert_array_equal(got, a.astype(np.int32) @ b.astype(np.int32))
+    np.testing.assert_array_equal(got, expected)
 
 
 def test_the_new_operators_compile_and_match_onnxruntime(tmp_path):

@@ -592,6 +592,8 @@ _FOLDS: dict[str, Callable[[OnnxConverter, _QuantState, _Group], Value | None]] 
 @converts("QLinearConv")
 def _qlinear_conv(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
     """Inputs x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point [, int32 bias]."""
+    if _runtime_params(n, 1, 8):
+        return [_qlinear_conv_general(cv, n)]
     x = n.inputs[0]
     xq = _qparams(cv, n, 1, "x", x.type.dtype, x)
     w, wq = _weight_qparams(cv, n, 3, "w", axis=0)
@@ -609,8 +611,8 @@ def _qlinear_matmul(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
     [K, N] matrix quantized per tensor or per column."""
     a, b = n.inputs[0], n.inputs[3]
     scale_types = {v.type.dtype for v in (n.input(1), n.input(4), n.input(6)) if v is not None}
-    if "float16" in scale_types or len(b.type.shape) != 2:
-        return [_qlinear_matmul_exact(cv, n)]
+    if "float16" in scale_types or len(b.type.shape) != 2 or _runtime_params(n, 1, 8):
+        return [_qlinear_matmul_general(cv, n)]
     aq = _qparams(cv, n, 1, "a", a.type.dtype, a)
     if len(b.type.shape) != 2:
         raise cv.fail(f"input 3 (b) must be a 2-D matrix, got {b.type}")
@@ -618,50 +620,6 @@ def _qlinear_matmul(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
     out = _qparams(cv, n, 6, "y", None, None)
     _require_per_tensor(cv, aq, "a")
     return [qnn_dense(cv, a, aq, b.data.T, bq, [], _io_attrs(aq, out, "NONE"), n.outputs[0])]
-
-
-def _qlinear_matmul_exact(cv: OnnxConverter, n: OnnxNode) -> Value:
-    """QLinearMatMul as ONNX's reference computes it, for what qnn.dense does not take (float16 scales, a
-    `b` that is not a 2-D matrix): (a - a_zero_point) @ (b - b_zero_point) in float64 (exact: integer
-    products and sums below 2 ** 53), times a_scale * b_scale / y_scale computed in the scales' type, plus
-    y_zero_point, rounded half to even and saturated."""
-    a, b = n.inputs[0], n.inputs[3]
-    scales = [cv.const_input(n, i, what) for i, what in ((1, "a_scale"), (4, "b_scale"), (6, "y_scale"))]
-    if any(s is None for s in scales) or len({s.dtype for s in scales}) != 1:
-        raise cv.fail("a_scale, b_scale and y_scale must be constants of one type")
-    if scales[0].dtype == np.float16 and n.older_than(21):
-        raise cv.fail_version("float16 scales are defined from QLinearMatMul-21")
-    zeros = [cv.const_input(n, i, what) for i, what in ((2, "a_zero_point"), (5, "b_zero_point"))]
-    y_zero = cv.const_input(n, 7, "y_zero_point")
-    columns = b.type.shape[-1]
-    for v, what, per_column in zip(
-        [*scales, *zeros, y_zero],
-        ["a_scale", "b_scale", "y_scale", "a_zero_point", "b_zero_point", "y_zero_point"],
-        [False, True, False, False, True, False],
-    ):
-        if v is not None and v.size != 1 and not (per_column and v.reshape(-1).size == columns):
-            raise cv.fail(
-                f"{what} has shape {list(v.shape)}; a scalar{' or one per column' * per_column} only"
-            )
-    dtype = str(y_zero.dtype) if y_zero is not None else a.type.dtype
-    if dtype not in QUANT_DTYPES or a.type.dtype not in QUANT_DTYPES or b.type.dtype not in QUANT_DTYPES:
-        raise cv.fail(f"a, b and y must be int8 or uint8, got {a.type.dtype}, {b.type.dtype}, {dtype}")
-    a_scale, b_scale, y_scale = (s.reshape(-1) for s in scales)
-    multiplier = (a_scale * b_scale / y_scale).astype(np.float64)  # in the scales' type, as the reference
-
-    def shifted(v: Value, zero: np.ndarray | None) -> Value:
-        wide = cv.emit("cast", [v], {"dtype": "float64"})
-        if zero is None or not zero.any():
-            return wide
-        return cv.emit("subtract", [wide, cv.constant(zero.reshape(-1).astype(np.float64), "zero_point")])
-
-    y = cv.emit("matmul", [shifted(a, zeros[0]), shifted(b, zeros[1])])
-    y = cv.emit("multiply", [y, cv.constant(multiplier, "multiplier")])
-    if y_zero is not None and y_zero.any():  # added before rounding: half to even sees its parity
-        y = cv.emit("add", [y, cv.constant(y_zero.reshape(-1).astype(np.float64), "y_zero_point")])
-    info = np.iinfo(dtype)
-    y = cv.emit("clip", [cv.emit("round", [y])], {"min": float(info.min), "max": float(info.max)})
-    return cv.emit("cast", [y], {"dtype": dtype}, n.outputs[0])
 
 
 def _weight_qparams(cv: OnnxConverter, n: OnnxNode, i: int, name: str, axis: int) -> tuple[Value, QParams]:
@@ -755,6 +713,8 @@ def _conv_integer(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
     """Inputs x, w [, x_zero_point, w_zero_point]: the int32 convolution of x - x_zero_point and a constant
     w - w_zero_point (per tensor or per output channel), the qnn convolution's accumulator (out_dtype int32;
     padding reads x_zero_point, so padded taps add 0)."""
+    if _runtime_params(n, 1, 4):
+        return [_conv_integer_general(cv, n)]
     xq = _integer_operand(cv, n, 0, "x", 2)
     w, wq = _constant_weight(cv, n, 1, "w", _integer_operand(cv, n, 1, "w", 3, axis=0))
     attrs = {"input_zero_point": xq.zero_point, "out_dtype": "int32"}
@@ -766,6 +726,8 @@ def _matmul_integer(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
     """Inputs A, B [, a_zero_point, b_zero_point]: the int32 product of A - a_zero_point [..., K] (a per
     tensor zero point) and a constant matrix B - b_zero_point [K, N] (per tensor or per column), qnn.dense's
     accumulator (out_dtype int32)."""
+    if _runtime_params(n, 1, 4):
+        return [_matmul_integer_general(cv, n)]
     aq = _integer_operand(cv, n, 0, "A", 2)
     b = _require_8bit(cv, n, 1, "B")
     if len(b.type.shape) != 2:
@@ -773,6 +735,179 @@ def _matmul_integer(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
     b, bq = _constant_weight(cv, n, 1, "B", _integer_operand(cv, n, 1, "B", 3, axis=1))
     attrs = {"input_zero_point": aq.zero_point, "out_dtype": "int32"}
     return [qnn_dense(cv, n.inputs[0], aq, b.data.T, bq, [], attrs, n.outputs[0])]
+
+
+# --- run-time weights, scales or zero points: the general integer path -------------------------------------
+# The qnn kernels take their weights laid out at compile time and their scales and zero points as
+# attributes. Given any of them at run time, these operators compute as ONNX's reference does: the 8-bit
+# operands widened to int32 minus their zero points, the product or convolution accumulated in int32, and
+# for the QLinear ones the float requantization in the reference's order of float operations.
+
+
+def _runtime_params(n: OnnxNode, first: int, stop: int) -> bool:
+    """Whether any of inputs first..stop-1 (weights, scales, zero points) is fed or computed at run time."""
+    return any(v is not None and not v.is_constant for v in n.inputs[first:stop])
+
+
+def _per_channel(cv: OnnxConverter, n: OnnxNode, i: int, what: str, rank: int, axis: int | None) -> Value:
+    """Input `i` (spec name `what`) shaped to broadcast against a rank-`rank` tensor: a single value, or with
+    `axis` a 1-D tensor of one value per entry of that axis (of `channels` = its length)."""
+    v = n.inputs[i]
+    if v.type.num_elements == 1:
+        return cv.emit("reshape", [v], {"shape": ()})
+    if axis is not None and len(v.type.shape) == 1:
+        return cv.emit(
+            "reshape", [v], {"shape": tuple(v.type.shape[0] if d == axis else 1 for d in range(rank))}
+        )
+    allowed = "a scalar" if axis is None else f"a scalar or a 1-D tensor along axis {axis}"
+    raise cv.fail(f"input {i} ({what}) has shape {list(v.type.shape)}; only {allowed} is supported")
+
+
+def _centered(
+    cv: OnnxConverter, n: OnnxNode, i: int, name: str, zero_input: int, axis: int | None = None
+) -> Value:
+    """8-bit input `i` (spec name `name`) widened to int32 minus its zero point (input `zero_input`, if
+    given): a scalar or, with `axis`, one value per entry of that axis of input `i`."""
+    v = _require_8bit(cv, n, i, name)
+    wide = cv.emit("cast", [v], {"dtype": "int32"})
+    zero = n.input(zero_input)
+    if zero is None:
+        return wide
+    what = f"{name.lower()}_zero_point"
+    if zero.type.dtype != v.type.dtype:
+        raise cv.fail(f"input {zero_input} ({what}) is {zero.type.dtype}, {name} {v.type.dtype}")
+    rank = len(v.type.shape)
+    if axis is not None and len(zero.type.shape) == 1 and zero.type.shape[0] not in (1, v.type.shape[axis]):
+        raise cv.fail(f"input {zero_input} ({what}) has {zero.type.shape[0]} values; {name} is {v.type}")
+    zero = _per_channel(cv, n, zero_input, what, rank, None if axis is None else axis % rank)
+    return cv.emit("subtract", [wide, cv.emit("cast", [zero], {"dtype": "int32"})])
+
+
+def _conv_int32(
+    cv: OnnxConverter, n: OnnxNode, x: Value, w: Value, bias: list[Value], out: str | None = None
+) -> Value:
+    """The int32 convolution (conv2d, or conv3d; a 1-D one lifted to [N, C, 1, L]) of the centered x and w
+    with Conv's attributes; zero padding, which is x_zero_point before centering."""
+    window = conv_window(cv, n, x, w.type.shape[2:])
+    channels, out_channels, group = x.type.shape[1], w.type.shape[0], int(n.attr("group", 1))
+    if group < 1 or channels % group or out_channels % group or w.type.shape[1] != channels // group:
+        raise cv.fail(f"group={group} does not fit input {x.type} and weight {w.type}")
+    attrs = {k: v for k, v in window.attrs.items() if k != "kernel"} | {"groups": group}
+    op = "conv3d" if window.rank == 3 else "conv2d"
+    if not window.lifted:
+        return cv.emit(op, [x, w, *bias], attrs, out)
+    lifted = [cv.emit("reshape", [v], {"shape": (*v.type.shape[:2], 1, v.type.shape[2])}) for v in (x, w)]
+    y = cv.emit(op, [*lifted, *bias], attrs)
+    return cv.emit("reshape", [y], {"shape": (*y.type.shape[:2], y.type.shape[3])}, out)
+
+
+def _requantize(
+    cv: OnnxConverter, n: OnnxNode, acc: Value, scales: list[Value], zero: int | None, dtype: str, out: str
+) -> Value:
+    """The int32 accumulator times scales[0] * scales[1] / scales[2] (computed in the scales' type, as the
+    reference's numpy does), in float64, plus the output zero point (input `zero`), rounded half to even
+    and saturated to `dtype`: ONNX's reference requantization."""
+    types = {s.type.dtype for s in scales}
+    if len(types) != 1 or not types <= {"float32", "float16"}:
+        raise cv.fail(f"the scales must be float32 (float16 for QLinearMatMul-21), got {sorted(types)}")
+    scale_type = types.pop()
+
+    def rounded(op: str, a: Value, b: Value) -> Value:  # a float16 operation: exact in float32, rounded once
+        if scale_type == "float32":
+            return cv.emit(op, [a, b])
+        wide = [cv.emit("cast", [v], {"dtype": "float32"}) for v in (a, b)]
+        return cv.emit("cast", [cv.emit(op, wide)], {"dtype": "float16"})
+
+    multiplier = rounded("divide", rounded("multiply", scales[0], scales[1]), scales[2])
+    y = cv.emit(
+        "multiply",
+        [cv.emit("cast", [acc], {"dtype": "float64"}), cv.emit("cast", [multiplier], {"dtype": "float64"})],
+    )
+    if zero is not None and n.input(zero) is not None:  # added before rounding: half to even sees its parity
+        y_zero = _per_channel(cv, n, zero, "y_zero_point", 0, None)
+        y = cv.emit("add", [y, cv.emit("cast", [y_zero], {"dtype": "float64"})])
+    info = np.iinfo(dtype)
+    y = cv.emit("clip", [cv.emit("round", [y])], {"min": float(info.min), "max": float(info.max)})
+    return cv.emit("cast", [y], {"dtype": dtype}, out)
+
+
+def _output_type(cv: OnnxConverter, n: OnnxNode, data: Value) -> str:
+    """The quantized output type: y_zero_point's (input 7), else the data input's."""
+    y_zero = n.input(7)
+    dtype = y_zero.type.dtype if y_zero is not None else data.type.dtype
+    if dtype not in QUANT_DTYPES:
+        raise cv.fail(f"y_zero_point is {dtype}; only int8 and uint8 are supported")
+    return dtype
+
+
+def _qlinear_matmul_general(cv: OnnxConverter, n: OnnxNode) -> Value:
+    """QLinearMatMul as ONNX's reference computes it, for what qnn.dense does not take (a weight, scale or
+    zero point at run time, float16 scales, a `b` that is not a 2-D matrix): (a - a_zero_point) @
+    (b - b_zero_point) in int32, times a_scale * b_scale / y_scale computed in the scales' type, in float64,
+    plus y_zero_point, rounded half to even and saturated. b's scale and zero point: one or one per column."""
+    a, b = _require_8bit(cv, n, 0, "a"), _require_8bit(cv, n, 3, "b")
+    scales = [n.input(i) for i in (1, 4, 6)]
+    if any(s is None for s in scales):
+        raise cv.fail("needs a_scale, b_scale and y_scale (inputs 1, 4, 6)")
+    if scales[0].type.dtype == "float16" and n.older_than(21):
+        raise cv.fail_version("float16 scales are defined from QLinearMatMul-21")
+    dtype = _output_type(cv, n, a)
+    acc = cv.emit("matmul", [_centered(cv, n, 0, "a", 2), _centered(cv, n, 3, "b", 5, axis=-1)])
+    rank = len(acc.type.shape)
+    factors = [
+        _per_channel(cv, n, 1, "a_scale", rank, None),
+        _per_channel(cv, n, 4, "b_scale", rank, rank - 1 if len(b.type.shape) > 1 else None),
+        _per_channel(cv, n, 6, "y_scale", rank, None),
+    ]
+    if len(factors[1].type.shape) and factors[1].type.num_elements != b.type.shape[-1]:
+        raise cv.fail(
+            f"b_scale has {factors[1].type.num_elements} values; b {b.type} has {b.type.shape[-1]} columns"
+        )
+    return _requantize(cv, n, acc, factors, 7, dtype, n.outputs[0])
+
+
+def _qlinear_conv_general(cv: OnnxConverter, n: OnnxNode) -> Value:
+    """QLinearConv with a weight, scale or zero point at run time, as ONNX's reference computes it: the
+    int32 convolution of x - x_zero_point and w - w_zero_point (per tensor or per output channel) plus the
+    int32 bias, times x_scale * w_scale / y_scale in float32, in float64, plus y_zero_point, rounded half to
+    even and saturated."""
+    x, w = _require_8bit(cv, n, 0, "x"), _require_8bit(cv, n, 3, "w")
+    if len(x.type.shape) < 3 or len(w.type.shape) != len(x.type.shape):
+        raise cv.fail(f"x {x.type} and w {w.type} must be [N, C, ...] and [M, C/group, ...] of one rank")
+    bias = [v for v in n.inputs[8:9] if v is not None]
+    if bias and (bias[0].type.dtype != "int32" or bias[0].type.shape != (w.type.shape[0],)):
+        raise cv.fail(f"input 8 (B) is {bias[0].type}; the bias of QLinearConv is int32 [M]")
+    dtype = _output_type(cv, n, x)
+    acc = _conv_int32(cv, n, _centered(cv, n, 0, "x", 2), _centered(cv, n, 3, "w", 5, axis=0), bias)
+    rank = len(acc.type.shape)
+    w_scale = _per_channel(cv, n, 4, "w_scale", rank, 1)
+    if len(w_scale.type.shape) and w_scale.type.num_elements != w.type.shape[0]:
+        raise cv.fail(
+            f"w_scale has {w_scale.type.num_elements} values; w {w.type} has {w.type.shape[0]} channels"
+        )
+    factors = [
+        _per_channel(cv, n, 1, "x_scale", rank, None),
+        w_scale,
+        _per_channel(cv, n, 6, "y_scale", rank, None),
+    ]
+    return _requantize(cv, n, acc, factors, 7, dtype, n.outputs[0])
+
+
+def _conv_integer_general(cv: OnnxConverter, n: OnnxNode) -> Value:
+    """ConvInteger with a weight or zero point at run time, as ONNX's reference: the int32 convolution of
+    x - x_zero_point (a scalar) and w - w_zero_point (a scalar or one per output channel)."""
+    x, w = _require_8bit(cv, n, 0, "x"), _require_8bit(cv, n, 1, "w")
+    if len(x.type.shape) < 3 or len(w.type.shape) != len(x.type.shape):
+        raise cv.fail(f"x {x.type} and w {w.type} must be [N, C, ...] and [M, C/group, ...] of one rank")
+    xc, wc = _centered(cv, n, 0, "x", 2), _centered(cv, n, 1, "w", 3, axis=0)
+    return _conv_int32(cv, n, xc, wc, [], n.outputs[0])
+
+
+def _matmul_integer_general(cv: OnnxConverter, n: OnnxNode) -> Value:
+    """MatMulInteger with B or a zero point at run time, as ONNX's reference: the int32 numpy matmul of
+    A - a_zero_point (a scalar) and B - b_zero_point (a scalar or one per column)."""
+    a, b = _centered(cv, n, 0, "A", 2), _centered(cv, n, 1, "B", 3, axis=-1)
+    return cv.emit("matmul", [a, b], out=n.outputs[0])
 
 
 # --- com.microsoft: QLinearAdd, QGemm, QLinearGlobalAveragePool (onnxruntime's QOperator format) ----------
