@@ -27,6 +27,11 @@ ConvInteger and MatMulInteger return the int32 accumulator itself (the qnn kerne
 Weights: the qnn kernels take one weight zero point. Constant weights whose per-channel zero points differ
 are re-encoded at import, w - zero_point[c] + z for one z (`one_zero_point`), which is exact whenever the
 centered values fit one 8-bit type.
+
+Run-time parameters: a scale, zero point or weight fed or computed at run time is a kernel input. Q/DQ then
+compute element-wise (aotc.frontend.onnx_lowp), the integer operators as ONNX's reference does (int32
+products and convolutions of the centered operands, float requantization in the reference's order); QDQ
+groups with such parameters are not folded. Constant ones, the usual case, keep the fused qnn kernels.
 """
 
 from __future__ import annotations
@@ -591,7 +596,8 @@ _FOLDS: dict[str, Callable[[OnnxConverter, _QuantState, _Group], Value | None]] 
 
 @converts("QLinearConv")
 def _qlinear_conv(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
-    """Inputs x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point [, int32 bias]."""
+    """Inputs x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point [, int32 bias]: a
+    qnn convolution when inputs 1-7 are constants, else the reference's arithmetic (`_qlinear_conv_general`)."""
     if _runtime_params(n, 1, 8):
         return [_qlinear_conv_general(cv, n)]
     x = n.inputs[0]
@@ -607,8 +613,9 @@ def _qlinear_conv(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
 
 @converts("QLinearMatMul")
 def _qlinear_matmul(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
-    """Inputs a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point; b a constant
-    [K, N] matrix quantized per tensor or per column."""
+    """Inputs a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point: qnn.dense when b
+    is a constant [K, N] matrix quantized per tensor or per column and the rest constant float32, else the
+    reference's arithmetic (`_qlinear_matmul_general`)."""
     a, b = n.inputs[0], n.inputs[3]
     scale_types = {v.type.dtype for v in (n.input(1), n.input(4), n.input(6)) if v is not None}
     if "float16" in scale_types or len(b.type.shape) != 2 or _runtime_params(n, 1, 8):
@@ -712,7 +719,7 @@ def _integer_operand(
 def _conv_integer(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
     """Inputs x, w [, x_zero_point, w_zero_point]: the int32 convolution of x - x_zero_point and a constant
     w - w_zero_point (per tensor or per output channel), the qnn convolution's accumulator (out_dtype int32;
-    padding reads x_zero_point, so padded taps add 0)."""
+    padding reads x_zero_point, so padded taps add 0); with w or a zero point at run time, an int32 conv."""
     if _runtime_params(n, 1, 4):
         return [_conv_integer_general(cv, n)]
     xq = _integer_operand(cv, n, 0, "x", 2)
@@ -725,7 +732,7 @@ def _conv_integer(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
 def _matmul_integer(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
     """Inputs A, B [, a_zero_point, b_zero_point]: the int32 product of A - a_zero_point [..., K] (a per
     tensor zero point) and a constant matrix B - b_zero_point [K, N] (per tensor or per column), qnn.dense's
-    accumulator (out_dtype int32)."""
+    accumulator (out_dtype int32); with B or a zero point at run time, an int32 matmul."""
     if _runtime_params(n, 1, 4):
         return [_matmul_integer_general(cv, n)]
     aq = _integer_operand(cv, n, 0, "A", 2)
