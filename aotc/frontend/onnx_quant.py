@@ -183,7 +183,7 @@ def _output_dtype(cv: OnnxConverter, n: OnnxNode) -> str:
 
 @converts("DequantizeLinear")
 def _dequantize_linear(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
-    if general_qdq(cv, n):  # low-precision, 16-bit, blocked or float16-scaled: element-wise ops
+    if general_qdq(cv, n):  # low-precision, 16-bit, blocked, float16-scaled or run-time parameters
         return [dequantize_linear(cv, n)]
     x = n.inputs[0]
     q = _qparams(cv, n, 1, "x", x.type.dtype, x, n.attr("axis", 1))
@@ -213,7 +213,7 @@ def dequantize(cv: OnnxConverter, x: Value, q: QParams, out: str | None = None) 
 
 @converts("QuantizeLinear")
 def _quantize_linear(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
-    if general_qdq(cv, n):  # low-precision, 16-bit, blocked or float16-scaled: element-wise ops
+    if general_qdq(cv, n):  # low-precision, 16-bit, blocked, float16-scaled or run-time parameters
         return [quantize_linear(cv, n)]
     x = n.inputs[0]
     if x.type.dtype != "float32":
