@@ -6,7 +6,7 @@ example program cross-built for AArch64 (runtime/c). Both are compared with onnx
 host with validation's usual tolerances (float: 1e-5 + 1e-4 |ref| + 1e-4 rms; int8: within 1 LSB). Each is
 also built for 32-bit Arm (armv7a cortex-a7, hard float) and validated under qemu-arm in an armhf Python.
 The emulated Pythons are made once per user with mmdebstrap (aotc/emulator.py). qemu's timings mean
-nothing; no test takes any."""
+nothing; no test takes any. The default run takes one CPU per model (DEFAULT_PAIRS), `-m slow` them all."""
 
 from __future__ import annotations
 
@@ -42,6 +42,31 @@ MODELS = {
     "tflite_float": lambda d: Path(shutil.copy(RECIPES / "models" / "mobilenet_block.tflite", d)),
     "tflite_int8": lambda d: Path(shutil.copy(RECIPES / "models" / "mobilenet_block_int8.tflite", d)),
 }
+
+# The default run builds each model for one CPU (every CPU at least once, the int8 blocks for the dotprod
+# neoverse-n1 and the 32-bit cortex-a7); `-m slow` builds every model for every CPU.
+DEFAULT_PAIRS = {
+    ("mlp", "cortex-a72"),
+    ("mlp", ARMV7),
+    ("mobilenet", "cortex-a72"),
+    ("resnet_narrow", "neoverse-n1"),
+    ("transformer_block", "cortex-a72"),
+    ("tflite_float", "neoverse-n1"),
+    ("tflite_int8", "neoverse-n1"),
+    ("tflite_int8", ARMV7),
+}
+
+
+def pairs(cpus: tuple[str, ...]) -> list:
+    """(model, cpu) parameters over MODELS x `cpus`, those outside DEFAULT_PAIRS marked slow."""
+    return [
+        pytest.param(
+            name, cpu, id=f"{name}-{cpu}", marks=() if (name, cpu) in DEFAULT_PAIRS else pytest.mark.slow
+        )
+        for name in MODELS
+        for cpu in cpus
+    ]
+
 
 _why = package_emulation_unavailable(parse_target("llvm -mtriple=aarch64-linux-gnu -mcpu=cortex-a72"))
 pytestmark = pytest.mark.skipif(_why is not None, reason=f"no emulated aarch64 here: {_why}")
@@ -94,8 +119,7 @@ def built(tmp_path_factory):
     return get
 
 
-@pytest.mark.parametrize("cpu", [*CPUS, ARMV7])
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize(("name", "cpu"), pairs((*CPUS, ARMV7)))
 def test_arm_package_matches_reference_under_qemu(built, name, cpu):
     if cpu == ARMV7 and (why := armv7_unavailable()) is not None:
         pytest.skip(f"no emulated 32-bit Arm here: {why}")
@@ -117,8 +141,7 @@ def c_runtime(tmp_path_factory) -> Path:
     return build / "run_model"
 
 
-@pytest.mark.parametrize("cpu", CPUS)
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize(("name", "cpu"), pairs(CPUS))
 def test_aarch64_package_matches_reference_through_the_c_runtime(built, c_runtime, tmp_path, name, cpu):
     import aotc_runtime
 

@@ -68,9 +68,10 @@ def test_transformer_encoder_on_opencl_matches_onnxruntime(tmp_path):
 def test_opencl_build_tunes_on_pocl(tmp_path):
     path = save(mlp(), tmp_path / "mlp.onnx")
     records = tmp_path / "mlp.records.jsonl"
-    tuning = TuningOptions(trials=12, records=records, tophub=[str(tmp_path / "store")])
+    # a few trials: each candidate is a PoCL compile (seconds), and this checks the path, not the search
+    tuning = TuningOptions(trials=4, records=records, tophub=[str(tmp_path / "store")])
     package = aotc.compile(path, "opencl", tuning=tuning, output=tmp_path / "mlp.aotc")
-    assert package.result.tuning.trials >= 12
+    assert package.result.tuning.trials >= 4
     measured = [json.loads(line) for line in records.read_text().splitlines()]
     assert {r["target"] for r in measured} == {"opencl"}
     ok = [r for r in measured if r["error"] == 0]
@@ -135,7 +136,7 @@ def test_each_loaded_program_runs_its_own_kernels():
     device = open_device("opencl")
     buf = device.alloc(4)
     out = np.zeros(1, np.float32)
-    for i in range(12):
+    for i in range(4):  # each a PoCL compile; a freed program's address came back within two or three
         source = f"__kernel void k(__global float* y, long off) {{ y[off] = {i}.0f; }}"
         program = device.load_program(source)
         device.launch(program, "k", (1, 1, 1), (1, 1, 1), [(buf, 0)])
