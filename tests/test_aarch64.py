@@ -223,10 +223,11 @@ def test_aarch64_build_tunes_under_qemu(tmp_path):
 
     path = save(mlp(), tmp_path / "mlp.onnx")
     records = tmp_path / "records.jsonl"
-    tuning = TuningOptions(trials=8, records=records, tophub=[str(tmp_path / "store")])
+    # a few trials (each candidate runs under qemu): this checks the path, not the search
+    tuning = TuningOptions(trials=4, records=records, tophub=[str(tmp_path / "store")])
     target = "llvm -mtriple=aarch64-linux-gnu -mcpu=cortex-a72"
     package = aotc.compile(path, target, tuning=tuning, output=tmp_path / "m.aotc")
-    assert package.result.tuning.trials >= 8
+    assert package.result.tuning.trials >= 4
     measured = [json.loads(line) for line in records.read_text().splitlines()]
     assert measured and all(r["error"] == 0 for r in measured)
     assert {r["target"] for r in measured} == {target}

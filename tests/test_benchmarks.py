@@ -85,6 +85,7 @@ def test_contention_benchmark_runs_packages_next_to_onnxruntime(tmp_path, capsys
     assert "side by side" in lines[-1] and "cores)" in lines[-1]  # the CPU class
 
 
+@pytest.mark.slow  # two tunings of the MLP, about a minute: CI's budget goes to the other quick runs
 def test_transfer_benchmark_quick_run(tmp_path, capsys):
     args = ["--model", "mlp", "--trials", "6", "--per-round", "3", "--rounds", "1", "--out", str(tmp_path)]
     assert _import("transfer").main(args) == 0
