@@ -1926,10 +1926,20 @@ def _slice_op(cv: OnnxConverter, n: OnnxNode) -> list[Value]:
     steps = [1] * len(axes) if steps is None else [int(s) for s in steps]
     if 0 in steps:
         raise cv.fail("slice steps must be nonzero")
-    ranges = {
-        a: range(*slice(int(b), int(e), s).indices(shape[a])) for a, b, e, s in zip(axes, starts, ends, steps)
-    }
+    ranges = {a: _slice_range(int(b), int(e), s, shape[a]) for a, b, e, s in zip(axes, starts, ends, steps)}
     return [_slice(cv, x, ranges, n.outputs[0])]
+
+
+def _slice_range(start: int, end: int, step: int, extent: int) -> range:
+    """The indices ONNX's Slice picks on an axis: negative start and end count from the end, then start is
+    clamped into [0, extent] ([0, extent - 1] stepping backwards) and end into [0, extent] ([-1, extent - 1]).
+    Stepping backwards from a start below -extent, that picks index 0 (ONNX's text, shape inference and
+    onnxruntime), where Python's slice.indices, and so numpy and ONNX's reference evaluator, pick nothing."""
+    start += extent if start < 0 else 0
+    end += extent if end < 0 else 0
+    if step > 0:
+        return range(min(max(start, 0), extent), min(max(end, 0), extent), step)
+    return range(min(max(start, 0), extent - 1), min(max(end, -1), extent - 1), step)
 
 
 @converts("Split")
