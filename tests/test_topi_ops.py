@@ -14,6 +14,7 @@ from aotc.target import host_target
 from aotc.te.dag import ComputeDAG
 from aotc.te.reference import evaluate
 from aotc.topi.elemwise import BINARY, INTEGER_ONLY, UNARY
+from aotc.topi.lowp import FORMATS
 from aotc.topi.registry import registered_ops
 
 
@@ -147,6 +148,81 @@ SAMPLES: dict[str, list[tuple[list[TensorType], dict]]] = {
         ([X], {"size": (2, 3, 12, 7), "scales": (1.0, 1.0, 2.0, 1.4), "mode": "nearest"}),
         ([X], {"size": (2, 3, 3, 9), "scales": (1.0, 1.0, 0.5, 1.8), "mode": "linear"}),
     ],
+    # index inputs hold -3..3 (see _inputs): the axes they index have extent 4 or more, so all are valid
+    "topk_indices": [
+        ([t(3, 6)], {"k": 3, "axis": 1, "largest": True}),
+        ([t(5, 4, dtype="int32")], {"k": 2, "axis": 0, "largest": False}),
+    ],
+    "scatter_elements": [
+        ([t(5, 4), t(3, 4, dtype="int64"), t(3, 4)], {"axis": 0, "reduction": "none"}),
+        (
+            [t(3, 6, dtype="int32"), t(2, 4, dtype="int32"), t(2, 4, dtype="int32")],
+            {"axis": 1, "reduction": "add"},
+        ),
+        ([t(4, 5), t(3, 5, dtype="int64"), t(3, 5)], {"axis": 0, "reduction": "mul"}),
+        ([t(2, 4), t(2, 3, dtype="int64"), t(2, 3)], {"axis": -1, "reduction": "max"}),
+    ],
+    "scatter_nd": [
+        ([t(4, 5, 3), t(2, 3, 1, dtype="int64"), t(2, 3, 5, 3)], {"reduction": "none"}),
+        ([t(4, 4, dtype="int32"), t(3, 2, dtype="int64"), t(3, dtype="int32")], {"reduction": "add"}),
+        ([t(4, 5), t(2, 1, dtype="int64"), t(2, 5)], {"reduction": "mul"}),
+        ([t(4, 5), t(1, 2, dtype="int64"), t(1)], {"reduction": "min"}),
+    ],
+    "gather_nd": [
+        ([t(4, 5, 3), t(2, 2, dtype="int64")], {"batch_dims": 0}),
+        ([t(2, 4, 5), t(2, 3, 1, dtype="int64")], {"batch_dims": 1}),
+    ],
+    "reverse_sequence": [
+        ([t(5, 3, 2), t(3, dtype="int64")], {"batch_axis": 1, "time_axis": 0}),
+        ([t(3, 6, dtype="int32"), t(3, dtype="int64")], {"batch_axis": 0, "time_axis": 1}),
+    ],
+    "einsum": [
+        ([t(3, 4), t(4, 5)], {"terms": ("ij", "jk"), "output": "ik"}),
+        ([t(2, 3, 4), t(2, 4, 5), t(5)], {"terms": ("0ij", "0jk", "k"), "output": "0i"}),
+        ([t(4, 4)], {"terms": ("ii",), "output": ""}),
+        ([t(3, 4, dtype="int32")], {"terms": ("ij",), "output": "ji"}),
+    ],
+    "col2im": [
+        (
+            [t(1, 8, 12)],
+            {"image": (5, 4), "block": (2, 2), "dilations": (1, 1), "pads": (0,) * 4, "strides": (1, 1)},
+        ),
+        (
+            [t(2, 6, 15)],
+            {"image": (6, 5), "block": (2, 3), "dilations": (2, 1), "pads": (1, 0, 1, 2), "strides": (2, 1)},
+        ),
+        ([t(1, 6, 3)], {"image": (7,), "block": (3,), "dilations": (1,), "pads": (1, 0), "strides": (2,)}),
+    ],
+    # MaxPool's indices are flat over [N, C, *spatial]: -3..3 address plane (0, 0) or nothing
+    "max_unpool": [
+        ([t(1, 2, 3, 3), t(1, 2, 3, 3, dtype="int64")], {"shape": (1, 2, 6, 6)}),
+        ([t(1, 1, 4), t(1, 1, 4, dtype="int64")], {"shape": (1, 1, 5)}),
+    ],
+    "tensor_scatter": [
+        ([t(2, 6, 3), t(2, 2, 3), t(2, dtype="int64")], {"axis": 1, "circular": True}),
+        ([t(2, 3, 5), t(2, 3, 2), t(2, dtype="int64")], {"axis": 2, "circular": False}),
+        ([t(2, 4, 3, dtype="int32"), t(2, 3, 3, dtype="int32")], {"axis": 1, "circular": False}),
+    ],
+    # uint8 and uint16 inputs hold every bit pattern (see _inputs): NaNs, infinities, subnormals, sign bits
+    "lowp_decode": [([t(8, 32, dtype=f.storage)], {"format": name}) for name, f in FORMATS.items()],
+    "lowp_encode": [
+        ([t(3, 7)], {"format": "bfloat16", "saturate": False, "round_mode": "up"}),
+        ([t(3, 7)], {"format": "float8_e4m3fn", "saturate": True, "round_mode": "up"}),
+        ([t(3, 7)], {"format": "float8_e5m2", "saturate": False, "round_mode": "up"}),
+        ([t(3, 7, dtype="int32")], {"format": "float8_e4m3fnuz", "saturate": True, "round_mode": "up"}),
+        ([t(3, 7, dtype="int32")], {"format": "float8_e5m2fnuz", "saturate": False, "round_mode": "up"}),
+        ([t(3, 7)], {"format": "float4_e2m1fn", "saturate": False, "round_mode": "up"}),
+        ([t(3, 7)], {"format": "float8_e8m0fnu", "saturate": True, "round_mode": "nearest"}),
+        ([t(3, 7)], {"format": "float8_e8m0fnu", "saturate": False, "round_mode": "down"}),
+        ([t(3, 7, dtype="int32")], {"format": "int4"}),
+        ([t(3, 7)], {"format": "uint2", "saturate": False, "round_mode": "up"}),
+    ],
+    "bitcast": [
+        ([t(3, 7)], {"dtype": "int32"}),
+        ([t(3, 7, dtype="int64")], {"dtype": "float64"}),
+        ([t(3, 7, dtype="uint8")], {"dtype": "int8"}),
+        ([t(3, 7, dtype="uint16")], {"dtype": "float16"}),
+    ],
 }
 
 
@@ -155,6 +231,8 @@ def _inputs(types: list[TensorType], rng: np.random.Generator) -> list[np.ndarra
     for ty in types:
         if ty.dtype == "bool":
             out.append(rng.random(ty.shape) < 0.5)
+        elif ty.dtype in ("uint8", "uint16"):
+            out.append(rng.integers(0, np.iinfo(ty.dtype).max + 1, ty.shape).astype(ty.dtype))
         elif ty.dtype.startswith("int"):
             out.append(rng.choice([-3, -2, -1, 1, 2, 3], ty.shape).astype(ty.dtype))
         else:
