@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import zlib
+
 import numpy as np
 import pytest
 
@@ -223,7 +225,79 @@ SAMPLES: dict[str, list[tuple[list[TensorType], dict]]] = {
         ([t(3, 7, dtype="uint8")], {"dtype": "int8"}),
         ([t(3, 7, dtype="uint16")], {"dtype": "float16"}),
     ],
+    # the tap tables of Resize: int32 index [out, taps], weight [out, taps], outside [out]
+    "resize_axis": [
+        ([t(2, 3, 5, 4), t(7, 2, dtype="int32"), t(7, 2)], {"axis": 2, "weighted": True}),
+        ([t(2, 3, 5, 4, dtype="int32"), t(6, 1, dtype="int32")], {"axis": 3, "weighted": False}),
+        (
+            [t(2, 5, 4), t(3, 4, dtype="int32"), t(3, 4), t(3, dtype="bool")],
+            {"axis": 1, "weighted": True, "extrapolation_value": 0.5},
+        ),
+    ],
+    # grid values lie in [0.1, 2): inside and outside the normalized [-1, 1]
+    "grid_sample": [
+        ([t(1, 2, 4, 5), t(1, 3, 2, 2)], {"mode": "linear", "padding_mode": "zeros", "align_corners": False}),
+        (
+            [t(1, 2, 4, 5, dtype="int32"), t(1, 3, 3, 2)],
+            {"mode": "nearest", "padding_mode": "border", "align_corners": True},
+        ),
+        (
+            [t(2, 1, 4, 4), t(2, 2, 3, 2)],
+            {"mode": "cubic", "padding_mode": "reflection", "align_corners": False},
+        ),
+        ([t(1, 2, 5), t(1, 4, 1)], {"mode": "linear", "padding_mode": "reflection", "align_corners": True}),
+        (
+            [t(1, 1, 3, 4, 4), t(1, 2, 2, 2, 3)],
+            {"mode": "linear", "padding_mode": "border", "align_corners": False},
+        ),
+    ],
+    "affine_grid": [([t(2, 2, 3), t(4, 5, 3)], {}), ([t(1, 3, 4), t(2, 3, 4, 4)], {})],
+    "roi_align": [
+        (
+            [t(2, 3, 6, 5), t(3, 4), t(3, dtype="int64")],
+            {
+                "output_size": (2, 3),
+                "sampling": (2, 2),
+                "spatial_scale": 2.0,
+                "half_pixel": True,
+                "mode": "avg",
+            },
+        ),
+        (
+            [t(2, 3, 6, 5), t(2, 4), t(2, dtype="int32")],
+            {
+                "output_size": (3, 2),
+                "sampling": (1, 2),
+                "spatial_scale": 1.0,
+                "half_pixel": False,
+                "mode": "max",
+            },
+        ),
+    ],
+    "deform_conv2d": [
+        (
+            [t(1, 4, 5, 5), t(6, 2, 3, 3), t(1, 36, 5, 5), t(6), t(1, 18, 5, 5)],
+            {
+                "strides": (1, 1),
+                "pads": (1, 1),
+                "dilations": (1, 1),
+                "group": 2,
+                "offset_group": 2,
+                "has_bias": True,
+                "has_mask": True,
+            },
+        ),
+        (
+            [t(1, 2, 5, 6), t(3, 2, 2, 2), t(1, 8, 2, 6)],
+            {"strides": (2, 1), "pads": (0, 1), "dilations": (1, 2), "has_bias": False, "has_mask": False},
+        ),
+    ],
 }
+
+
+ATOL = {"conv2d_winograd": 1e-5}
+"""Absolute tolerances other than 1e-6: Winograd's transforms round at the scale of the sums (about 50), so
+an output that cancels to near 0 is off by an ulp of that."""
 
 
 def _inputs(types: list[TensorType], rng: np.random.Generator) -> list[np.ndarray]:
@@ -247,12 +321,13 @@ def test_every_registered_op_has_a_sample():
 
 
 def test_every_op_compiles_and_matches_the_reference(tmp_path):
-    rng = np.random.default_rng(0)
     cases = []
     for op, samples in sorted(SAMPLES.items()):
         for i, (types, attrs) in enumerate(samples):
             placeholders, outs = node_compute(Node(op, [], [], attrs), types)
             dag = ComputeDAG(outs)
+            # inputs seeded by the sample alone: a sample added elsewhere changes no other one's inputs
+            rng = np.random.default_rng([zlib.crc32(op.encode()), i])
             args = dict(zip((p.name for p in placeholders), _inputs(types, rng)))
             cases.append((f"{op}_{i}", dag, args))
     funcs = [lower(State.initial(dag), name) for name, dag, _ in cases]
@@ -262,7 +337,8 @@ def test_every_op_compiles_and_matches_the_reference(tmp_path):
         (ref,) = evaluate(dag, feed)
         out = np.zeros(ref.shape, ref.dtype)
         library.kernel(name)(*feed.values(), out)
-        np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6, err_msg=name)
+        atol = ATOL.get(name.rpartition("_")[0], 1e-6)
+        np.testing.assert_allclose(out, ref, rtol=1e-5, atol=atol, err_msg=name)
 
 
 @pytest.mark.parametrize("op", ["reshape", "transpose", "strided_slice", "take", "concat"])
