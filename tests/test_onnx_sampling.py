@@ -1,7 +1,8 @@
 """ONNX sampling operators (aotc/frontend/onnx_sampling.py, aotc/topi/sampling.py): Resize's cubic, antialias,
 tf_crop_and_resize and fractional align_corners cases, GridSample, AffineGrid, RoiAlign and DeformConv,
 against onnxruntime (or ONNX's reference evaluator where onnxruntime has no kernel for the case), through
-the frontend and the graph interpreter and, once, compiled.
+the frontend and the graph interpreter and, once, compiled (by LLVM, and as an OpenCL package where an
+OpenCL platform is present: both `slow`).
 
 Float results must match within rtol 1e-4, atol 1e-5 (the kernels compute in float32 where ONNX's reference
 computes Resize's weights in float64); integer results exactly.
@@ -17,9 +18,17 @@ from onnx import helper
 from onnx.reference import ReferenceEvaluator
 
 import aotc
+from aotc.codegen.gpu import opencl_device
+from aotc.execution_plan import kernel_symbol, merge_tasks, package_spec
 from aotc.frontend.errors import ConversionError
 from aotc.frontend.onnx import RunTimeValueError, load_onnx
 from aotc.graph.interpret import run_graph
+from aotc.graph.partition import extract_tasks, partition
+from aotc.graph.passes import optimize
+from aotc.package import write_package
+from aotc.schedule.lower import lower
+from aotc.search.untuned import untuned_schedule
+from aotc.target import parse_target
 
 from .onnx_util import Input, make_graph_model, random_feeds, run_onnxruntime, single_op_model
 
@@ -406,11 +415,10 @@ def test_unsupported_cases_are_refused(op_type, operands, kw, error, message):
     assert f"{op_type.lower()}_node ({op_type})" in str(e.value)
 
 
-@pytest.mark.slow
-def test_compiled_sampling_operators_match_onnxs_reference(tmp_path):
+def sampling_model() -> tuple[onnx.ModelProto, dict]:
     """Resize (cubic, antialias, tf_crop_and_resize), GridSample (cubic with reflection; linear zeros on a
     grid far outside, where every coordinate is clamped before it becomes an index), AffineGrid, RoiAlign
-    and DeformConv compiled by LLVM and run with aotc_runtime."""
+    and DeformConv in one model, and its inputs."""
     nodes = [
         helper.make_node("Resize", ["x", "", "up"], ["cubic"], mode="cubic", exclude_outside=1),
         helper.make_node("Resize", ["x", "", "", "small"], ["antialiased"], mode="linear", antialias=1),
@@ -453,6 +461,20 @@ def test_compiled_sampling_operators_match_onnxs_reference(tmp_path):
     inputs = {k: Input(v.shape, str(v.dtype)) for k, v in feeds.items()}
     outputs = ["cubic", "antialiased", "cropped", "sampled", "far_out", "affine", "pooled", "deformed"]
     model = make_graph_model(nodes, inputs, outputs, inits, opset=22)
+    return model, feeds
+
+
+def check_nonfinite_grid(runtime, feeds: dict) -> None:
+    """A NaN or infinite grid reads within the input (an unspecified value for NaN, zeros for infinities)."""
+    feeds = dict(feeds, far=_f([[[[np.nan, 0.0], [np.inf, 0.5]], [[0.2, -np.inf], [np.nan, np.nan]]]]))
+    far = runtime.run(feeds)["far_out"]
+    assert far.shape == (1, 2, 2, 2) and (far[:, :, 0, 1] == 0).all() and (far[:, :, 1, 0] == 0).all()
+
+
+@pytest.mark.slow
+def test_compiled_sampling_operators_match_onnxs_reference(tmp_path):
+    """sampling_model compiled by LLVM and run with aotc_runtime."""
+    model, feeds = sampling_model()
     path = tmp_path / "m.onnx"
     onnx.save(model, path)
     shapes = {k: {"shape": list(v.shape)} for k, v in feeds.items()}
@@ -460,9 +482,31 @@ def test_compiled_sampling_operators_match_onnxs_reference(tmp_path):
         str(path), inputs=shapes, validate=False, output=tmp_path / "m.aotc", log=lambda _: None
     )
     runtime = aotc_runtime.load(str(package.path))
-    got = runtime.run(feeds)
-    assert_matches(got, model, ReferenceEvaluator(model).run(None, feeds))
-    # a NaN or infinite grid reads within the input (an unspecified value for NaN, zeros for infinities)
-    feeds["far"] = _f([[[[np.nan, 0.0], [np.inf, 0.5]], [[0.2, -np.inf], [np.nan, np.nan]]]])
-    far = runtime.run(feeds)["far_out"]
-    assert far.shape == (1, 2, 2, 2) and (far[:, :, 0, 1] == 0).all() and (far[:, :, 1, 0] == 0).all()
+    assert_matches(runtime.run(feeds), model, ReferenceEvaluator(model).run(None, feeds))
+    check_nonfinite_grid(runtime, feeds)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    opencl_device() is None, reason="no OpenCL platform (pip install pyopencl; pocl-opencl-icd)"
+)
+def test_gpu_sampling_operators_match_onnxs_reference(tmp_path):
+    """sampling_model through the GPU code generator (untuned GPU schedules, every reduction-free stage
+    inlined) as an OpenCL package, run on the OpenCL device."""
+    model, feeds = sampling_model()
+    graph = optimize(load_onnx(model.SerializeToString()))
+    variants = [(graph, partition(graph))]
+    tasks = merge_tasks([extract_tasks(groups) for _, groups in variants])
+    target = parse_target("opencl")
+    funcs = [
+        lower(untuned_schedule(task.dag, target), kernel_symbol(i, task)) for i, task in enumerate(tasks)
+    ]
+    sources = [{"schedule": "default"} for _ in tasks]
+    spec = package_spec("sampling", variants, tasks, funcs, target, sources, [{} for _ in tasks])
+    write_package(spec, str(tmp_path / "m.aotc"))
+    runtime = aotc_runtime.load(str(tmp_path / "m.aotc"))
+    try:
+        assert_matches(runtime.run(feeds), model, ReferenceEvaluator(model).run(None, feeds))
+        check_nonfinite_grid(runtime, feeds)
+    finally:
+        runtime.close()

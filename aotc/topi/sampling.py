@@ -182,15 +182,18 @@ def grid_sample(
             i = cast(INDEX, _reflect(cast(dt, i), low, high, dt))
         return _clamp_index(i, d), None
 
+    once = te.reduce_axis(1, "once")
+
     def locate(n, *o):
         """The source coordinate (rounded, moved inside, clamped) on spatial axis o[-1] of each point."""
         *at, j = o
         value = source(rank - 1, cast(dt, grid[(n, *at, 0)]))
         for axis in range(rank - 2, -1, -1):
             value = select(eq(j, const(axis)), source(axis, cast(dt, grid[(n, *at, rank - 1 - axis)])), value)
-        return value
+        return te.sum(value, once)
 
-    # a stage of its own: every tap below reads the coordinates, which are long expressions to repeat
+    # A stage of its own, as a sum of one term: every tap below reads the coordinates, long expressions
+    # that a schedule inlining every reduction-free stage (the GPUs') would repeat in each tap.
     located = te.compute(grid.shape, locate, f"{name}_coords", tag="grid_sample")
 
     def body(n, ch, *o):
