@@ -206,12 +206,10 @@ def resize_by_taps(cv: OnnxConverter, n: OnnxNode, x: Value, mode: str, transfor
             roi[a] = (float(given[i]), float(given[i + len(axes)]))
     value = float(n.attr("extrapolation_value", 0.0))
     dtype = x.type.dtype
-    if (
-        transformation == "tf_crop_and_resize"
-        and dtype not in _FLOATS
-        and float(np.asarray(value, dtype)) != value
-    ):
-        raise cv.fail(f"extrapolation_value {value} is not a value of {dtype}")
+    if transformation == "tf_crop_and_resize" and dtype not in _FLOATS:
+        low, high = (0, 1) if dtype == "bool" else (np.iinfo(dtype).min, np.iinfo(dtype).max)
+        if not (np.isfinite(value) and value.is_integer() and low <= value <= high):
+            raise cv.fail(f"extrapolation_value {value} is not a value of {dtype}, the input's type")
     weight_dtype = "float64" if dtype == "float64" else "float32"
     # an axis of scale 1 and the whole input as its region is as it was
     resized = [a for a in axes if scale[a] != 1.0 or size[a] != shape[a] or roi[a] != (0.0, 1.0)]
