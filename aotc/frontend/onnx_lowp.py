@@ -43,7 +43,7 @@ READS_FORMAT = frozenset({"Cast", "CastLike", "QuantizeLinear", "DequantizeLinea
 `OnnxConverter.const_input` gives as ml_dtypes arrays)."""
 MOVES_BITS = {
     **dict.fromkeys(("Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose"), 0),
-    **dict.fromkeys(("Gather", "Slice", "Expand", "Tile"), 0),
+    **dict.fromkeys(("Gather", "Slice", "Expand", "Tile", "Compress", "ReverseSequence"), 0),
     "OneHot": 2,  # values[1] or values[0] at each point: a selection
 }
 """Operators that only move (select, copy) the elements of one input, by index: their output 0 has its
