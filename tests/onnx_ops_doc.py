@@ -72,6 +72,22 @@ def render() -> str:
             "",
             *(f"- `{op}`" for op in others),
         ]
+    # every default-domain operator onnx defines up to OPSET_MAX that aotc does not convert
+    defined = {
+        schema.name
+        for schema in onnx.defs.get_all_schemas_with_history()
+        if schema.domain in ("", "ai.onnx") and schema.since_version <= OPSET_MAX
+    }
+    missing = sorted(defined - set(VERSIONS))
+    lines += [
+        "",
+        f"## Not supported ({len(missing)} default-domain operators)",
+        "",
+        "The other operators the installed onnx defines. A model that uses one is refused with an",
+        "`UnsupportedOperatorError` naming each such operator and its nodes.",
+        "",
+        ", ".join(f"`{op}`" for op in missing),
+    ]
     lines += [
         "",
         "## Conformance suite exclusions",
