@@ -1,7 +1,7 @@
 """ONNX frontend: Reductions, normalizations, pooling and signal operators (ReduceProd, LRN, LpPool, DFT, ...).
 
 Each operator is built from existing graph ops (the product reduction and cumulative product of
-topi/scan.py and nn.reduce included), following the operator's ONNX function body or, where it has none,
+nn.cumulative and nn.reduce included), following the operator's ONNX function body or, where it has none,
 ONNX's reference implementation (onnx/reference/ops). What only depends on attributes and on inputs known at
 build time (window functions, MelWeightMatrix, EyeLike, the DFT matrix) is computed here with numpy, in
 float64, and becomes a constant.

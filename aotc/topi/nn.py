@@ -837,16 +837,25 @@ def rms_norm(x: Operation, scale: Operation | None, axis: int = -1, epsilon: flo
     return te.compute(x.shape, body, "rms_norm", tag="norm")
 
 
-def cumsum(x: Operation, axis: int, exclusive: bool = False, reverse: bool = False) -> Operation:
-    """ONNX CumSum along `axis`: out[.., i, ..] = the sum of x[.., k, ..] over k <= i (k < i when
-    `exclusive`; k >= i, k > i when `reverse`), one reduction over the whole axis with the other terms 0."""
+SCAN_COMBINERS = {"sum": (te.sum, 0), "prod": (te.prod, 1)}
+"""A cumulative op's combiner -> (its reduction, its identity)."""
+
+
+def cumulative(
+    x: Operation, axis: int, combiner: str = "sum", exclusive: bool = False, reverse: bool = False
+) -> Operation:
+    """ONNX CumSum (`combiner` "sum") and CumProd ("prod") along `axis`: out[.., i, ..] combines
+    x[.., k, ..] over k <= i (k < i when `exclusive`; k >= i, k > i when `reverse`), one reduction over
+    the whole axis with the other terms the combiner's identity."""
+    reduce, identity = SCAN_COMBINERS[combiner]
+    name = f"cum{combiner}"
     if x.dtype == "bool":
-        raise te.TEError("cumsum is not defined on bool tensors")
+        raise te.TEError(f"{name} is not defined on bool tensors")
     if not x.ndim:
-        raise te.TEError("cumsum needs an input of rank 1 or more, got a 0-d tensor")
+        raise te.TEError(f"{name} needs an input of rank 1 or more, got a 0-d tensor")
     axis %= x.ndim
     k = te.reduce_axis(x.shape[axis], "k")
-    zero = const(0, x.dtype)
+    neutral = const(identity, x.dtype)
 
     def body(*i):
         at, here = k.var, i[axis]
@@ -854,6 +863,6 @@ def cumsum(x: Operation, axis: int, exclusive: bool = False, reverse: bool = Fal
             keep = at > here if exclusive else at >= here
         else:
             keep = at < here if exclusive else at <= here
-        return te.sum(select(keep, x[(*i[:axis], at, *i[axis + 1 :])], zero), k)
+        return reduce(select(keep, x[(*i[:axis], at, *i[axis + 1 :])], neutral), k)
 
-    return te.compute(x.shape, body, "cumsum", tag="cumsum")
+    return te.compute(x.shape, body, name, tag=name)

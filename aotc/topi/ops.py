@@ -262,10 +262,16 @@ def _rms_norm(inputs, attrs):
     return [nn.rms_norm(inputs[0], scale, attrs.get("axis", -1), attrs.get("epsilon", 1e-5))]
 
 
-@register("cumsum", OpPattern.COMM_REDUCE)
-def _cumsum(inputs, attrs):
-    """attrs: axis, exclusive, reverse."""
-    return [nn.cumsum(inputs[0], attrs["axis"], attrs.get("exclusive", False), attrs.get("reverse", False))]
+def _cumulative(combiner: str) -> None:
+    @register(f"cum{combiner}", OpPattern.COMM_REDUCE)
+    def compute(inputs, attrs):
+        """attrs: axis, exclusive, reverse."""
+        flags = attrs.get("exclusive", False), attrs.get("reverse", False)
+        return [nn.cumulative(inputs[0], attrs["axis"], combiner, *flags)]
+
+
+for _combiner in nn.SCAN_COMBINERS:
+    _cumulative(_combiner)
 
 
 def _register_pool3d(name: str, kind: str) -> None:

@@ -72,4 +72,3 @@ def _load_all() -> None:
     import aotc.topi.ops  # noqa: F401
     import aotc.topi.quantized  # noqa: F401
     import aotc.topi.sampling  # noqa: F401
-    import aotc.topi.scan  # noqa: F401
