@@ -7,7 +7,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx
+import pytest
 from onnx import helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
 
 from aotc.frontend.onnx import load_onnx
 from aotc.graph.interpret import run_graph
@@ -101,6 +103,57 @@ def run_onnxruntime(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
 
     session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     return session.run(None, feeds)
+
+
+def reference_outputs(model: onnx.ModelProto, feeds: dict, evaluator: bool = False) -> list[np.ndarray]:
+    """onnxruntime's outputs, or ONNX's reference evaluator's (where `evaluator`, or where onnxruntime cannot
+    load the model)."""
+    if not evaluator:
+        try:
+            return run_onnxruntime(model, feeds)
+        except Exception:  # onnxruntime raises its own types for an opset or type it has no kernel for
+            pass
+    return ReferenceEvaluator(model).run(None, feeds)
+
+
+def assert_outputs_match(
+    got: dict,
+    model: onnx.ModelProto,
+    expected: Sequence[np.ndarray],
+    tol: dict[str, tuple[float, float]] | None = None,
+    rtol: float | None = None,
+    atol: float | None = None,
+) -> None:
+    """`got` (by output name) equals `expected` (in the model's output order) in shape and dtype; integer
+    and bool values exactly, floats within (rtol, atol): `tol`'s entry for the dtype name, else (RTOL,
+    ATOL), with an explicit `rtol` or `atol` overriding either."""
+    for out, ref in zip(model.graph.output, expected):
+        value = np.asarray(got[out.name])
+        assert value.shape == ref.shape and value.dtype == ref.dtype, (out.name, value.dtype, value.shape)
+        if ref.dtype.kind in "biu":
+            np.testing.assert_array_equal(value, ref, err_msg=out.name)
+        else:
+            dtype_rtol, dtype_atol = (tol or {}).get(str(ref.dtype), (RTOL, ATOL))
+            np.testing.assert_allclose(
+                value,
+                ref,
+                rtol=dtype_rtol if rtol is None else rtol,
+                atol=dtype_atol if atol is None else atol,
+                err_msg=out.name,
+            )
+
+
+def op_model(op_type: str, operands: Sequence[Operand], outputs: int = 1, opset: int = 17, **attrs):
+    """A `single_op_model` and seeded random feeds for its runtime inputs."""
+    model = single_op_model(op_type, operands, outputs, opset, **attrs)
+    specs = {f"x{i}": op for i, op in enumerate(operands) if isinstance(op, Input)}
+    return model, random_feeds(model, specs)
+
+
+def case(op_type, operands, *, id, **kw):
+    """A pytest.param of (op_type, operands, kw); `kw` holds opset, outputs and the like and the node's
+    attributes."""
+    return pytest.param(op_type, operands, kw, id=id)
 
 
 def check_model(

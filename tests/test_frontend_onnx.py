@@ -21,7 +21,7 @@ from aotc.frontend.onnx import OPSET_MAX, OPSET_MIN, VERSIONS, load_onnx, suppor
 from aotc.graph.interpret import run_graph
 from aotc.topi.registry import OpPattern, get_op
 
-from .onnx_util import Input, check_model, check_op, make_graph_model, random_feeds, single_op_model
+from .onnx_util import Input, case, check_model, check_op, make_graph_model, random_feeds, single_op_model
 
 
 def c(*shape: int, dtype: str = "float32", low: float = -1.0, high: float = 1.0, seed: int = 1) -> np.ndarray:
@@ -38,11 +38,6 @@ def i64(*values: int) -> np.ndarray:
 
 def f32(*values: float) -> np.ndarray:
     return np.array(values, np.float32)
-
-
-def case(op_type, operands, *, id, **kw):
-    """A `check_op` case; `kw` holds opset, outputs, tol and the node's attributes."""
-    return pytest.param(op_type, operands, kw, id=id)
 
 
 X4 = Input((2, 3, 4, 5))

@@ -21,43 +21,28 @@ from aotc.frontend.errors import ConversionError
 from aotc.frontend.onnx import load_onnx
 from aotc.graph.interpret import run_graph
 
-from .onnx_util import Input, make_graph_model, random_feeds, run_onnxruntime, single_op_model
+from .onnx_util import (
+    Input,
+    assert_outputs_match,
+    case,
+    make_graph_model,
+    op_model,
+    random_feeds,
+    reference_outputs,
+    run_onnxruntime,
+)
 
 TOL = {"float16": (1e-3, 1e-3)}
 """(rtol, atol) per dtype where not the default (1e-4, 1e-5); integers and bools compare exactly."""
 
 
-def reference(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
-    """onnxruntime's outputs, or ONNX's reference evaluator's where onnxruntime cannot load the model."""
-    try:
-        return run_onnxruntime(model, feeds)
-    except Exception:  # onnxruntime raises its own types for an opset or type it has no kernel for
-        return ReferenceEvaluator(model).run(None, feeds)
-
-
-def assert_matches(got: dict, model: onnx.ModelProto, expected: list[np.ndarray]) -> None:
-    for out, ref in zip(model.graph.output, expected):
-        value = np.asarray(got[out.name])
-        assert value.shape == ref.shape and value.dtype == ref.dtype, (out.name, value.dtype, value.shape)
-        if ref.dtype.kind in "biu":
-            np.testing.assert_array_equal(value, ref, err_msg=out.name)
-        else:
-            rtol, atol = TOL.get(str(ref.dtype), (1e-4, 1e-5))
-            np.testing.assert_allclose(value, ref, rtol=rtol, atol=atol, err_msg=out.name)
-
-
 def check(model: onnx.ModelProto, feeds: dict) -> None:
-    assert_matches(run_graph(load_onnx(model.SerializeToString()), feeds), model, reference(model, feeds))
-
-
-def op_model(op_type, operands, outputs=1, opset=17, **attrs):
-    model = single_op_model(op_type, operands, outputs, opset, **attrs)
-    specs = {f"x{i}": op for i, op in enumerate(operands) if isinstance(op, Input)}
-    return model, random_feeds(model, specs)
-
-
-def case(op_type, operands, *, id, **kw):
-    return pytest.param(op_type, operands, kw, id=id)
+    assert_outputs_match(
+        run_graph(load_onnx(model.SerializeToString()), feeds),
+        model,
+        reference_outputs(model, feeds),
+        tol=TOL,
+    )
 
 
 def _indices(shape, extent, dtype="int64", seed=3):
@@ -147,8 +132,8 @@ def test_bitshift_matches_the_reference_on_extreme_values_and_every_shift(dtype,
 
 def test_bitshift_11_matches_onnxruntime_with_broadcasting():
     model, feeds = op_model("BitShift", [Input((3, 4), "uint32", 0, 1000), Input((4,), "uint32", 0, 31)], opset=11, direction="RIGHT")  # fmt: skip
-    assert_matches(
-        run_graph(load_onnx(model.SerializeToString()), feeds), model, run_onnxruntime(model, feeds)
+    assert_outputs_match(
+        run_graph(load_onnx(model.SerializeToString()), feeds), model, run_onnxruntime(model, feeds), tol=TOL
     )
 
 
@@ -180,7 +165,7 @@ def test_trilu_k_fed_at_run_time_is_a_kernel_input(upper):
     graph = load_onnx(model.SerializeToString())  # one build serves every k
     for k in (-4, -1, 0, 2, 6):
         feeds["x1"] = np.array(k, np.int64)
-        assert_matches(run_graph(graph, feeds), model, reference(model, feeds))
+        assert_outputs_match(run_graph(graph, feeds), model, reference_outputs(model, feeds), tol=TOL)
 
 
 def test_a_quantized_weight_fed_at_run_time_is_a_kernel_input_and_constants_still_fix_it():
@@ -231,7 +216,7 @@ def test_the_new_operators_compile_and_match_onnxruntime(tmp_path):
         str(path), inputs=shapes, validate=False, output=tmp_path / "m.aotc", log=lambda _: None
     )
     got = aotc_runtime.load(str(package.path)).run(feeds)
-    assert_matches(got, model, ReferenceEvaluator(model).run(None, feeds))
+    assert_outputs_match(got, model, ReferenceEvaluator(model).run(None, feeds), tol=TOL)
 
 
 def test_empty_axes_fed_at_run_time_are_known_and_reduce_every_axis():

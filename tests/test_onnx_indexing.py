@@ -21,29 +21,15 @@ from aotc.frontend.errors import ConversionError, UnsupportedOpsetError
 from aotc.frontend.onnx import RunTimeValueError, load_onnx
 from aotc.graph.interpret import run_graph
 
-from .onnx_util import Input, make_graph_model, random_feeds, run_onnxruntime, single_op_model
-
-
-def reference(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
-    """onnxruntime's outputs, or ONNX's reference evaluator's where onnxruntime cannot load the model."""
-    try:
-        return run_onnxruntime(model, feeds)
-    except Exception:  # onnxruntime raises its own types for an opset or type it has no kernel for
-        return ReferenceEvaluator(model).run(None, feeds)
-
-
-def assert_matches(got: dict, model: onnx.ModelProto, expected: list[np.ndarray]) -> None:
-    for out, ref in zip(model.graph.output, expected):
-        value = np.asarray(got[out.name])
-        assert value.shape == ref.shape and value.dtype == ref.dtype, (out.name, value.dtype, value.shape)
-        if ref.dtype.kind in "biu":
-            np.testing.assert_array_equal(value, ref, err_msg=out.name)
-        else:
-            np.testing.assert_allclose(value, ref, rtol=1e-4, atol=1e-5, err_msg=out.name)
-
-
-def case(op_type, operands, *, id, **kw):
-    return pytest.param(op_type, operands, kw, id=id)
+from .onnx_util import (
+    Input,
+    assert_outputs_match,
+    case,
+    make_graph_model,
+    random_feeds,
+    reference_outputs,
+    single_op_model,
+)
 
 
 def _ints(values, dtype="int64"):
@@ -203,7 +189,7 @@ def test_operator_matches_onnxruntime(op_type, operands, kw):
     specs = {f"x{i}": op for i, op in enumerate(operands) if isinstance(op, Input)}
     feeds = random_feeds(model, specs)
     got = run_graph(load_onnx(model.SerializeToString()), feeds)
-    assert_matches(got, model, reference(model, feeds))
+    assert_outputs_match(got, model, reference_outputs(model, feeds))
 
 
 REFUSED = [
@@ -364,4 +350,4 @@ def test_compiled_indexing_operators_match_onnxs_reference(tmp_path):
         str(path), inputs=shapes, validate=False, output=tmp_path / "m.aotc", log=lambda _: None
     )
     got = aotc_runtime.load(str(package.path)).run(feeds)
-    assert_matches(got, model, ReferenceEvaluator(model).run(None, feeds))
+    assert_outputs_match(got, model, ReferenceEvaluator(model).run(None, feeds))

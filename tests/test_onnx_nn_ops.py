@@ -23,39 +23,18 @@ from aotc.frontend.errors import ConversionError, UnsupportedOpsetError
 from aotc.frontend.onnx import RunTimeValueError, load_onnx
 from aotc.graph.interpret import run_graph
 
-from .onnx_util import Input, make_graph_model, random_feeds, run_onnxruntime, single_op_model
+from .onnx_util import (
+    Input,
+    assert_outputs_match,
+    case,
+    make_graph_model,
+    op_model,
+    random_feeds,
+    reference_outputs,
+)
 
 TOL = {"float16": (1e-3, 1e-3)}
 """(rtol, atol) per dtype where not the default (1e-4, 1e-5); integers and bools compare exactly."""
-
-
-def reference(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
-    """onnxruntime's outputs, or ONNX's reference evaluator's where onnxruntime cannot load the model."""
-    try:
-        return run_onnxruntime(model, feeds)
-    except Exception:  # onnxruntime raises its own types for an opset or type it has no kernel for
-        return ReferenceEvaluator(model).run(None, feeds)
-
-
-def assert_matches(got: dict, model: onnx.ModelProto, expected: list[np.ndarray], atol: float | None = None):
-    for out, ref in zip(model.graph.output, expected):
-        value = np.asarray(got[out.name])
-        assert value.shape == ref.shape and value.dtype == ref.dtype, (out.name, value.dtype, value.shape)
-        if ref.dtype.kind in "biu":
-            np.testing.assert_array_equal(value, ref, err_msg=out.name)
-        else:
-            rtol, default_atol = TOL.get(str(ref.dtype), (1e-4, 1e-5))
-            np.testing.assert_allclose(value, ref, rtol=rtol, atol=atol or default_atol, err_msg=out.name)
-
-
-def op_model(op_type, operands, outputs=1, opset=17, **attrs):
-    model = single_op_model(op_type, operands, outputs, opset, **attrs)
-    specs = {f"x{i}": op for i, op in enumerate(operands) if isinstance(op, Input)}
-    return model, random_feeds(model, specs)
-
-
-def case(op_type, operands, *, id, **kw):
-    return pytest.param(op_type, operands, kw, id=id)
 
 
 def i64(*values):
@@ -107,7 +86,12 @@ CASES = [
 @pytest.mark.parametrize("op_type, operands, kw", CASES)
 def test_operator_matches_the_reference(op_type, operands, kw):
     model, feeds = op_model(op_type, operands, **kw)
-    assert_matches(run_graph(load_onnx(model.SerializeToString()), feeds), model, reference(model, feeds))
+    assert_outputs_match(
+        run_graph(load_onnx(model.SerializeToString()), feeds),
+        model,
+        reference_outputs(model, feeds),
+        tol=TOL,
+    )
 
 
 DFT_CASES = [
@@ -126,7 +110,7 @@ DFT_CASES = [
 def test_dft_and_stft_match_the_reference(op_type, operands, kw):
     model, feeds = op_model(op_type, operands, **kw)
     got = run_graph(load_onnx(model.SerializeToString()), feeds)
-    assert_matches(got, model, reference(model, feeds), atol=1e-4)
+    assert_outputs_match(got, model, reference_outputs(model, feeds), tol=TOL, atol=1e-4)
 
 
 @pytest.mark.parametrize(
@@ -157,7 +141,7 @@ def test_lrn_of_even_size_on_a_3d_input_matches_the_operator_definition():
     x = feeds["x0"].astype(np.float64)
     square_sum = np.stack([(x[:, max(0, c - 1) : c + 3] ** 2).sum(axis=1) for c in range(6)], axis=1)
     expected = (x / (2.0 + 0.01 / 4 * square_sum) ** 0.5).astype(np.float32)
-    assert_matches(run_graph(load_onnx(model.SerializeToString()), feeds), model, [expected])
+    assert_outputs_match(run_graph(load_onnx(model.SerializeToString()), feeds), model, [expected], tol=TOL)
 
 
 def test_group_normalization_18_is_refused_as_deprecated():
@@ -208,4 +192,4 @@ def test_the_operators_compile_and_match_the_reference(tmp_path):
         str(path), inputs={"x": [2, 4, 5, 6]}, validate=False, output=tmp_path / "m.aotc", log=lambda _: None
     )
     got = aotc_runtime.load(str(package.path)).run(feeds)
-    assert_matches(got, model, ReferenceEvaluator(model).run(None, feeds), atol=1e-4)
+    assert_outputs_match(got, model, ReferenceEvaluator(model).run(None, feeds), tol=TOL, atol=1e-4)

@@ -30,30 +30,16 @@ from aotc.schedule.lower import lower
 from aotc.search.untuned import untuned_schedule
 from aotc.target import parse_target
 
-from .onnx_util import Input, make_graph_model, random_feeds, run_onnxruntime, single_op_model
+from .onnx_util import (
+    Input,
+    assert_outputs_match,
+    make_graph_model,
+    random_feeds,
+    reference_outputs,
+    single_op_model,
+)
 
 RTOL, ATOL = 1e-4, 1e-5
-
-
-def reference(model: onnx.ModelProto, feeds: dict, evaluator: bool = False) -> list[np.ndarray]:
-    """onnxruntime's outputs, or ONNX's reference evaluator's (where asked, or where onnxruntime cannot
-    load the model)."""
-    if not evaluator:
-        try:
-            return run_onnxruntime(model, feeds)
-        except Exception:  # onnxruntime raises its own types for an opset or operator it has no kernel for
-            pass
-    return ReferenceEvaluator(model).run(None, feeds)
-
-
-def assert_matches(got: dict, model: onnx.ModelProto, expected: list[np.ndarray]) -> None:
-    for out, ref in zip(model.graph.output, expected):
-        value = np.asarray(got[out.name])
-        assert value.shape == ref.shape and value.dtype == ref.dtype, (out.name, value.dtype, value.shape)
-        if ref.dtype.kind in "biu":
-            np.testing.assert_array_equal(value, ref, err_msg=out.name)
-        else:
-            np.testing.assert_allclose(value, ref, rtol=RTOL, atol=ATOL, err_msg=out.name)
 
 
 def _f(values) -> np.ndarray:
@@ -345,7 +331,7 @@ def test_operator_matches_onnxruntime(op_type, operands, feeds, evaluator, kw):
     values = random_feeds(model, specs)
     values.update(feeds or {})
     got = run_graph(load_onnx(model.SerializeToString()), values)
-    assert_matches(got, model, reference(model, values, evaluator))
+    assert_outputs_match(got, model, reference_outputs(model, values, evaluator), rtol=RTOL, atol=ATOL)
 
 
 @pytest.mark.parametrize(
@@ -488,7 +474,9 @@ def test_compiled_sampling_operators_match_onnxs_reference(tmp_path):
         str(path), inputs=shapes, validate=False, output=tmp_path / "m.aotc", log=lambda _: None
     )
     runtime = aotc_runtime.load(str(package.path))
-    assert_matches(runtime.run(feeds), model, ReferenceEvaluator(model).run(None, feeds))
+    assert_outputs_match(
+        runtime.run(feeds), model, ReferenceEvaluator(model).run(None, feeds), rtol=RTOL, atol=ATOL
+    )
     check_nonfinite_grid(runtime, feeds)
 
 
@@ -512,7 +500,9 @@ def test_gpu_sampling_operators_match_onnxs_reference(tmp_path):
     write_package(spec, str(tmp_path / "m.aotc"))
     runtime = aotc_runtime.load(str(tmp_path / "m.aotc"))
     try:
-        assert_matches(runtime.run(feeds), model, ReferenceEvaluator(model).run(None, feeds))
+        assert_outputs_match(
+            runtime.run(feeds), model, ReferenceEvaluator(model).run(None, feeds), rtol=RTOL, atol=ATOL
+        )
         check_nonfinite_grid(runtime, feeds)
     finally:
         runtime.close()

@@ -24,27 +24,23 @@ from aotc.frontend.errors import ConversionError
 from aotc.frontend.onnx import load_onnx
 from aotc.graph.interpret import run_graph
 
-from .onnx_util import Input, make_graph_model, random_feeds, run_onnxruntime, single_op_model
+from .onnx_util import (
+    Input,
+    assert_outputs_match,
+    make_graph_model,
+    random_feeds,
+    run_onnxruntime,
+    single_op_model,
+)
 
 RTOL, ATOL = 1e-4, 1e-5
-
-
-def assert_matches(got: dict, model: onnx.ModelProto, expected: list[np.ndarray]) -> None:
-    """aotc's outputs equal onnxruntime's in shape and dtype, and in value within RTOL/ATOL."""
-    for out, ref in zip(model.graph.output, expected):
-        value = np.asarray(got[out.name])
-        assert (value.shape, value.dtype) == (ref.shape, ref.dtype), out.name
-        if ref.dtype.kind in "biu":
-            np.testing.assert_array_equal(value, ref, err_msg=out.name)
-        else:
-            np.testing.assert_allclose(value, ref, rtol=RTOL, atol=ATOL, err_msg=out.name)
 
 
 def check(model: onnx.ModelProto, feeds: dict | None = None):
     """The model through load_onnx and the graph interpreter against onnxruntime; returns the Graph."""
     feeds = random_feeds(model) if feeds is None else feeds
     graph = load_onnx(model.SerializeToString())
-    assert_matches(run_graph(graph, feeds), model, run_onnxruntime(model, feeds))
+    assert_outputs_match(run_graph(graph, feeds), model, run_onnxruntime(model, feeds), rtol=RTOL, atol=ATOL)
     return graph
 
 
@@ -139,7 +135,7 @@ def test_a_package_takes_and_returns_tensors_with_no_elements(tmp_path):
     loaded = aotc_runtime.load(str(package.path))
     assert [(t.name, t.shape) for t in loaded.inputs] == [("x", (3, 4)), ("like", (0,)), ("e", (2, 0, 4))]
     feeds = random_feeds(model)
-    assert_matches(loaded.run(feeds), model, run_onnxruntime(model, feeds))
+    assert_outputs_match(loaded.run(feeds), model, run_onnxruntime(model, feeds), rtol=RTOL, atol=ATOL)
     with pytest.raises(ValueError, match=r"shape"):
         loaded.run({**feeds, "e": np.zeros((2, 1, 4), np.int32)})
 
@@ -272,7 +268,13 @@ def test_3d_windows_compile_and_match_onnxruntime(tmp_path):
     path.write_bytes(model.SerializeToString())
     package = aotc.compile(str(path), validate=False, output=tmp_path / "windows.aotc", log=lambda _: None)
     feeds = random_feeds(model)
-    assert_matches(aotc_runtime.load(str(package.path)).run(feeds), model, run_onnxruntime(model, feeds))
+    assert_outputs_match(
+        aotc_runtime.load(str(package.path)).run(feeds),
+        model,
+        run_onnxruntime(model, feeds),
+        rtol=RTOL,
+        atol=ATOL,
+    )
 
 
 @pytest.mark.slow
