@@ -201,15 +201,18 @@ def test_compiled_quantize_dequantize_int4_float8_blocked_and_int16(tmp_path):
 
 
 def test_arithmetic_on_a_low_precision_tensor_is_refused_naming_node_and_type():
-    """aotc computes on bfloat16 (and float8, int4...) only through Cast and the quantizers: an Add of two
-    bfloat16 inputs is refused by its node, not compiled on their bits as if they were integers."""
-    bf16 = [helper.make_tensor_value_info(n, TensorProto.BFLOAT16, [3]) for n in ("a", "b")]
+    """aotc computes on bfloat16 (and float8, int4...) only through Cast, the quantizers and, bfloat16,
+    BFLOAT16_IN_FLOAT32's operators: a Gemm of bfloat16 inputs (whose reference rounds alpha * A @ B before
+    adding beta * C) is refused by its node, not compiled on their bits as if they were integers."""
+    bf16 = [helper.make_tensor_value_info(n, TensorProto.BFLOAT16, [3, 3]) for n in ("a", "b", "c")]
     model = _model(
-        [helper.make_node("Add", ["a", "b"], ["y"], name="add0")],
+        [helper.make_node("Gemm", ["a", "b", "c"], ["y"], name="gemm0", alpha=0.5)],
         bf16,
-        [helper.make_tensor_value_info("y", TensorProto.BFLOAT16, [3])],
+        [helper.make_tensor_value_info("y", TensorProto.BFLOAT16, [3, 3])],
     )
-    with pytest.raises(ConversionError, match=r"node add0 \(Add\): input 0 \(a\) has element type bfloat16"):
+    with pytest.raises(
+        ConversionError, match=r"node gemm0 \(Gemm\): input 0 \(a\) has element type bfloat16"
+    ):
         load_onnx(model.SerializeToString())
 
 
@@ -328,3 +331,80 @@ def test_gpu_kernels_convert_bit_exact_on_opencl_and_compile_as_cuda():
     want = codes.view(ml_dtypes.float8_e5m2).astype(np.float32)
     np.testing.assert_array_equal(dec.view(np.uint32), want.view(np.uint32))
     np.testing.assert_array_equal(bits, x.view(np.int32))
+
+
+def _same_bits_or_nan(got: np.ndarray, ref: np.ndarray, name: str) -> None:
+    """Bit-exact, except that any NaN matches any NaN (its sign and payload are not ONNX's to fix)."""
+    g, r = np.asarray(got).astype(np.float32), np.asarray(ref).astype(np.float32)
+    both_nan = np.isnan(g) & np.isnan(r)
+    np.testing.assert_array_equal(
+        np.where(both_nan, 0, g.view(np.uint32)), np.where(both_nan, 0, r.view(np.uint32)), err_msg=name
+    )
+
+
+def test_compiled_bfloat16_elementwise_comparison_and_reduction_round_once_as_onnx_reference(tmp_path):
+    """Nodes of BFLOAT16_IN_FLOAT32 on bfloat16 inputs: computed in float32, each bfloat16 output rounded
+    once, which is what ONNX's reference (numpy on ml_dtypes' bfloat16) gives: bit-exact; a comparison's
+    bool output and Pow's float32 output (a float32 base) stay as they are."""
+    shape = [4, 16]
+    nodes = [
+        helper.make_node("Add", ["a", "b"], ["add"]),
+        helper.make_node("Mul", ["add", "b"], ["mul"]),
+        helper.make_node("Div", ["a", "b"], ["div"]),
+        helper.make_node("Exp", ["a"], ["exp"]),
+        helper.make_node("Sqrt", ["a"], ["sqrt"]),
+        helper.make_node("Pow", ["f", "e"], ["pow"]),
+        helper.make_node("Less", ["a", "b"], ["less"]),
+        helper.make_node("Where", ["less", "a", "mul"], ["where"]),
+        helper.make_node("Clip", ["a", "lo", "hi"], ["clip"]),
+        helper.make_node("ReduceMax", ["mul", "axes"], ["rmax"], keepdims=0),
+        helper.make_node("MatMul", ["a", "w"], ["mm"]),
+    ]
+    bf = TensorProto.BFLOAT16
+    outputs = [helper.make_tensor_value_info(n, bf, shape) for n in ("add", "mul", "div", "exp", "sqrt")]
+    outputs += [
+        helper.make_tensor_value_info("pow", TensorProto.FLOAT, shape),
+        helper.make_tensor_value_info("less", TensorProto.BOOL, shape),
+        helper.make_tensor_value_info("where", bf, shape),
+        helper.make_tensor_value_info("clip", bf, shape),
+        helper.make_tensor_value_info("rmax", bf, [4]),
+        helper.make_tensor_value_info("mm", bf, [4, 8]),
+    ]
+    inputs = [helper.make_tensor_value_info(n, bf, shape) for n in ("a", "b", "e")]
+    inputs.append(helper.make_tensor_value_info("f", TensorProto.FLOAT, shape))
+    inits = [
+        numpy_helper.from_array(np.array(-0.75, ml_dtypes.bfloat16), "lo"),
+        numpy_helper.from_array(np.array(1.5, ml_dtypes.bfloat16), "hi"),
+        numpy_helper.from_array(np.array([1], np.int64), "axes"),
+        numpy_helper.from_array(
+            np.random.default_rng(4).standard_normal((16, 8)).astype(ml_dtypes.bfloat16), "w"
+        ),
+    ]
+    model = _model(nodes, inputs, outputs, inits)
+    rng = np.random.default_rng(3)
+    feeds = {n: (rng.standard_normal(shape) * 3).astype(ml_dtypes.bfloat16) for n in ("a", "b", "e")}
+    feeds["a"].reshape(-1)[:4] = np.array([np.inf, -np.inf, np.nan, -0.0], ml_dtypes.bfloat16)
+    feeds["f"] = np.abs(rng.standard_normal(shape)).astype(np.float32)
+    got = _compile_and_run(tmp_path, model, feeds)
+    for out, ref in zip(outputs, ReferenceEvaluator(model).run(None, feeds)):
+        assert got[out.name].dtype == ref.dtype, out.name
+        if ref.dtype == np.float32:  # pow: float32 math, aotc's and numpy's within an ulp
+            np.testing.assert_allclose(got[out.name], ref, rtol=1e-6, err_msg=out.name)
+        else:
+            _same_bits_or_nan(got[out.name], ref, out.name)
+
+
+def test_bfloat16_through_a_node_whose_reference_rounds_intermediates_is_refused():
+    """Softmax's reference rounds its exponentials, their sum and the quotient to bfloat16 one by one, and
+    Sum of three adds pairwise, rounding each partial sum: one rounding in float32 would differ, so they are
+    refused by their node rather than computed differently."""
+    bf16 = [helper.make_tensor_value_info(n, TensorProto.BFLOAT16, [3]) for n in ("a", "b", "c")]
+    out = [helper.make_tensor_value_info("y", TensorProto.BFLOAT16, [3])]
+    model = _model([helper.make_node("Softmax", ["a"], ["y"], name="sm")], bf16[:1], out)
+    with pytest.raises(
+        ConversionError, match=r"node sm \(Softmax\): input 0 \(a\) has element type bfloat16"
+    ):
+        load_onnx(model.SerializeToString())
+    model = _model([helper.make_node("Sum", ["a", "b", "c"], ["y"], name="sum3")], bf16, out)
+    with pytest.raises(ConversionError, match=r"node sum3 \(Sum\): input 0 \(a\) has element type bfloat16"):
+        load_onnx(model.SerializeToString())

@@ -533,8 +533,12 @@ class OnnxConverter:
             check(self, self.node)
         # a low-precision input: refused unless the operator reads its format (or only moves its bits)
         moved = onnx_lowp.check_inputs(self, self.node)
+        # bfloat16 inputs of an element-wise operator: its converter computes on them decoded to float32
+        wide = onnx_lowp.widened(self, self.node)
         try:
-            results = _CONVERTERS[_op_key(proto)](self, self.node)
+            results = _CONVERTERS[_op_key(proto)](self, wide)
+            if wide is not self.node:
+                results = onnx_lowp.narrowed(self, self.node, wide, results)
         except (ArithmeticError, ValueError, IndexError, KeyError) as e:
             # converters were written for operands with elements; where one's arithmetic does not hold for
             # an empty operand (a division by its size, say) that is a refusal, not an internal error

@@ -3,23 +3,28 @@ and BitCast.
 
 A tensor of such a type is its storage bits in the graph (aotc.topi.lowp), tagged with its format in
 `OnnxConverter.formats`. Operators that read the format convert it (Cast, CastLike, QuantizeLinear,
-DequantizeLinear); data movement passes the bits on; any other operator given one is refused by
+DequantizeLinear); data movement passes the bits on; the operators of BFLOAT16_IN_FLOAT32 compute on
+bfloat16 decoded to float32 (`widened`, `narrowed`); any other operator given one is refused by
 `check_inputs`, so no kernel ever computes on the bits as if they were integers.
 """
 
 from __future__ import annotations
 
 # This module extends the ONNX frontend: its converters use the converter API that onnx.py defines.
+import dataclasses
+
 import ml_dtypes
 import numpy as np
 import onnx
 
 from aotc.frontend.onnx import OnnxConverter, OnnxNode, converts
+from aotc.frontend.onnx_schema import signature
 from aotc.graph.ir import Value
-from aotc.ir.expr import DTYPES, dtype_bits
+from aotc.ir.expr import DTYPES, dtype_bits, unique_name
 from aotc.topi.lowp import FORMATS
 
 __all__ = [
+    "BFLOAT16_IN_FLOAT32",
     "FLOAT8_SATURATES",
     "MOVES_BITS",
     "READS_FORMAT",
@@ -30,7 +35,9 @@ __all__ = [
     "decode",
     "dequantize_linear",
     "general_qdq",
+    "narrowed",
     "quantize_linear",
+    "widened",
 ]
 
 VERSIONS: dict[str, tuple[int, ...]] = {
@@ -50,6 +57,25 @@ MOVES_BITS = {
 format."""
 READS_SHAPE = frozenset({"Shape", "Size"})
 """Operators that read a tensor's shape only."""
+BFLOAT16_IN_FLOAT32 = frozenset(
+    {
+        *("Abs", "Neg", "Sign", "Floor", "Ceil", "Round", "Relu", "ThresholdedRelu", "IsNaN", "IsInf"),
+        *("Sqrt", "Reciprocal", "Exp", "Log", "Erf", "Softplus", "Tanh", "Sin", "Cos", "Tan", "Asin"),
+        *("Acos", "Atan", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh"),
+        *("Add", "Sub", "Mul", "Div", "Pow", "Mod", "PRelu", "Max", "Min", "Clip", "Where"),
+        *("Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual"),
+        *("ReduceMax", "ReduceMin", "MatMul", "Einsum"),
+    }
+)
+"""Operators computed on bfloat16 inputs in float32 (each decoded exactly), each bfloat16 output rounded
+once to nearest even (bool and integer outputs as they are): ONNX's reference for each is one numpy
+operation on ml_dtypes' bfloat16 arrays, which computes in float32 (matmul accumulating in float32) and
+rounds once per output; checked against onnx.reference.ReferenceEvaluator on random bfloat16 inputs
+(tests/test_onnx_lowp.py). Left out, so refused, where the reference rounds intermediate steps to
+bfloat16 and differs: Sum and Mean of 3 (pairwise), Gemm (alpha * A @ B, + beta * C), Sigmoid, Softsign,
+HardSigmoid, HardSwish, Elu, Selu, LeakyRelu, Mish, Gelu, Celu, Softmax, LogSoftmax, LayerNormalization,
+Attention, CumSum and the sums and products (ReduceSum, ReduceMean, ReduceProd, ReduceL1/L2...), which numpy
+accumulates in bfloat16; and ArgMax, ArgMin, Hardmax, which pick a different index around NaN or ties."""
 
 FLOAT8 = ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz")
 FLOAT8_SATURATES = frozenset(FLOAT8)
@@ -65,11 +91,51 @@ def check_inputs(cv: OnnxConverter, n: OnnxNode) -> str | None:
         return None
     if n.op_type in MOVES_BITS and [i for i, _ in tagged] == [MOVES_BITS[n.op_type]]:
         return cv.formats[tagged[0][1].name]
+    if n.op_type in BFLOAT16_IN_FLOAT32 and all(cv.formats[v.name] == "bfloat16" for _, v in tagged):
+        return None  # `widened` decodes them
     i, v = tagged[0]
     raise cv.fail(
         f"input {i} ({v.name}) has element type {cv.formats[v.name]}; aotc reads such tensors only in "
         f"{', '.join(sorted(READS_FORMAT))} and moves them in {', '.join(sorted(MOVES_BITS))}"
     )
+
+
+def widened(cv: OnnxConverter, n: OnnxNode) -> OnnxNode:
+    """Node `n` as its converter is to see it: for an operator of BFLOAT16_IN_FLOAT32, each bfloat16 input
+    decoded to float32 and each output the schema types as one of them renamed (`narrowed` rounds it to
+    bfloat16 under its ONNX name); `n` itself otherwise."""
+    tagged = [v for v in n.inputs if v is not None and v.name in cv.formats]
+    if n.op_type not in BFLOAT16_IN_FLOAT32 or not tagged:
+        return n
+    sig = signature(n.op_type, "", n.version) if n.version is not None else None
+    if sig is None:
+        raise cv.fail("a bfloat16 input, and no schema to say which outputs are bfloat16")
+    # an output is bfloat16 where its type constraint is one a bfloat16 input binds (Pow's base, not its
+    # exponent; Where's X and Y, not its condition)
+    formals = [*sig.inputs[:-1], *[sig.inputs[-1]] * (len(n.inputs) - len(sig.inputs) + 1)]
+    bound = {f.type_str for f, v in zip(formals, n.inputs) if v is not None and v.name in cv.formats}
+    out_formals = [*sig.outputs, *[sig.outputs[-1]] * max(0, len(n.outputs) - len(sig.outputs))]
+    outputs = [
+        unique_name(f"{o}/float32", cv.value_names) if o and f.type_str in bound else o
+        for f, o in zip(out_formals, n.outputs)
+    ]
+    inputs = [decode(cv, v) if v is not None else None for v in n.inputs]
+    return dataclasses.replace(n, inputs=inputs, outputs=outputs)
+
+
+def narrowed(cv: OnnxConverter, n: OnnxNode, wide: OnnxNode, results: list[Value]) -> list[Value]:
+    """The converter's `results` for `wide` (`widened(cv, n)`): each output it renamed, a float32 value,
+    rounded once to bfloat16 under `n`'s name for it."""
+    out = []
+    for i, v in enumerate(results):
+        if v is not None and i < len(n.outputs) and wide.outputs[i] != n.outputs[i]:
+            if v.type.dtype != "float32":
+                raise cv.fail(f"output {i} computed as {v.type.dtype}, not float32, cannot be bfloat16")
+            attrs = {"format": "bfloat16", "saturate": False, "round_mode": "up"}
+            v = cv.emit("lowp_encode", [v], attrs, n.outputs[i])
+            cv.formats[v.name] = "bfloat16"
+        out.append(v)
+    return out
 
 
 def cast(cv: OnnxConverter, n: OnnxNode, x: Value, target: str) -> Value:
