@@ -47,6 +47,20 @@ class ReferenceUnavailable(RuntimeError):
     """The reference runtime a validation needs is not installed; the message says how to install it."""
 
 
+class ReferenceRejectedInputs(RuntimeError):
+    """The reference runtime refused validation's random inputs (a model that reads an input as indices
+    or sizes): the package cannot be checked on them; the message says what to do instead."""
+
+
+def reference_rejected(model: str | Path, runtime: str, err: Exception) -> ReferenceRejectedInputs:
+    first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    return ReferenceRejectedInputs(
+        f"{runtime} cannot run {model} on validation's random inputs (integers 0 to 3, floats in [-1, 1)): "
+        f"{first}. The model reads some input as indices or sizes; check the package on inputs of your own "
+        "(or turn validation off: `validate: false` in the recipe, --no-validate)"
+    )
+
+
 def require_reference(model: str | Path) -> None:
     """Raise ReferenceUnavailable unless `model`'s reference runtime can be imported. A build calls it
     before any work: validation is on by default, and a missing oracle found after tuning wastes it."""
@@ -122,7 +136,10 @@ def reference_outputs(
         from onnx.reference import ReferenceEvaluator
 
         evaluator = ReferenceEvaluator(str(model))
-        return dict(zip(evaluator.output_names, evaluator.run(None, dict(inputs))))
+        try:
+            return dict(zip(evaluator.output_names, evaluator.run(None, dict(inputs))))
+        except (ValueError, IndexError, TypeError) as err:  # what its numpy kernels raise on bad indices
+            raise reference_rejected(model, "ONNX's reference evaluator", err) from err
     try:
         import onnxruntime as ort
     except ModuleNotFoundError as err:
@@ -135,7 +152,13 @@ def reference_outputs(
     sess = ort.InferenceSession(str(model), opts, providers=["CPUExecutionProvider"])
     names = [o.name for o in sess.get_outputs()]
     declared = {i.name: i.shape for i in sess.get_inputs()}  # a re-batched model runs sample by sample
-    return run_by_sample(lambda feeds: dict(zip(names, sess.run(names, feeds))), inputs, declared)
+    try:
+        return run_by_sample(lambda feeds: dict(zip(names, sess.run(names, feeds))), inputs, declared)
+    except Exception as err:
+        # onnxruntime's own error types (InvalidArgument, Fail, ...): its kernels refused the inputs
+        if type(err).__module__.startswith("onnxruntime"):
+            raise reference_rejected(model, "onnxruntime", err) from err
+        raise
 
 
 def litert_outputs(model: Path, inputs: Mapping[str, np.ndarray], xnnpack: bool) -> dict[str, np.ndarray]:

@@ -87,3 +87,32 @@ def test_tune_one_operator_accepts_a_target_string(tmp_path):
     )
     result = aotc.tune(make_workload("matmul", [32, 32, 32]), "llvm", options, log=lambda _: None)
     assert result.trials == 4 and result.best_cost > 0 and (tmp_path / "op.jsonl").is_file()
+
+
+def test_a_model_whose_reference_refuses_the_random_inputs_builds_with_validation_skipped(tmp_path, caplog):
+    """Validation feeds integers 0 to 3; a Gather over an axis of 2 fed its indices at run time makes
+    onnxruntime refuse them. The build says so and writes the package instead of failing with
+    onnxruntime's own exception."""
+    import logging
+
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["data", "indices"], ["y"], axis=0)],
+        "gather",
+        [
+            helper.make_tensor_value_info("data", TensorProto.FLOAT, [2, 3]),
+            helper.make_tensor_value_info("indices", TensorProto.INT64, [4]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 3])],
+    )
+    path = tmp_path / "gather.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), path)
+    with caplog.at_level(logging.WARNING, logger="aotc.build"):
+        package = aotc.compile(path, output=tmp_path / "gather.aotc")
+    assert package.result.validation is None
+    assert "validation skipped: onnxruntime cannot run" in caplog.text and "validate: false" in caplog.text
+    data = np.arange(6, dtype=np.float32).reshape(2, 3)
+    got = package.load().run({"data": data, "indices": np.array([1, 0, 1, 1])})
+    np.testing.assert_array_equal(got["y"], data[[1, 0, 1, 1]])

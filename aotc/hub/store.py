@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import hashlib
 import json
 import logging
@@ -85,6 +86,18 @@ def shipped_store_dir() -> Path | None:
 # ----------------------------------------------------------------------------- keys
 
 
+@functools.lru_cache(maxsize=4096)
+def record_target_key(target_text: str) -> TargetKey | None:
+    """TargetKey.of the target a record's string names, None if it names none. Cached: a store holds
+    thousands of records of a few targets, and parsing each string (shlex, LLVM's names) took seconds
+    per build; a string that names its CPU parses the same everywhere (bare `llvm` is the host's, which
+    does not change while a process runs)."""
+    try:
+        return TargetKey.of(parse_target(target_text))
+    except TargetError:
+        return None
+
+
 @dataclass(frozen=True)
 class TargetKey:
     """The part of a target a record is tied to: kind, architecture, CPU model, features, core count."""
@@ -106,15 +119,11 @@ class TargetKey:
     @staticmethod
     def of_record(target_text: str, host: dict | None = None) -> TargetKey:
         """The key of a record's target string; without a -mtriple the measuring host's machine is the arch."""
-        try:
-            target = parse_target(target_text) if "-mcpu=native" not in target_text else None
-        except TargetError:
-            target = None
-        if target is None:
+        key = record_target_key(target_text) if "-mcpu=native" not in target_text else None
+        if key is None:
             return TargetKey("?", "", "", frozenset(), 0, target_text)
-        key = TargetKey.of(target)
         machine = (host or {}).get("machine")
-        if key.kind == "llvm" and not target.mtriple and isinstance(machine, str) and machine:
+        if key.kind == "llvm" and "-mtriple=" not in target_text and isinstance(machine, str) and machine:
             key = TargetKey(key.kind, machine, key.cpu, key.features, key.cores, target_text)
         return key
 
