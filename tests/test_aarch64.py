@@ -78,14 +78,20 @@ def test_missing_cross_linker_names_what_to_install(monkeypatch, tmp_path):
         codegen_llvm._link_inputs.cache_clear()
 
 
-@pytest.fixture(scope="module")
-def driver(tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("driver") / "kernel_driver")
+def build_driver(directory) -> str:
+    """aotc.search's kernel driver cross-built for AArch64 in `directory`: runs one kernel of a library."""
+    out = str(directory / "kernel_driver")
     subprocess.run(["aarch64-linux-gnu-gcc", "-O1", "-o", out, DRIVER, "-ldl"], check=True)
     return out
 
 
-def _run_under_qemu(driver: str, lib: str, cpu: str, arrays: list[np.ndarray], workdir) -> list[np.ndarray]:
+@pytest.fixture(scope="module")
+def driver(tmp_path_factory):
+    return build_driver(tmp_path_factory.mktemp("driver"))
+
+
+def run_under_qemu(driver: str, lib: str, cpu: str, arrays: list[np.ndarray], workdir) -> list[np.ndarray]:
+    """Every argument of kernel `k` of `lib` after one call under qemu-aarch64 -cpu `cpu`."""
     files = []
     for i, a in enumerate(arrays):
         path = str(workdir / f"arg{i}.bin")
@@ -130,7 +136,7 @@ def _check_schedules_under_qemu(driver, tmp_path, name: str, cpu: str, seeds, de
     for i, state in enumerate(states):
         lib = build_module([lower(state, "k")], target, str(tmp_path / f"k{i}.so"))
         outs = [np.zeros(o.shape, np.float32) for o in dag.outputs]
-        got = _run_under_qemu(driver, lib, cpu, [*inputs.values(), *outs], tmp_path)[len(inputs) :]
+        got = run_under_qemu(driver, lib, cpu, [*inputs.values(), *outs], tmp_path)[len(inputs) :]
         for out, ref in zip(got, refs):
             scale = float(np.max(np.abs(ref))) or 1.0
             np.testing.assert_allclose(out, ref, rtol=RTOL, atol=RTOL * scale, err_msg=str(state))
@@ -159,7 +165,7 @@ def test_int8_dot_products_run_under_qemu_bit_for_bit(driver, tmp_path, case):
         lib = build_module([func], target, str(tmp_path / f"k{i}.so"))
         args = apply_layouts([feed[p.name] for p in dag.placeholders], layouts)
         out = np.zeros(expected.shape, expected.dtype)
-        (got,) = _run_under_qemu(driver, lib, "max", [*args, out], tmp_path)[len(args) :]
+        (got,) = run_under_qemu(driver, lib, "max", [*args, out], tmp_path)[len(args) :]
         np.testing.assert_array_equal(got, expected, err_msg=f"{case} program {i}")
 
 

@@ -6,12 +6,8 @@ bit against the numpy reference evaluator of the unfolded layer, run under qemu-
 
 from __future__ import annotations
 
-import os
 import random
 import re
-import shutil
-import subprocess
-from importlib import resources
 
 import numpy as np
 import pytest
@@ -37,21 +33,12 @@ from aotc.te.tensor import LAYOUT_FREE, placeholder
 from aotc.topi.quantized import mac_zero_point
 from aotc.topi.registry import get_op
 
+from .test_aarch64 import build_driver, needs_cross, needs_qemu, run_under_qemu
+
 A76 = "llvm -mtriple=aarch64-linux-gnu -mcpu=cortex-a76 -num-cores=1"  # dotprod, no i8mm
 N2 = "llvm -mtriple=aarch64-linux-gnu -mcpu=neoverse-n2 -num-cores=1"  # dotprod and i8mm
 A72 = "llvm -mtriple=aarch64-linux-gnu -mcpu=cortex-a72 -num-cores=1"  # neither
 ZNVER4 = "llvm -mcpu=znver4 -num-cores=1"
-SYSROOT = "/usr/aarch64-linux-gnu"
-DRIVER = str(resources.files("aotc.search") / "kernel_driver.c")
-
-needs_qemu = pytest.mark.skipif(
-    shutil.which("qemu-aarch64") is None
-    or shutil.which("aarch64-linux-gnu-gcc") is None
-    or not os.path.exists(f"{SYSROOT}/lib/libc.so.6"),
-    reason="no qemu-aarch64, aarch64 cross compiler or C library "
-    "(apt-get install qemu-user gcc-aarch64-linux-gnu libc6-dev-arm64-cross)",
-)
-
 # op, input shape, weight shape (a depthwise window's rows padded to 4 taps, as pad_depthwise_taps leaves
 # them), input dtype, weight dtype, input zero point, per-channel weight scales
 LAYERS = {
@@ -235,26 +222,7 @@ def sampled(dag: ComputeDAG, target, n: int, seed: int) -> list:
 
 @pytest.fixture(scope="module")
 def driver(tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("driver") / "kernel_driver")
-    subprocess.run(["aarch64-linux-gnu-gcc", "-O1", "-o", out, DRIVER, "-ldl"], check=True)
-    return out
-
-
-def run_under_qemu(driver: str, lib: str, cpu: str, arrays: list[np.ndarray], workdir) -> np.ndarray:
-    """The kernel's last argument (its output) after one call under qemu-aarch64 -cpu `cpu`."""
-    files = []
-    for i, a in enumerate(arrays):
-        path = str(workdir / f"arg{i}.bin")
-        np.ascontiguousarray(a).tofile(path)
-        files.append(path)
-    proc = subprocess.run(
-        ["qemu-aarch64", "-L", SYSROOT, "-cpu", cpu, driver, lib, "k", "0", "0", *files],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr
-    return np.fromfile(files[-1], arrays[-1].dtype).reshape(arrays[-1].shape)
+    return build_driver(tmp_path_factory.mktemp("driver"))
 
 
 def check_under_qemu(driver, tmp_path, name: str, n_sampled: int) -> None:
@@ -271,12 +239,12 @@ def check_under_qemu(driver, tmp_path, name: str, n_sampled: int) -> None:
         assert INSTRUCTION[name] in mnemonics(asm), f"{name} program {i}"
         lib = build_module([func], target, str(tmp_path / f"k{i}.so"))
         args = apply_layouts([feed[p.name] for p in dag.placeholders], layouts)
-        got = run_under_qemu(
-            driver, lib, "cortex-a76", [*args, np.zeros(expected.shape, expected.dtype)], tmp_path
-        )
+        out = np.zeros(expected.shape, expected.dtype)
+        got = run_under_qemu(driver, lib, "cortex-a76", [*args, out], tmp_path)[-1]
         np.testing.assert_array_equal(got, expected, err_msg=f"{name} program {i}")
 
 
+@needs_cross
 @needs_qemu
 @pytest.mark.parametrize("name", sorted(LAYERS))
 def test_sdot_udot_kernels_are_bit_exact_under_qemu_cortex_a76(driver, tmp_path, name):
@@ -286,6 +254,7 @@ def test_sdot_udot_kernels_are_bit_exact_under_qemu_cortex_a76(driver, tmp_path,
 
 
 @pytest.mark.slow
+@needs_cross
 @needs_qemu
 @pytest.mark.parametrize("name", sorted(LAYERS))
 def test_sampled_sdot_udot_programs_are_bit_exact_under_qemu(driver, tmp_path, name):

@@ -56,6 +56,14 @@ def test_float_encode_is_ml_dtypes_cast_bit_exact(name, source):
         np.testing.assert_array_equal(got, _bits(want), err_msg=f"{name} saturate={saturate}")
 
 
+def test_the_runtime_stores_each_format_as_the_compiler_does():
+    """aotc_runtime cannot import aotc: its table of the element types a package may carry must name the
+    same formats, each in the storage type the compiler's FORMATS gives it."""
+    from aotc_runtime.plan import ELEMENTS
+
+    assert {name: fmt.storage for name, fmt in FORMATS.items()} == ELEMENTS
+
+
 @pytest.mark.parametrize("name", list(FORMATS))
 def test_decode_every_code_is_ml_dtypes_bit_exact(name):
     fmt = FORMATS[name]

@@ -101,9 +101,9 @@ def _lanes(dtype: str, target: Target) -> int:
 
 def _vector_tile(extent: int, lanes: int) -> int:
     """A vector length that divides the axis: a power of two from half a register to two registers,
-    else the whole axis if it fits in four registers and the codegen's lane limit (a padded row of 58: one partial register, where
-    splitting it by 16 leaves a masked tail in every row and runs 2.8x slower), else the largest divisor
-    within one register."""
+    else the whole axis if it fits in four registers and the codegen's lane limit (a padded row of 58:
+    one partial register, where splitting it by 16 leaves a masked tail in every row and runs 2.8x
+    slower), else the largest divisor within one register."""
     lanes = min(lanes, 32)
     for c in (2 * lanes, lanes, lanes // 2):
         if c > 1 and extent % c == 0:
