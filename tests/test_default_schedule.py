@@ -69,3 +69,26 @@ def test_vectors_stay_within_the_codegens_lane_limit(dtype, tmp_path):
     ]
     assert lanes and max(lanes) <= MAX_VECTOR_LANES
     build_module([func], target, str(tmp_path / "k.so"))
+
+
+def _conv_then_add() -> tuple[ComputeDAG, str]:
+    """A batch-1 conv whose element-wise consumer (a residual add) reads it as broadcasting computes do:
+    the batch axis of extent 1 at constant 0, not at the add's own batch axis."""
+    from aotc.topi.elemwise import map_inputs
+
+    data = placeholder((1, 16, 14, 14), "float32", "data")
+    weight = placeholder((16, 16, 3, 3), "float32", "weight")
+    conv = conv2d_nchw(data, weight, (1, 1), (1, 1, 1, 1))
+    add = map_inputs([conv, placeholder((1, 16, 14, 14), "float32", "residual")], lambda a, b: a + b, "add")
+    return ComputeDAG([add]), conv.name
+
+
+def test_a_conv_fuses_into_a_consumer_that_reads_its_batch_axis_at_zero():
+    """The conv's register tiles are computed inside the add's tiles (one pass, no global intermediate),
+    as for a consumer that reads it at its own axes; it used to take a cache_write and a second pass."""
+    from aotc.schedule.state import ComputeAtKind
+
+    dag, conv = _conv_then_add()
+    s = default_schedule(dag, parse_target("llvm -mcpu=znver4"))
+    assert s.stages[s.stage_id(conv)].compute_at == ComputeAtKind.ITER
+    assert not any(st.name.startswith(f"{conv}.") for st in s.stages)  # no cache_write stage

@@ -205,3 +205,17 @@ def test_sketches_are_cached_and_rebuilt_for_an_equal_dag():
     assert all(s.dag is other for s in again)
     assert [records(s) for s in again] == [records(s) for s in first]
     assert [str(s) for s in again] == [str(s) for s in first]
+
+
+def test_a_residual_add_that_reads_the_batch_at_zero_is_fused_like_an_elementwise_consumer():
+    """Broadcasting computes read an extent-1 batch axis at constant 0: the conv before a residual add
+    still gets the fused tiling (Ansor's single element-wise matched consumer), not only a cache_write."""
+    from aotc.topi.elemwise import map_inputs
+
+    data = te.placeholder((1, 16, 14, 14), "float32", "data")
+    conv = nn.conv2d_nchw(data, te.placeholder((16, 16, 3, 3), "float32", "w"), (1, 1), (1, 1, 1, 1))
+    add = map_inputs([conv, te.placeholder((1, 16, 14, 14), "float32", "res")], lambda a, b: a + b, "add")
+    dag = te.ComputeDAG([add])
+    ctx, s = _ctx(dag), State.initial(dag)
+    assert MultiLevelTilingWithFusion().meets(ctx, s, s.stage_id(conv.name)) == Condition.APPLY
+    assert AddCacheWrite().meets(ctx, s, s.stage_id(conv.name)) == Condition.SKIP

@@ -27,7 +27,7 @@ from aotc.schedule.tiling import (
 )
 from aotc.search.params import SearchParams
 from aotc.target import Target, as_target
-from aotc.te.dag import ComputeDAG, OpAnalysis, reads_of
+from aotc.te.dag import ComputeDAG, OpAnalysis, reads_at_own_axes, reads_of
 from aotc.te.tensor import CONST_INDEX_AXES, ComputeOp
 
 
@@ -128,8 +128,7 @@ def elementwise_match(state: State, producer: int, consumer: int) -> bool:
         nxt = stages[readers[0]]
         if not isinstance(nxt.op, ComputeOp) or tuple(nxt.op.shape) != tuple(cur.shape):
             return False
-        axes = [a.var for a in nxt.op.axes]
-        if any(r.tensor is cur and list(r.indices) != axes for r in reads_of(nxt.op)):
+        if not reads_at_own_axes(nxt.op, cur):
             return False
         if nxt.op is not target and nxt.compute_at != ComputeAtKind.INLINED:
             return False

@@ -34,6 +34,22 @@ EXPENSIVE_CALLS = frozenset({"exp", "log", "tanh", "erf", "sigmoid"})
 EXPENSIVE_CALLS |= {"sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh"}
 
 
+def reads_at_own_axes(reader: ComputeOp, tensor: Operation) -> bool:
+    """Every read of `tensor` in `reader` is at `reader`'s own axes: element-wise. An axis of extent 1 may
+    also be read at constant 0, as broadcasting computes write it (a residual add's batch axis)."""
+    for r in reads_of(reader):
+        if r.tensor is not tensor:
+            continue
+        if len(r.indices) != len(reader.axes):
+            return False
+        for index, axis in zip(r.indices, reader.axes):
+            at_axis = isinstance(index, Var) and index is axis.var
+            at_zero = axis.extent == 1 and isinstance(index, Const) and index.value == 0
+            if not (at_axis or at_zero):
+                return False
+    return True
+
+
 def reads_of(op: Operation) -> list[TensorRead]:
     """Every tensor read in the body of `op`, in pre-order."""
     if not isinstance(op, ComputeOp):
@@ -133,10 +149,8 @@ class ComputeDAG:
             nxt = cons[0]
             if not isinstance(nxt, ComputeOp) or nxt.shape != cur.shape:
                 return False
-            axis_vars = [a.var for a in nxt.axes]
-            for r in reads_of(nxt):
-                if r.tensor is cur and list(r.indices) != axis_vars:
-                    return False
+            if not reads_at_own_axes(nxt, cur):
+                return False
             cur = nxt
         return True
 
