@@ -355,8 +355,7 @@ def _binary(cv: Converter, op: TfOperator) -> list[Value]:
         "activation": _activation_name(cv, op),
         "out_dtype": cv.tensor(_out(op)).dtype,
     }
-    if op.code == "ADD":
-        attrs["requantize"] = cv.requantize
+    attrs["requantize"] = cv.requantize  # ADD and MUL: XNNPACK rescales both in float32
     return [cv.emit(f"qnn.{op.code.lower()}", [a, b], attrs, _out(op))]
 
 

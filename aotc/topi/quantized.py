@@ -46,9 +46,9 @@ from aotc.topi.registry import OpPattern, register
 QUANT_DTYPES = ("int8", "uint8")
 QUANTIZE_ROUNDING = ("half_away", "half_even")
 REQUANTIZE_MODES = ("fixed_point", "float")
-"""How conv, dense, add and mean requantize: TFLite's fixed-point multipliers (the default), or onnxruntime's
-float32 multiply rounded half to even (MlasRequantizeOutput, MlasQLinearAdd, MlasQLinearGlobalAveragePool on
-x86), for ONNX models."""
+"""How conv, dense, add, mul and mean requantize: TFLite's fixed-point multipliers (the default), or a float32
+multiply rounded half to even (onnxruntime's MlasRequantizeOutput, MlasQLinearAdd, MlasQLinearMul,
+MlasQLinearGlobalAveragePool on x86; LiteRT's XNNPACK kernels)."""
 ACCUMULATOR_DTYPE = "int32"
 """The out_dtype of conv and dense that skips requantization: their result is the int32 accumulator (plus the
 bias), as ONNX's ConvInteger and MatMulInteger compute it; no scales are read."""
@@ -592,19 +592,32 @@ def _float_add(a: Operation, b: Operation, attrs: dict, out_dtype: str) -> Opera
 
 @register("qnn.mul", OpPattern.BROADCAST)
 def _qnn_mul(inputs, attrs):
-    """TFLite int8/uint8 MUL: (a - za) * (b - zb) rescaled by a_scale * b_scale / output_scale."""
+    """TFLite int8/uint8 MUL: (a - za) * (b - zb) rescaled by a_scale * b_scale / output_scale (numpy
+    broadcasting); `requantize: float` rescales the int32 product in float32 and rounds half to even, as
+    XNNPACK's qs8 multiply does (onnxruntime's QLinearMul on x86 too, but adds the output zero point before
+    rounding, which can differ in 1 LSB near a tie)."""
     a, b = inputs
     _check_quantized(a, "qnn.mul")
     _check_quantized(b, "qnn.mul")
     out_dtype = _out_dtype(attrs, "qnn.mul")
     sa, sb, so = f32(attrs["a_scale"]), f32(attrs["b_scale"]), f32(attrs["output_scale"])
-    mult = FixedPointMultiplier([sa * sb / so], "qnn_mul")
     za, zb, zo = int(attrs["a_zero_point"]), int(attrs["b_zero_point"]), int(attrs["output_zero_point"])
     lo, hi = activation_range(attrs.get("activation", "NONE"), so, zo, out_dtype)
+    if requantize_mode(attrs, "qnn.mul") == "float":
+        # both peers compute the ratio in float32, in this order: a_scale * b_scale / output_scale
+        mult = FloatMultiplier([f32(np.float32(sa) * np.float32(sb) / np.float32(so))], "qnn_mul")
+
+        def rescale(prod: Expr) -> Expr:
+            return clamp_cast(mult.apply(prod) + float(zo), lo, hi, out_dtype)
+    else:
+        fixed = FixedPointMultiplier([sa * sb / so], "qnn_mul")
+
+        def rescale(prod: Expr) -> Expr:
+            return clamp_cast(fixed.apply(prod) + zo, lo, hi, out_dtype)
 
     def body(*i):
         prod = (cast("int32", broadcast_read(a, i)) - za) * (cast("int32", broadcast_read(b, i)) - zb)
-        return clamp_cast(mult.apply(prod) + zo, lo, hi, out_dtype)
+        return rescale(prod)
 
     return [te.compute(broadcast_shape(a.shape, b.shape), body, "qnn_mul", tag="broadcast")]
 
