@@ -536,6 +536,101 @@ def qnn_add(cv: OnnxConverter, a: Value, b: Value, attrs: dict, out: str) -> Val
     return cv.emit("qnn.add", [a, b], attrs, out)
 
 
+def _fold_mul(cv: OnnxConverter, st: _QuantState, group: _Group) -> Value | None:
+    """DQ(a_q) * DQ(b_q), both per tensor, as qnn.mul rescaled in float32 (QLinearMul's x86 arithmetic, but
+    for its zero point added before the rounding); in NHWC where `_nhwc_operands` allows, so that it fuses
+    into the convolution before it."""
+    n = group.anchor
+    names = _input_names(st, n)
+    a, b = _dequantized_input(st, names[0]), _dequantized_input(st, names[1])
+    if a is None or b is None or not (a[1].per_tensor and b[1].per_tensor):
+        return None
+    (av, aq), (bv, bq) = a, b
+    attrs = _add_attrs(aq, bq, group.out, group.activation)
+    pair = _nhwc_operands(cv, st, av, bv)
+    if pair is not None:
+        return _as_nchw(cv, cv.emit("qnn.mul", list(pair), attrs), group.out_name)
+    return cv.emit("qnn.mul", [av, bv], attrs, group.out_name)
+
+
+def _nhwc_operands(cv: OnnxConverter, st: _QuantState, a: Value, b: Value) -> tuple[Value, Value] | None:
+    """The operands of a 4-D broadcasting op in NHWC, where one of them has an NHWC twin and the other is
+    4-D too (its twin, or a transpose) or one element; None otherwise (the op then stays in NCHW)."""
+    if a not in st.nhwc and b not in st.nhwc:
+        return None
+    forms = []
+    for v in (a, b):
+        if len(v.type.shape) == 4:
+            forms.append(as_nhwc(cv, v))
+        elif v.type.num_elements == 1:
+            forms.append(v)
+        else:
+            return None
+    return forms[0], forms[1]
+
+
+UNARY_ELEMENTWISE = ("HardSwish", "HardSigmoid", "Sigmoid", "LeakyRelu")
+"""Float ONNX operators that quantize_static leaves between a DequantizeLinear and a QuantizeLinear and that
+`_fold_unary` moves onto the NHWC twin (layout does not change an element-wise op's values)."""
+
+
+def _fold_unary(cv: OnnxConverter, st: _QuantState, group: _Group) -> Value | None:
+    """DQ(x_q) -> an element-wise op -> Q on an x_q that has an NHWC twin: the same float computation
+    (dequantize, the op's graph nodes, quantize half to even) on the twin. Read in NCHW it sat between two
+    transposes and fused into the next convolution, recomputed for every read of that convolution's input;
+    on the twin it fuses into the convolution that produced x_q, computed once per element."""
+    source = _input_names(st, group.anchor)[0]
+    found = _dequantized_input(st, source)
+    if found is None or group.activation != "NONE" or found[0] not in st.nhwc or not found[1].per_tensor:
+        return None
+    x, xq = found
+    chain = _elementwise_chain(cv.values[group.anchor.outputs[0]], cv.values[source])
+    if chain is None:
+        return None
+    y = dequantize(cv, st.nhwc[x], xq)
+    for node in chain:
+        y = cv.emit(node.op, [y if not v.is_constant else v for v in node.inputs], node.attrs)
+    return _as_nchw(cv, quantize(cv, y, group.out), group.out_name)
+
+
+def _elementwise_chain(result: Value, source: Value, limit: int = 8) -> list | None:
+    """The graph nodes from `source` to `result`, each with one run-time input (the previous value) and
+    scalar constants otherwise, in order; None if the path is not such a chain."""
+    chain = []
+    v = result
+    while v is not source:
+        node = v.producer
+        if node is None or len(chain) == limit or len(node.outputs) != 1:
+            return None
+        runtime = [u for u in node.inputs if not u.is_constant]
+        if len(runtime) != 1 or any(u.type.num_elements != 1 for u in node.inputs if u.is_constant):
+            return None
+        chain.append(node)
+        v = runtime[0]
+    return chain[::-1]
+
+
+def _fold_concat(cv: OnnxConverter, st: _QuantState, group: _Group) -> Value | None:
+    """Concat of DQ(x_q) per tensor -> Q, 4-D with at least one NHWC twin: in NHWC, each input requantized
+    (dequantize, quantize half to even: QLinearConcat's arithmetic) where its parameters are not the
+    output's, so that the requantization fuses into the convolution producing that input."""
+    n = group.anchor
+    found = [_dequantized_input(st, name) for name in _input_names(st, n)]
+    if group.activation != "NONE" or any(f is None or not f[1].per_tensor for f in found):
+        return None
+    if any(len(x.type.shape) != 4 for x, _ in found) or not any(x in st.nhwc for x, _ in found):
+        return None
+    out = group.out
+    parts = []
+    for x, xq in found:
+        v = as_nhwc(cv, x)
+        if (xq.scale, xq.zero_point, xq.dtype) != (out.scale, out.zero_point, out.dtype):
+            v = quantize(cv, dequantize(cv, v, xq), out)
+        parts.append(v)
+    axis = TO_NCHW[onnx_axis(cv, int(n.attr("axis")), 4)]
+    return _as_nchw(cv, cv.emit("concat", parts, {"axis": axis}), group.out_name)
+
+
 def _fold_max_pool(cv: OnnxConverter, st: _QuantState, group: _Group) -> Value | None:
     """DQ(x_q) -> MaxPool -> Q with x's own scale and zero point (what quantize_static writes: a max pool
     keeps its input's quantization) as qnn.max_pool2d_nhwc on x_q, in NHWC. Exact: the max commutes with
@@ -588,7 +683,9 @@ _FOLDS: dict[str, Callable[[OnnxConverter, _QuantState, _Group], Value | None]] 
     "MaxPool": _fold_max_pool,
     "Reshape": _fold_reshape,
     "Flatten": _fold_reshape,
-}
+    "Mul": _fold_mul,
+    "Concat": _fold_concat,
+} | dict.fromkeys(UNARY_ELEMENTWISE, _fold_unary)
 
 
 # --- QLinearConv / QLinearMatMul: the quantized operators of the default domain --------------------------
