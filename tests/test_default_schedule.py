@@ -92,3 +92,20 @@ def test_a_conv_fuses_into_a_consumer_that_reads_its_batch_axis_at_zero():
     s = default_schedule(dag, parse_target("llvm -mcpu=znver4"))
     assert s.stages[s.stage_id(conv)].compute_at == ComputeAtKind.ITER
     assert not any(st.name.startswith(f"{conv}.") for st in s.stages)  # no cache_write stage
+
+
+def test_an_image_transpose_vectorizes_its_width_not_its_three_channels():
+    """NCHW -> NHWC of a 3-channel image: vectors along the width it reads contiguously (a plane's row),
+    channels unrolled around them, instead of a 3-lane vector per pixel gathered across the planes (a
+    QDQ ResNet-18 stem: 1.18 -> 0.98 ms on a Zen 4)."""
+    from aotc import te
+    from aotc.schedule.state import Annotation
+    from aotc.topi.transform import transpose
+
+    image = placeholder((1, 3, 224, 224), "float32", "image")
+    nhwc = transpose(te.compute(image.shape, lambda *i: image[i] * 2.0, "scaled"), (0, 2, 3, 1))
+    s = default_schedule(ComputeDAG([nhwc]), parse_target("llvm -mcpu=znver4"))
+    iters = s.stages[s.stage_id(nhwc.name)].iters
+    assert [it.annotation for it in iters[-2:]] == [Annotation.UNROLL, Annotation.VECTORIZE]
+    assert iters[-2].extent == 3 and iters[-1].extent in (16, 32)
+    assert iters[0].annotation == Annotation.PARALLEL

@@ -22,6 +22,7 @@ from aotc.schedule.steps import effective_consumers
 from aotc.schedule.tiling import (
     DotTiling,
     const_index_vector_axes,
+    contiguous_axis,
     dot_tile,
     dot_tilings,
     follow_tiling,
@@ -325,12 +326,15 @@ def _parallel_vectorize(s: State, name: str, target: Target) -> State:
     st = s.stages[sid]
     n_sp = sum(1 for it in st.iters if it.kind == IterKind.SPATIAL)
     n_red = len(st.iters) - n_sp
+    lanes = _lanes(st.op.dtype, target)
+    if not n_red and _reads_planes_across_short_axis(st, n_sp, lanes):
+        return _vectorize_contiguous_reads(s, sid, n_sp, lanes)
     last = st.iters[n_sp - 1] if n_sp else None
     vec_ok = last is not None and (last.extent or 1) > 1
     if vec_ok and n_red:
         vec_ok = reads_contiguously(st.op, st.op.axes[n_sp - 1].var)
     if vec_ok:
-        vec = _vector_tile(last.extent, _lanes(st.op.dtype, target))
+        vec = _vector_tile(last.extent, lanes)
         if vec < last.extent:
             s = s.split(sid, n_sp - 1, [vec])
             n_sp += 1
@@ -348,3 +352,34 @@ def _parallel_vectorize(s: State, name: str, target: Target) -> State:
     if vec_ok:
         s = s.vectorize(sid, len(s.stages[sid].iters) - 1)
     return s
+
+
+def _reads_planes_across_short_axis(st, n_sp: int, lanes: int) -> bool:
+    """An element-wise stage whose last axis is a few channels that it reads across planes, as an image's
+    NCHW -> NHWC transpose does (3 lanes a pixel, gathered), and whose input rows run along another axis."""
+    if n_sp < 3 or len(st.iters) != len(st.op.axes) or (st.iters[-1].extent or 1) * 4 > lanes:
+        return False
+    k = contiguous_axis(st.op)
+    return k is not None and k < n_sp - 1 and st.op.axes[k].extent >= lanes // 4
+
+
+def _vectorize_contiguous_reads(s: State, sid: int, n_sp: int, lanes: int) -> State:
+    """Vectorize the axis the inputs are read along contiguously (the width) with the short channel axis
+    unrolled around it: contiguous loads and strided stores, instead of a loop iteration per pixel."""
+    k = contiguous_axis(s.stages[sid].op)
+    outer = [i for i in range(n_sp - 1) if i != k]
+    s = s.reorder(sid, [*outer, k, n_sp - 1])  # ..., width, channels
+    width = s.stages[sid].iters[n_sp - 2].extent or 1
+    vec = _vector_tile(width, lanes)
+    if vec < width:
+        s = s.split(sid, n_sp - 2, [vec])  # ..., width.0, width.1, channels
+        s = s.reorder(sid, [*range(n_sp - 2), n_sp - 2, n_sp, n_sp - 1])
+    else:
+        s = s.reorder(sid, [*range(n_sp - 2), n_sp - 1, n_sp - 2])
+    n = len(s.stages[sid].iters)
+    if len(outer) > 1:
+        s = s.fuse(sid, list(range(len(outer))))
+        n -= len(outer) - 1
+    if (s.stages[sid].iters[0].extent or 1) > 1:
+        s = s.parallel(sid, 0)
+    return s.unroll(sid, n - 2).vectorize(sid, n - 1)
