@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
-from models import interleaved_ms, ort_runner, package_runner, private_store
-from timing import busy_core, cpu_class
+from models import interleaved_ms, ort_runner, package_runner
+from timing import busy_core, cpu_class, private_store
 
 from aotc.build import build
 from aotc.recipe import load_recipe, parse_duration

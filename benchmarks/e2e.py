@@ -20,7 +20,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from timing import median_seconds
+from timing import median_seconds, private_store
 from zoo import onnx_models as models
 from zoo import tflite_models
 
@@ -78,7 +78,8 @@ def write_model(name: str, make: Callable, workdir: Path) -> Path:
 def build_package(
     name: str, model_path: Path, workdir: Path, trials: int = 0, validate: bool = True
 ) -> BuildResult:
-    """Build `model_path` into `workdir/<name>.aotc`: untuned, or tuned with `trials` trials (records in
+    """Build `model_path` into `workdir/<name>.aotc`: untuned (as a fresh install would: the shipped tophub
+    and default schedules, not this machine's user store), or tuned with `trials` trials (records in
     `workdir/<name>.jsonl`); `validate` checks the package against the model's runtime at build time."""
     recipe_path = workdir / f"{name}.yaml"
     tuning = f"tuning: {{trials: {trials}, records: {workdir / (name + '.jsonl')}}}\n" if trials else ""
@@ -86,7 +87,10 @@ def build_package(
         f"model: {model_path}\noutput: {workdir / (name + '.aotc')}\n"
         f"validate: {str(validate).lower()}\n{tuning}"
     )
-    return build(load_recipe(recipe_path), log=lambda _: None)
+    if trials:
+        return build(load_recipe(recipe_path), log=lambda _: None)
+    with private_store(workdir / "home", shipped=None):
+        return build(load_recipe(recipe_path), log=lambda _: None)
 
 
 def best_of_turns(run_ours: Callable, run_peer: Callable, rounds: int) -> tuple[float, float]:

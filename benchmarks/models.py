@@ -23,17 +23,15 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 import tempfile
 import zipfile
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import onnx
-from timing import cpu_class, median_seconds
+from timing import cpu_class, median_seconds, private_store
 from zoo import onnx_models as models
 
 from aotc.api import with_overrides
@@ -84,25 +82,6 @@ class ModelRun:
     store_found: int  # tasks the build from the store took from it
     same_kernels: bool  # those tasks' kernels (all of them: the whole library) are the tuned build's
     unmeasured: list[int]  # tasks the tuned build left without a valid measurement (nothing to store)
-
-
-@contextmanager
-def private_store(home: Path, shipped: str = "none") -> Iterator[None]:
-    """Builds inside see only the store under `home` and, as the shipped store, `shipped`: `AOTC_HOME`
-    set, `AOTC_TOPHUB` unset and by default the shipped `aotc/tophub/` left out (so the first build tunes
-    from scratch)."""
-    saved = {k: os.environ.get(k) for k in ("AOTC_HOME", "AOTC_TOPHUB", "AOTC_SHIPPED_TOPHUB")}
-    os.environ["AOTC_HOME"] = str(home)
-    os.environ.pop("AOTC_TOPHUB", None)
-    os.environ["AOTC_SHIPPED_TOPHUB"] = shipped
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 def write_recipe(folder: Path, model: Path, tuning: str, nhwc: bool = True) -> Path:

@@ -9,6 +9,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 from aotc.target import cpu_class  # noqa: F401 - the benchmarks' CPU class lives where `aotc benchmark` uses it
 
@@ -27,6 +28,26 @@ def median_seconds(fn: Callable[[], object], min_seconds: float = 0.5, repeat: i
             fn()
         samples.append((time.perf_counter() - start) / number)
     return statistics.median(samples)
+
+
+@contextmanager
+def private_store(home: Path, shipped: str | None = "none") -> Iterator[None]:
+    """Builds inside see only the store under `home` and, as the shipped store, `shipped`: `AOTC_HOME`
+    set, `AOTC_TOPHUB` unset and by default the shipped `aotc/tophub/` left out (so the first build tunes
+    from scratch; `shipped=None` keeps it, as a fresh install has it)."""
+    saved = {k: os.environ.get(k) for k in ("AOTC_HOME", "AOTC_TOPHUB", "AOTC_SHIPPED_TOPHUB")}
+    os.environ["AOTC_HOME"] = str(home)
+    os.environ.pop("AOTC_TOPHUB", None)
+    if shipped is not None:
+        os.environ["AOTC_SHIPPED_TOPHUB"] = shipped
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 BUSY_LOOP = """

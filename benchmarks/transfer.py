@@ -29,8 +29,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from models import private_store
-from timing import cpu_class
+from timing import cpu_class, private_store
 from zoo import onnx_models as models
 
 from aotc.api import with_overrides

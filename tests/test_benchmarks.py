@@ -73,7 +73,7 @@ def test_contention_benchmark_runs_packages_next_to_onnxruntime(tmp_path, capsys
 
     bench = _import("models")
     model = example_models.save(example_models.mlp(), tmp_path / "mlp.onnx")
-    with bench.private_store(tmp_path / "home"):
+    with _import("timing").private_store(tmp_path / "home"):
         package = build(load_recipe(bench.write_recipe(tmp_path / "pkg", model, "{trials: 0}"))).package
     capsys.readouterr()
     assert _import("contention").main([str(model), str(package), "--rounds", "1", "--seconds", "0.2"]) == 0
