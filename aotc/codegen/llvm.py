@@ -1,10 +1,11 @@
 """LLVM CPU code generation: loop-IR PrimFuncs to LLVM IR text, object code and shared libraries.
 
 Each PrimFunc becomes an exported C function `int32_t name(void **args)` (args[i] is the data
-pointer of params[i]; returns 0, or nonzero when a heap allocation failed). Every module also
+pointer of params[i]; returns 0, or nonzero when a heap allocation failed). Every library also
 exports its thread pool's `aotc_set_num_threads(int)`, `aotc_set_call_threads(int)`,
-`aotc_get_max_threads()` and `aotc_bind_threads(const int32_t *cpus, int n)`, and a NUL-terminated JSON
-description of each kernel's parameters in the symbol `__aotc_meta_<name>`.
+`aotc_get_max_threads()` and `aotc_bind_threads(const int32_t *cpus, int n)` (the pool is in the kernels'
+module, or in a module of its own compiled once per target: `thread_pool_object`), and a NUL-terminated
+JSON description of each kernel's parameters in the symbol `__aotc_meta_<name>`.
 """
 
 from __future__ import annotations
@@ -18,12 +19,14 @@ import shutil
 import subprocess
 import tempfile
 import threading
+import time
 
 import llvmlite.binding as llvm
 
 from aotc.codegen.irbuilder import CodegenError, FunctionBuilder, ModuleBuilder, string_const
 from aotc.codegen.stmtgen import StmtGen, all_buffers
-from aotc.codegen.threadpool import emit_thread_pool
+from aotc.codegen.threadpool import EXTERNALS as POOL_EXTERNALS
+from aotc.codegen.threadpool import declare_thread_pool, emit_thread_pool
 from aotc.codegen.vecmath import LIBMVEC_PATH, VecLib, veclib_for
 from aotc.ir.dot import dot_forms
 from aotc.ir.expr import Buffer
@@ -37,6 +40,8 @@ __all__ = [
     "compile_to_object",
     "link_shared",
     "META_PREFIX",
+    "thread_pool_ir",
+    "thread_pool_object",
 ]
 
 META_PREFIX = "__aotc_meta_"
@@ -44,22 +49,51 @@ _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _RESERVED = ("aotc_set_num_threads", "aotc_set_call_threads", "aotc_get_max_threads", "aotc_bind_threads")
 
 
-def build_llvm_ir(funcs: list[PrimFunc], target: Target) -> str:
-    """Textual LLVM IR of a module holding one exported kernel per PrimFunc."""
-    if not target.is_cpu:
-        raise CodegenError(f"the LLVM CPU code generator cannot compile for target {target}")
+def build_llvm_ir(funcs: list[PrimFunc], target: Target, thread_pool: bool = True) -> str:
+    """Textual LLVM IR of a module holding one exported kernel per PrimFunc; without `thread_pool`, its
+    kernels call the pool of `thread_pool_object(target)`, which the library must link."""
+    _check_cpu(target)
     mod = ModuleBuilder(size_type="i32" if target.isa == "arm" else "i64", dot_forms=dot_forms(target))
     veclib = veclib_for(target)
     for func in funcs:
         _check_name(func.name, mod)
     for func in funcs:
         _emit_kernel(mod, func, veclib)
-    emit_thread_pool(mod, target.isa)
+    if thread_pool:
+        emit_thread_pool(mod, target.isa)
+    else:
+        declare_thread_pool(mod)
     _emit_heap_release(mod)
     for func in funcs:
-        if func.name in mod.decls:
+        if func.name in mod.decls or func.name in POOL_EXTERNALS:
             raise CodegenError(f"kernel name {func.name!r} clashes with the external function it calls")
     return mod.render(target.triple)
+
+
+def thread_pool_ir(target: Target) -> str:
+    """Textual LLVM IR of the thread pool alone, for kernel modules built with `thread_pool=False`."""
+    _check_cpu(target)
+    mod = ModuleBuilder(size_type="i32" if target.isa == "arm" else "i64")
+    emit_thread_pool(mod, target.isa, separate=True)
+    return mod.render(target.triple)
+
+
+def thread_pool_object(target: Target, opt_level: int = 3) -> bytes:
+    """The object code of `thread_pool_ir(target)`, compiled once per process and target: the tuner links
+    it into every candidate's library instead of compiling the pool again each time."""
+    key = (target.triple, target.mcpu, target.features, target.isa, opt_level)
+    obj = _POOL_OBJECTS.get(key)
+    if obj is None:
+        obj = _POOL_OBJECTS[key] = compile_to_object(thread_pool_ir(target), target, opt_level)
+    return obj
+
+
+_POOL_OBJECTS: dict[tuple[str, str, str, str, int], bytes] = {}
+
+
+def _check_cpu(target: Target) -> None:
+    if not target.is_cpu:
+        raise CodegenError(f"the LLVM CPU code generator cannot compile for target {target}")
 
 
 def _emit_heap_release(mod: ModuleBuilder) -> None:
@@ -156,19 +190,25 @@ def _target_machine(target: Target, opt_level: int) -> llvm.TargetMachine:
     return tm
 
 
-def compile_to_object(ir_text: str, target: Target, opt_level: int = 3) -> bytes:
-    """Parse and verify `ir_text`, optimize it (new pass manager) and emit an ELF object."""
-    return _compile(ir_text, target, opt_level, assembly=False)  # type: ignore[return-value]
+def compile_to_object(
+    ir_text: str, target: Target, opt_level: int = 3, seconds: dict[str, float] | None = None
+) -> bytes:
+    """Parse and verify `ir_text`, optimize it (new pass manager) and emit an ELF object; `seconds`, if
+    given, receives the time of each phase ("parse", "optimize", "emit")."""
+    return _compile(ir_text, target, opt_level, False, seconds)  # type: ignore[return-value]
 
 
 def compile_to_assembly(ir_text: str, target: Target, opt_level: int = 3) -> str:
     """The assembly `compile_to_object` would assemble (to see which instructions a kernel uses)."""
-    return _compile(ir_text, target, opt_level, assembly=True)  # type: ignore[return-value]
+    return _compile(ir_text, target, opt_level, True, None)  # type: ignore[return-value]
 
 
-def _compile(ir_text: str, target: Target, opt_level: int, assembly: bool) -> bytes | str:
+def _compile(
+    ir_text: str, target: Target, opt_level: int, assembly: bool, seconds: dict[str, float] | None
+) -> bytes | str:
     with _LOCK:
         tm = _target_machine(target, opt_level)
+        clock = _PhaseClock(seconds)
         try:
             mod = llvm.parse_assembly(ir_text, context=llvm.create_context())
             mod.triple = target.triple
@@ -176,15 +216,38 @@ def _compile(ir_text: str, target: Target, opt_level: int, assembly: bool) -> by
             mod.verify()
         except RuntimeError as err:
             raise CodegenError(f"generated LLVM IR is invalid: {err}") from None
-        if opt_level > 0:
-            pto = llvm.create_pipeline_tuning_options(speed_level=min(opt_level, 3))
-            pto.loop_vectorization = True
-            pto.slp_vectorization = True
-            pto.loop_unrolling = True
-            pto.loop_interleaving = True
-            pb = llvm.create_pass_builder(tm, pto)
-            pb.getModulePassManager().run(mod, pb)
-        return tm.emit_assembly(mod) if assembly else tm.emit_object(mod)
+        clock.lap("parse")
+        _optimize(mod, tm, opt_level)
+        clock.lap("optimize")
+        out = tm.emit_assembly(mod) if assembly else tm.emit_object(mod)
+        clock.lap("emit")
+        return out
+
+
+class _PhaseClock:
+    """Adds the seconds since the previous lap to `seconds[phase]` (nothing when `seconds` is None)."""
+
+    def __init__(self, seconds: dict[str, float] | None) -> None:
+        self.seconds = seconds
+        self.last = time.perf_counter()
+
+    def lap(self, phase: str) -> None:
+        if self.seconds is not None:
+            now = time.perf_counter()
+            self.seconds[phase] = self.seconds.get(phase, 0.0) + now - self.last
+            self.last = now
+
+
+def _optimize(mod: llvm.ModuleRef, tm: llvm.TargetMachine, opt_level: int) -> None:
+    if opt_level <= 0:
+        return
+    pto = llvm.create_pipeline_tuning_options(speed_level=min(opt_level, 3))
+    pto.loop_vectorization = True
+    pto.slp_vectorization = True
+    pto.loop_unrolling = True
+    pto.loop_interleaving = True
+    pb = llvm.create_pass_builder(tm, pto)
+    pb.getModulePassManager().run(mod, pb)
 
 
 # ----------------------------------------------------------------------------- linking

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from aotc.codegen.llvm import META_PREFIX, build_llvm_ir, compile_to_object, link_shared
+from aotc.codegen.llvm import META_PREFIX, build_llvm_ir, compile_to_object, link_shared, thread_pool_object
 from aotc.ir.stmt import PrimFunc
 from aotc.target import Target
 
@@ -21,8 +21,8 @@ __all__ = ["Kernel", "KernelError", "KernelLibrary", "ParamInfo", "build_module"
 
 def build_module(funcs: list[PrimFunc], target: Target, out_path: str) -> str:
     """Compile PrimFuncs into the shared library `out_path` and return that path."""
-    obj = compile_to_object(build_llvm_ir(funcs, target), target)
-    link_shared([obj], out_path, target.isa)
+    obj = compile_to_object(build_llvm_ir(funcs, target, thread_pool=False), target)
+    link_shared([obj, thread_pool_object(target)], out_path, target.isa)
     return out_path
 
 

@@ -1,4 +1,6 @@
-"""The kernel library's own thread pool, emitted as LLVM IR into every module (no libgomp).
+"""The kernel library's own thread pool, emitted as LLVM IR into every kernel library (no libgomp): into
+the kernels' module, or as a module of its own that a build compiles once and links next to each
+candidate's kernel module (its optimization and code generation took 27 ms of each int8 conv candidate).
 
 libgomp's fork-join waits at its barrier for every thread of the team, so a worker that another process
 has descheduled holds the whole region up; two 2-thread packages side by side on 2 cores ran 19x slower
@@ -29,7 +31,7 @@ from __future__ import annotations
 
 from aotc.codegen.irbuilder import CodegenError, ModuleBuilder
 
-__all__ = ["MAX_TEAM", "PARALLEL", "TEAM_SIZE", "emit_thread_pool"]
+__all__ = ["EXTERNALS", "MAX_TEAM", "PARALLEL", "TEAM_SIZE", "declare_thread_pool", "emit_thread_pool"]
 
 MAX_TEAM = 64
 SPIN_NS = 100_000  # a worker's spin before it sleeps: longer than the gaps between a model's kernels
@@ -39,6 +41,7 @@ JOIN_SPINS = 1024  # the caller's spins on late chunks before it yields its core
 # fn is `void (ptr closure, i32 participant, i32 team)`.
 PARALLEL = "@aotc.pool.parallel"
 TEAM_SIZE = "@aotc.pool.size"
+SHUTDOWN = "@aotc.pool.shutdown"
 
 _ARCH = {
     # arch: (SYS_futex, (spin-wait hint intrinsic, its argument), C long)
@@ -80,6 +83,9 @@ _DECLS = {
     "pthread_join": "declare i32 @pthread_join({long}, ptr) nounwind",
     "llvm.ctpop.i64": "declare i64 @llvm.ctpop.i64(i64)",
 }
+
+# The C library functions the pool calls: a kernel of the same name would take their place at link time
+EXTERNALS = frozenset(name for name in _DECLS if not name.startswith("llvm."))
 
 # Mutable locals live in allocas (the optimizer promotes them); every shared word is accessed atomically.
 _FUNCTIONS = """\
@@ -135,7 +141,7 @@ one:
 
 ; The team of a region this thread starts now: its own override if set, else the library's setting (or
 ; the default), never more than the pool's largest team.
-define internal i32 @aotc.pool.size() #0 {{
+define {entry} i32 @aotc.pool.size() #0 {{
 entry:
   %own = load i32, ptr @aotc.pool.call_threads, align 4
   %has.own = icmp sgt i32 %own, 0
@@ -379,7 +385,7 @@ done:
   ret void
 }}
 
-define internal void @aotc.pool.parallel(ptr %fn, ptr %closure, i32 %n) #0 {{
+define {entry} void @aotc.pool.parallel(ptr %fn, ptr %closure, i32 %n) #0 {{
 entry:
   %spins = alloca i32, align 4
   %single = icmp sle i32 %n, 1
@@ -461,7 +467,7 @@ finish:
 }}
 
 ; Runs when the library is unloaded or the process exits: stop the workers and wait for them to leave.
-define internal void @aotc.pool.shutdown() #0 {{
+define {entry} void @aotc.pool.shutdown() #0 {{
 entry:
   %i = alloca i32, align 4
   %pid = call i32 @getpid()
@@ -508,9 +514,10 @@ done:
 }}"""
 
 
-def emit_thread_pool(mod: ModuleBuilder, arch: str) -> None:
+def emit_thread_pool(mod: ModuleBuilder, arch: str, separate: bool = False) -> None:
     """Add the pool's state, its exported controls (`aotc_set_num_threads`, `aotc_set_call_threads`,
-    `aotc_get_max_threads`, `aotc_bind_threads`) and the region entry to `mod`."""
+    `aotc_get_max_threads`, `aotc_bind_threads`) and the region entry to `mod`. `separate`: `mod` is the
+    pool's own module, linked next to kernel modules made with `declare_thread_pool`."""
     if arch not in _ARCH:
         raise CodegenError(f"no thread pool for architecture {arch!r} (known: {', '.join(_ARCH)})")
     futex, pause, long = _ARCH[arch]
@@ -524,6 +531,8 @@ def emit_thread_pool(mod: ModuleBuilder, arch: str) -> None:
         "team": MAX_TEAM,
         "spin_ns": SPIN_NS,
         "join_spins": JOIN_SPINS,
+        # hidden: visible to the kernel modules of the same library, not exported from it
+        "entry": "hidden" if separate else "internal",
     }
     mod.globals.append(_GLOBALS.format(**fields))
     for name, line in _DECLS.items():
@@ -531,4 +540,14 @@ def emit_thread_pool(mod: ModuleBuilder, arch: str) -> None:
     mod.intrinsic(pause[0], "void", ["i32"] if pause[1] else [], " nounwind")
     mod.intrinsic("llvm.memset.p0.i64", "void", ["ptr", "i8", "i64", "i1"])
     mod.functions.append(_FUNCTIONS.format(**fields))
-    mod.finalizers.append("@aotc.pool.shutdown")  # first: no kernel runs while the heap caches are freed
+    if not separate:  # a separate pool is stopped by its kernel module's finalizer (declare_thread_pool)
+        mod.finalizers.append(SHUTDOWN)  # first: no kernel runs while the heap caches are freed
+
+
+def declare_thread_pool(mod: ModuleBuilder) -> None:
+    """Make `mod`'s kernels call the pool of a module that `emit_thread_pool(..., separate=True)` built,
+    and stop it first when the library is unloaded, as `emit_thread_pool` does in one module."""
+    mod.declare(PARALLEL[1:], f"declare hidden void {PARALLEL}(ptr, ptr, i32) nounwind")
+    mod.declare(TEAM_SIZE[1:], f"declare hidden i32 {TEAM_SIZE}() nounwind")
+    mod.declare(SHUTDOWN[1:], f"declare hidden void {SHUTDOWN}() nounwind")
+    mod.finalizers.append(SHUTDOWN)
