@@ -752,7 +752,11 @@ def _quantize(cv: Converter, op: TfOperator) -> list[Value]:
     }
     if t.dtype in QUANTIZED_DTYPES:
         qi = _per_tensor(cv, t.index)
-        attrs |= {"input_scale": qi.scale, "input_zero_point": qi.zero_point}
+        # a requantization: under `float` as XNNPACK's convert computes it (LiteRT's default path); int8 ->
+        # int8 else as LiteRT's builtin kernel on x86, whose last rounding shift rounds half up
+        attrs |= {"input_scale": qi.scale, "input_zero_point": qi.zero_point, "requantize": cv.requantize}
+        if t.dtype == out.dtype == "int8":
+            attrs["rounding"] = "half_up"
     elif t.dtype != "float32":
         raise cv.fail(f"quantizing a {t.dtype} tensor is not supported")
     return [cv.emit("qnn.quantize", [cv.value(t.index)], attrs, _out(op))]

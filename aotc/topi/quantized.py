@@ -45,6 +45,7 @@ from aotc.topi.registry import OpPattern, register
 
 QUANT_DTYPES = ("int8", "uint8")
 QUANTIZE_ROUNDING = ("half_away", "half_even")
+REQUANTIZE_ROUNDING = ("half_away", "half_up")
 REQUANTIZE_MODES = ("fixed_point", "float")
 """How conv, dense, add, mul and mean requantize: TFLite's fixed-point multipliers (the default), or a float32
 multiply rounded half to even (onnxruntime's MlasRequantizeOutput, MlasQLinearAdd, MlasQLinearMul,
@@ -475,29 +476,55 @@ def requantize_tables(op: str, attrs: dict, out_channels: int, data_dtype: str) 
     return tables.made
 
 
-def _requantize(x: Operation, attrs: dict, name: str) -> Operation:
+XNNPACK_CONVERT_RANGE = (2.0**-8, 2.0**7)
+"""The int8 -> int8 scale ratios XNNPACK's convert takes; LiteRT runs others on its builtin kernel."""
+
+
+def _requantize(x: Operation, attrs: dict, name: str, half_up: bool = False) -> Operation:
+    """(x - input_zero_point) rescaled to the output's scale and zero point: TFLite's fixed-point multiplier
+    (its last shift rounding half up where `half_up`: LiteRT's builtin int8 QUANTIZE on x86), or under
+    `requantize: float` XNNPACK's convert, which LiteRT's default path runs for int8 -> int8."""
     _check_quantized(x, name)
     out_dtype = _out_dtype(attrs, name)
     real = f32(attrs["input_scale"]) / f32(attrs["output_scale"])
-    mult = FixedPointMultiplier([real], name)
     in_zp, out_zp = int(attrs["input_zero_point"]), int(attrs["output_zero_point"])
     lo, hi = int(dtype_min(out_dtype)), int(dtype_max(out_dtype))
-    return te.compute(
-        x.shape,
-        lambda *i: clamp_cast(mult.apply(cast("int32", x[i]) - in_zp) + out_zp, lo, hi, out_dtype),
-        name.replace(".", "_"),
-        tag="requantize",
-    )
+    ratio = f32(np.float32(attrs["input_scale"]) / np.float32(attrs["output_scale"]))
+    xnnpack = x.dtype == out_dtype == "int8" and XNNPACK_CONVERT_RANGE[0] <= ratio <= XNNPACK_CONVERT_RANGE[1]
+    if requantize_mode(attrs, name) == "float" and xnnpack:
+        # XNNPACK's qs8 convert: a multiplier with 8 fraction bits, lrintf(256 * ratio), rounding half up
+        m = int(np.rint(np.float32(256.0) * np.float32(ratio)))
+
+        def body(*i):
+            return clamp_cast(((cast("int32", x[i]) - in_zp) * m + 128) // 256 + out_zp, lo, hi, out_dtype)
+    else:
+        mult = FixedPointMultiplier([real], name)
+
+        def body(*i):
+            return clamp_cast(
+                mult.apply(cast("int32", x[i]) - in_zp, None, half_up) + out_zp, lo, hi, out_dtype
+            )
+
+    return te.compute(x.shape, body, name.replace(".", "_"), tag="requantize")
 
 
 @register("qnn.quantize", OpPattern.ELEMWISE)
 def _qnn_quantize(inputs, attrs):
     """float32 -> out_dtype: round(x / output_scale) + output_zero_point, clamped; `rounding` is
     "half_away" (from zero: TFLite, the default) or "half_even" (ONNX QuantizeLinear).
-    An int8/uint8 input (TFLite QUANTIZE int -> int) is requantized with input_scale/input_zero_point."""
+    An int8/uint8 input (TFLite QUANTIZE int -> int) is requantized with input_scale/input_zero_point, the
+    fixed-point multiplier's last shift rounding as `rounding` says: "half_away" (TFLite's reference
+    kernel, the default) or "half_up" (LiteRT's builtin kernel on x86); `requantize: float` computes
+    XNNPACK's convert instead."""
     x = inputs[0]
     if x.dtype in QUANT_DTYPES:
-        return [_requantize(x, attrs, "qnn.quantize")]
+        rounding = attrs.get("rounding", "half_away")
+        if rounding not in REQUANTIZE_ROUNDING:
+            raise te.TEError(
+                f"qnn.quantize: an integer input's rounding must be one of {', '.join(REQUANTIZE_ROUNDING)}, "
+                f"got {rounding!r}"
+            )
+        return [_requantize(x, attrs, "qnn.quantize", half_up=rounding == "half_up")]
     if x.dtype != "float32":
         raise te.TEError(f"qnn.quantize: input must be float32, int8 or uint8, got {x.dtype}")
     out_dtype = _out_dtype(attrs, "qnn.quantize")
