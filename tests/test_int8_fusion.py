@@ -221,6 +221,25 @@ def test_tflite_int8_requantize_is_bit_exact_with_its_litert_path(requantize):
         np.testing.assert_array_equal(got, ref, err_msg=f"ratio {ratio}")
 
 
+HARD_SWISH_QUANT = [(0.05, 3, 0.03, -20), (0.1, -10, 0.05, -100), (0.001, 0, 0.002, -128), (2.0, 0, 1.5, -30)]
+"""(input scale, zero point, output scale, zero point): relu-ish rescales shifting right and left."""
+
+
+@pytest.mark.parametrize("requantize", REQUANTIZE_CHOICES)
+def test_tflite_int8_hard_swish_is_bit_exact_with_litert(requantize):
+    """TFLite's 16-bit fixed-point kernel, which LiteRT runs on both paths (XNNPACK does not take an
+    int8 HARD_SWISH), on every int8 value."""
+    x = np.arange(-128, 128, dtype=np.int8).reshape(1, 256)
+    for si, zi, so, zo in HARD_SWISH_QUANT:
+        mb = ModelBuilder()
+        a = mb.input((1, 256), "int8", quant=Quant([si], [zi]))
+        mb.output(mb.op("HARD_SWISH", [a], dtype="int8", quant=Quant([so], [zo])))
+        data = mb.build()
+        (got,) = run_graph(load_tflite(data, requantize=requantize), {"input0": x}).values()
+        (ref,) = run_litert(data, [x], xnnpack=requantize == "float").values()
+        np.testing.assert_array_equal(got, ref, err_msg=f"quantization {(si, zi, so, zo)}")
+
+
 def test_tflite_package_runs_the_fused_kernels(tmp_path):
     """A built package has one kernel per conv (the ADD, the HARD_SWISH and the concatenation's requantize
     inside them) and gives the numpy evaluator's values bit for bit."""

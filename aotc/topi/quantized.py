@@ -774,18 +774,70 @@ def _qnn_logistic(inputs, attrs):
 
 @register("qnn.hard_swish", OpPattern.ELEMWISE)
 def _qnn_hard_swish(inputs, attrs):
-    """x * relu6(x + 3) / 6 in float32 on the dequantized input, then quantized (within 1 LSB of
-    TFLite's fixed-point kernel)."""
+    """x * relu6(x + 3) / 6 as TFLite's int8/uint8 kernel computes it in 16-bit fixed point
+    (`HardSwishFixedPoint`); LiteRT runs that kernel on both paths (XNNPACK does not take an int8
+    HARD_SWISH). Scales the kernel refuses (an output multiplier of 1 or more) compute in float32."""
     x = inputs[0]
     _check_quantized(x, "qnn.hard_swish")
     out_dtype = _out_dtype({"out_dtype": attrs.get("out_dtype", x.dtype)}, "qnn.hard_swish")
+    fixed = HardSwishFixedPoint(attrs)
+    if fixed.output_exponent <= 0:
+        lo, hi = int(dtype_min(out_dtype)), int(dtype_max(out_dtype))
 
-    def body(*i):
-        d = _dequantized(x, attrs, i)
-        relu6 = minimum(maximum(d + 3.0, const(0.0)), const(6.0))
-        return _float_requantize_out(d * relu6 * f32(1.0 / 6.0), attrs, out_dtype)
+        def body(*i):
+            return clamp_cast(fixed.apply(cast("int32", x[i])), lo, hi, out_dtype)
+    else:
+
+        def body(*i):
+            d = _dequantized(x, attrs, i)
+            relu6 = minimum(maximum(d + 3.0, const(0.0)), const(6.0))
+            return _float_requantize_out(d * relu6 * f32(1.0 / 6.0), attrs, out_dtype)
 
     return [te.compute(x.shape, body, "qnn_hard_swish", tag="elemwise")]
+
+
+class HardSwishFixedPoint:
+    """TFLite's quantized HardSwish (reference_ops::HardSwish, the multipliers of its Prepare): the input
+    on a 2^7 finer scale, rescaled once to the output's scale and once to a [-1, 1] "relu-ish" factor,
+    multiplied, in 16-bit fixed point held in int32 expressions (every product fits)."""
+
+    def __init__(self, attrs: dict):
+        hires = np.float32(1.0 / 128.0) * np.float32(attrs["input_scale"])
+        out_m, self.output_exponent = quantize_multiplier(float(hires / np.float32(attrs["output_scale"])))
+        rel_m, self.reluish_exponent = quantize_multiplier(float(hires / np.float32(3.0 / 32768.0)))
+        self.output_multiplier, self.reluish_multiplier = _int16_multiplier(out_m), _int16_multiplier(rel_m)
+        self.input_zero_point = int(attrs["input_zero_point"])
+        self.output_zero_point = int(attrs["output_zero_point"])
+
+    def apply(self, x: Expr) -> Expr:
+        """The int32 output (zero point added, not yet clamped) of the int32 input value `x`."""
+        hires = (x - self.input_zero_point) * 128  # |x - zp| <= 255: no int16 saturation
+        preshift = _rounding_doubling_high_mul16(hires, self.output_multiplier)
+        e = self.reluish_exponent
+        reluish = _saturate16(hires * (1 << (e - 1))) if e > 0 else hires
+        reluish = _rounding_doubling_high_mul16(reluish, self.reluish_multiplier)
+        if e > 0:
+            reluish = _saturate16(reluish * 2)
+        elif e < 0:
+            reluish = rounding_divide_by_pot(reluish, -e)
+        reluish = (reluish + (1 << 15)) // 2  # [-1, 1] -> [0, 1]
+        # SaturatingDoublingHighMul: truncates toward zero (no overflow: reluish >= 0)
+        product = _trunc_div(reluish * preshift, const(1 << 15, "int32"))
+        return rounding_divide_by_pot(product, -self.output_exponent) + self.output_zero_point
+
+
+def _int16_multiplier(m: int) -> int:
+    """DownScaleInt32ToInt16Multiplier: the int32 multiplier's high half, rounded."""
+    return 32767 if m >= (1 << 31) - 1 - (1 << 15) else (m + (1 << 15)) >> 16
+
+
+def _rounding_doubling_high_mul16(a: Expr, b: int) -> Expr:
+    """gemmlowp's int16 SaturatingRoundingDoublingHighMul for a positive `b`: a * b / 2^15, ties up."""
+    return (a * b + (1 << 14)) // (1 << 15)
+
+
+def _saturate16(v: Expr) -> Expr:
+    return minimum(maximum(v, const(-(1 << 15), v.dtype)), const((1 << 15) - 1, v.dtype))
 
 
 @register("qnn.softmax", OpPattern.COMM_REDUCE)
