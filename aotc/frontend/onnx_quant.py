@@ -537,9 +537,8 @@ def qnn_add(cv: OnnxConverter, a: Value, b: Value, attrs: dict, out: str) -> Val
 
 
 def _fold_mul(cv: OnnxConverter, st: _QuantState, group: _Group) -> Value | None:
-    """DQ(a_q) * DQ(b_q), both per tensor, as qnn.mul rescaled in float32 (QLinearMul's x86 arithmetic, but
-    for its zero point added before the rounding); in NHWC where `_nhwc_operands` allows, so that it fuses
-    into the convolution before it."""
+    """DQ(a_q) * DQ(b_q), both per tensor, as qnn.mul (float rescale, as QLinearMul); in NHWC where
+    `_nhwc_operands` allows, so that it fuses into the convolution before it."""
     n = group.anchor
     names = _input_names(st, n)
     a, b = _dequantized_input(st, names[0]), _dequantized_input(st, names[1])
@@ -575,10 +574,10 @@ UNARY_ELEMENTWISE = ("HardSwish", "HardSigmoid", "Sigmoid", "LeakyRelu")
 
 
 def _fold_unary(cv: OnnxConverter, st: _QuantState, group: _Group) -> Value | None:
-    """DQ(x_q) -> an element-wise op -> Q on an x_q that has an NHWC twin: the same float computation
-    (dequantize, the op's graph nodes, quantize half to even) on the twin. Read in NCHW it sat between two
-    transposes and fused into the next convolution, recomputed for every read of that convolution's input;
-    on the twin it fuses into the convolution that produced x_q, computed once per element."""
+    """DQ(x_q) -> an element-wise op -> Q, x_q with an NHWC twin: the same float nodes on the twin, so that
+    they fuse into the convolution that produced x_q."""
+    # in NCHW they sat between two transposes and fused into the next convolution instead, recomputed for
+    # every read of its input
     source = _input_names(st, group.anchor)[0]
     found = _dequantized_input(st, source)
     if found is None or group.activation != "NONE" or found[0] not in st.nhwc or not found[1].per_tensor:
@@ -611,9 +610,8 @@ def _elementwise_chain(result: Value, source: Value, limit: int = 8) -> list | N
 
 
 def _fold_concat(cv: OnnxConverter, st: _QuantState, group: _Group) -> Value | None:
-    """Concat of DQ(x_q) per tensor -> Q, 4-D with at least one NHWC twin: in NHWC, each input requantized
-    (dequantize, quantize half to even: QLinearConcat's arithmetic) where its parameters are not the
-    output's, so that the requantization fuses into the convolution producing that input."""
+    """Concat of 4-D DQ(x_q) per tensor -> Q, one x_q with an NHWC twin: in NHWC, each input requantized
+    where its parameters differ, so that this fuses into the convolution producing that input."""
     n = group.anchor
     found = [_dequantized_input(st, name) for name in _input_names(st, n)]
     if group.activation != "NONE" or any(f is None or not f[1].per_tensor for f in found):
@@ -625,7 +623,7 @@ def _fold_concat(cv: OnnxConverter, st: _QuantState, group: _Group) -> Value | N
     for x, xq in found:
         v = as_nhwc(cv, x)
         if (xq.scale, xq.zero_point, xq.dtype) != (out.scale, out.zero_point, out.dtype):
-            v = quantize(cv, dequantize(cv, v, xq), out)
+            v = quantize(cv, dequantize(cv, v, xq), out)  # QLinearConcat's arithmetic, half to even
         parts.append(v)
     axis = TO_NCHW[onnx_axis(cv, int(n.attr("axis")), 4)]
     return _as_nchw(cv, cv.emit("concat", parts, {"axis": axis}), group.out_name)

@@ -481,9 +481,8 @@ XNNPACK_CONVERT_RANGE = (2.0**-8, 2.0**7)
 
 
 def _requantize(x: Operation, attrs: dict, name: str, half_up: bool = False) -> Operation:
-    """(x - input_zero_point) rescaled to the output's scale and zero point: TFLite's fixed-point multiplier
-    (its last shift rounding half up where `half_up`: LiteRT's builtin int8 QUANTIZE on x86), or under
-    `requantize: float` XNNPACK's convert, which LiteRT's default path runs for int8 -> int8."""
+    """x rescaled to the output's scale and zero point: TFLite's fixed-point multiplier (`half_up`: its last
+    shift rounds half up), or XNNPACK's int8 convert under `requantize: float`."""
     _check_quantized(x, name)
     out_dtype = _out_dtype(attrs, name)
     real = f32(attrs["input_scale"]) / f32(attrs["output_scale"])
@@ -512,10 +511,8 @@ def _requantize(x: Operation, attrs: dict, name: str, half_up: bool = False) -> 
 def _qnn_quantize(inputs, attrs):
     """float32 -> out_dtype: round(x / output_scale) + output_zero_point, clamped; `rounding` is
     "half_away" (from zero: TFLite, the default) or "half_even" (ONNX QuantizeLinear).
-    An int8/uint8 input (TFLite QUANTIZE int -> int) is requantized with input_scale/input_zero_point, the
-    fixed-point multiplier's last shift rounding as `rounding` says: "half_away" (TFLite's reference
-    kernel, the default) or "half_up" (LiteRT's builtin kernel on x86); `requantize: float` computes
-    XNNPACK's convert instead."""
+    An int8/uint8 input (TFLite QUANTIZE int -> int) is requantized (`_requantize`), `rounding` "half_away"
+    (TFLite's reference kernel, the default) or "half_up" (LiteRT's builtin kernel on x86)."""
     x = inputs[0]
     if x.dtype in QUANT_DTYPES:
         rounding = attrs.get("rounding", "half_away")
@@ -620,9 +617,7 @@ def _float_add(a: Operation, b: Operation, attrs: dict, out_dtype: str) -> Opera
 @register("qnn.mul", OpPattern.BROADCAST)
 def _qnn_mul(inputs, attrs):
     """TFLite int8/uint8 MUL: (a - za) * (b - zb) rescaled by a_scale * b_scale / output_scale (numpy
-    broadcasting); `requantize: float` rescales the int32 product in float32 and rounds half to even, as
-    XNNPACK's qs8 multiply does (onnxruntime's QLinearMul on x86 too, but adds the output zero point before
-    rounding, which can differ in 1 LSB near a tie)."""
+    broadcasting); `requantize: float` as XNNPACK's qs8 multiply, float32 rounded half to even."""
     a, b = inputs
     _check_quantized(a, "qnn.mul")
     _check_quantized(b, "qnn.mul")
@@ -631,7 +626,8 @@ def _qnn_mul(inputs, attrs):
     za, zb, zo = int(attrs["a_zero_point"]), int(attrs["b_zero_point"]), int(attrs["output_zero_point"])
     lo, hi = activation_range(attrs.get("activation", "NONE"), so, zo, out_dtype)
     if requantize_mode(attrs, "qnn.mul") == "float":
-        # both peers compute the ratio in float32, in this order: a_scale * b_scale / output_scale
+        # both peers compute the ratio in float32, in this order: a_scale * b_scale / output_scale;
+        # onnxruntime's QLinearMul adds the zero point before rounding (1 LSB apart, at most, near a tie)
         mult = FloatMultiplier([f32(np.float32(sa) * np.float32(sb) / np.float32(so))], "qnn_mul")
 
         def rescale(prod: Expr) -> Expr:
@@ -774,9 +770,8 @@ def _qnn_logistic(inputs, attrs):
 
 @register("qnn.hard_swish", OpPattern.ELEMWISE)
 def _qnn_hard_swish(inputs, attrs):
-    """x * relu6(x + 3) / 6 as TFLite's int8/uint8 kernel computes it in 16-bit fixed point
-    (`HardSwishFixedPoint`); LiteRT runs that kernel on both paths (XNNPACK does not take an int8
-    HARD_SWISH). Scales the kernel refuses (an output multiplier of 1 or more) compute in float32."""
+    """x * relu6(x + 3) / 6 in TFLite's 16-bit fixed point (`HardSwishFixedPoint`), which LiteRT runs on both
+    paths; in float32 for the scales that kernel refuses (an output multiplier of 1 or more)."""
     x = inputs[0]
     _check_quantized(x, "qnn.hard_swish")
     out_dtype = _out_dtype({"out_dtype": attrs.get("out_dtype", x.dtype)}, "qnn.hard_swish")
@@ -797,9 +792,11 @@ def _qnn_hard_swish(inputs, attrs):
 
 
 class HardSwishFixedPoint:
-    """TFLite's quantized HardSwish (reference_ops::HardSwish, the multipliers of its Prepare): the input
-    on a 2^7 finer scale, rescaled once to the output's scale and once to a [-1, 1] "relu-ish" factor,
-    multiplied, in 16-bit fixed point held in int32 expressions (every product fits)."""
+    """TFLite's quantized HardSwish (reference_ops::HardSwish, its Prepare's multipliers) in int32 expressions
+    holding its 16-bit fixed-point values."""
+
+    # the input on a 2^7 finer scale, rescaled once to the output's scale and once to a [-1, 1] "relu-ish"
+    # factor, the two multiplied
 
     def __init__(self, attrs: dict):
         hires = np.float32(1.0 / 128.0) * np.float32(attrs["input_scale"])
