@@ -28,6 +28,7 @@ from aotc.target import parse_target
 from aotc.validate import compare, format_report_row, random_inputs
 from recipes.zoo import onnx_models as zoo
 from recipes.zoo.tflite_models import (
+    OPCODES,
     SAME,
     ModelBuilder,
     Quant,
@@ -122,7 +123,7 @@ def tflite_float_model(kind: str, tail: str) -> ModelBuilder:
 def requantized_concat(mb: ModelBuilder, factor: float = 1.3, shift: int = 5) -> ModelBuilder:
     """The int8 model with its CONCATENATION's first input given its own scale and zero point, and a
     QUANTIZE (int8 -> int8) that requantizes it to the concatenation's, as TFLite's converter writes it."""
-    concat = next(op for op in mb.ops if mb.opcodes[op.opcode][0] == 2)  # BuiltinOperator.CONCATENATION
+    concat = next(op for op in mb.ops if mb.opcodes[op.opcode][0] == OPCODES["CONCATENATION"])
     t = concat.inputs[0]
     q = mb.tensors[t].quant
     shared = mb.tensor(mb.tensors[t].shape, "int8", quant=Quant(list(q.scale), list(q.zero_point)))
