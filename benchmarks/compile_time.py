@@ -151,8 +151,10 @@ def time_pair(calls: list[Callable[[], None]], rounds: int) -> list[float]:
     return best
 
 
-def compare_kernels(kernels: list[tuple[str, State]], target: Target, workdir: str, rounds: int) -> list[str]:
-    """Run time (1 thread) of each labelled program built both ways, and whether their outputs agree."""
+def compare_kernels(
+    kernels: list[tuple[str, State]], target: Target, workdir: str, rounds: int, threads: int = 1
+) -> list[str]:
+    """Run time of each labelled program built both ways, and whether their outputs agree."""
     lines = []
     for i, (label, state) in enumerate(kernels):
         steps = steps_to_json(state.steps)
@@ -162,7 +164,7 @@ def compare_kernels(kernels: list[tuple[str, State]], target: Target, workdir: s
             path = os.path.join(workdir, f"run{i}{way}.so")
             build_timed(state.dag, steps, target, path, inside)
             library = load_library(path)
-            library.set_num_threads(1)
+            library.set_num_threads(threads)
             arrays = [a.copy() for a in feed]
             calls.append(library.kernel("k").prepare(*arrays))
             calls[-1]()
@@ -191,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--kernels", type=int, default=0, help="with --compare: time the default and K samples")
     ap.add_argument("--rounds", type=int, default=7, help="interleaved timing rounds per kernel")
+    ap.add_argument("--threads", type=int, default=1, help="threads of the timed kernels")
     ap.add_argument("--quick", action="store_true", help="one workload, 5 candidates (smoke run)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
@@ -214,11 +217,13 @@ def main(argv: list[str] | None = None) -> int:
             if args.compare and args.kernels:
                 picks = [("default", default_schedule(dag, target))]
                 picks += [(f"sample {j}", replay(dag, steps_from_json(c))) for j, c in enumerate(candidates)]
-                for line in compare_kernels(picks[: args.kernels + 1], target, workdir, args.rounds):
+                for line in compare_kernels(
+                    picks[: args.kernels + 1], target, workdir, args.rounds, args.threads
+                ):
                     print(line, flush=True)
         if args.compare and args.kernels:
             print(f"float kernels (load average {loadavg()}):")
-            for line in compare_kernels(float_kernels(), target, workdir, args.rounds):
+            for line in compare_kernels(float_kernels(), target, workdir, args.rounds, args.threads):
                 print(line, flush=True)
     return 0
 
