@@ -161,18 +161,7 @@ def test_tflite_int8_tail_fuses_into_its_producer_and_matches_litert(kind, tail,
     assert_lsb_rule(got, ref, f"{kind} -> {tail}, requantize: {requantize}")
 
 
-SECOND_PASS = pytest.mark.xfail(
-    strict=True,
-    reason="the fixed-point depthwise requantization rounds half away from zero with a select, which the "
-    "DAG analysis does not inline: it is written to a buffer and the tail reads it in a second loop nest",
-)
-
-
-@pytest.mark.parametrize(
-    "kind, requantize",
-    [(k, r) for k in sorted(PRODUCERS) for r in REQUANTIZE_CHOICES if (k, r) != ("depthwise", "fixed_point")]
-    + [pytest.param("depthwise", "fixed_point", marks=SECOND_PASS)],
-)
+@pytest.mark.parametrize("kind, requantize", [(k, r) for k in sorted(PRODUCERS) for r in REQUANTIZE_CHOICES])
 @pytest.mark.parametrize("tail", sorted(TFLITE_TAILS))
 def test_tflite_int8_tail_is_computed_in_the_producers_copy_out(kind, tail, requantize):
     _, data = tflite_model(kind, tail)

@@ -182,8 +182,8 @@ class FixedPointMultiplier:
     def apply(self, x: Expr, channel: Expr | None = None, half_up: bool = False) -> Expr:
         """int32 result of the int32 (or narrower) value `x`.
 
-        The final shift rounds half away from zero (TFLite's reference kernels), or half up where
-        LiteRT's builtin kernel runs on ruy (`half_up`: conv and fully connected on x86).
+        The final shift rounds half away from zero (TFLite's reference kernels), or half up as LiteRT's
+        builtin kernels do on x86 (`half_up`: ruy's conv and fully connected, the depthwise conv).
         """
         y = (cast("int64", x) * cast("int64", self.mult.at(channel)) + (1 << 30)) // (1 << 31)
         if self.shift == 0:
@@ -413,7 +413,7 @@ def qnn_conv(inputs: Sequence[Operation], attrs: dict, depthwise: bool) -> Opera
         return _accumulator_output(acc, attrs, name, bias)
     scales = _output_scales(what, attrs, out_channels, data.dtype)
     tables = Tables(inputs[3:]) if attrs.get("requantize_tables") else None
-    return _output_stage(acc, attrs, scales, 3, name, bias, half_up=not depthwise, tables=tables)
+    return _output_stage(acc, attrs, scales, 3, name, bias, half_up=True, tables=tables)
 
 
 @register("qnn.conv2d_nhwc", OpPattern.OUT_ELEMWISE_FUSABLE)
