@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 
 import numpy as np
+from kernels import conv_state, gemm_state
 from timing import cpu_class, median_seconds
 
 from aotc.codegen.llvm import build_llvm_ir, compile_to_object, link_shared, thread_pool_object
@@ -180,8 +181,6 @@ def compare_kernels(
 
 def float_kernels() -> list[tuple[str, State]]:
     """benchmarks/kernels.py's hand-written float GEMM and conv programs."""
-    from kernels import conv_state, gemm_state
-
     return [("float gemm 512", gemm_state(512)), ("float conv3x3 56x56x64", conv_state())]
 
 
@@ -194,12 +193,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kernels", type=int, default=0, help="with --compare: time the default and K samples")
     ap.add_argument("--rounds", type=int, default=7, help="interleaved timing rounds per kernel")
     ap.add_argument("--threads", type=int, default=1, help="threads of the timed kernels")
-    ap.add_argument("--quick", action="store_true", help="one workload, 5 candidates (smoke run)")
+    ap.add_argument("--quick", action="store_true", help="the 1x1 conv, 3 candidates (smoke run)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     target = host_target()
-    workloads = WORKLOADS[:1] if args.quick else WORKLOADS
-    n = 5 if args.quick else args.candidates
+    workloads = WORKLOADS[2:] if args.quick else WORKLOADS
+    n = 3 if args.quick else args.candidates
     print(f"CPU class: {cpu_class()}; target {target}; load average {loadavg()}")
     thread_pool_object(target)  # compiled once per process, as in a builder worker
     with tempfile.TemporaryDirectory() as workdir:

@@ -82,3 +82,20 @@ def test_pool_object_is_compiled_once_per_target():
 def test_a_kernel_named_like_a_function_the_pool_calls_is_refused(pool_inside):
     with pytest.raises(CodegenError, match="clashes"):
         build_llvm_ir([count_func("getpid")], HOST, thread_pool=pool_inside)
+
+
+def test_compile_time_benchmark_quick_run(capsys):
+    """benchmarks/compile_time.py keeps running, both ways, kernels timed (figures are not checked)."""
+    import pathlib
+    import sys
+
+    bench = str(pathlib.Path(__file__).parent.parent / "benchmarks")
+    sys.path.insert(0, bench)
+    try:
+        import compile_time
+    finally:
+        sys.path.remove(bench)
+    assert compile_time.main(["--quick", "--compare", "--kernels", "1", "--rounds", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "CPU class" in out and "new: median" in out and "old: median" in out
+    assert "OUTPUTS DIFFER" not in out and out.count("bit-exact") == 4
