@@ -290,3 +290,34 @@ def test_ir_shows_one_dot_product_call_per_vector_of_products():
     ir = build_llvm_ir([lower(rewrite_layout(default_schedule(dag, target))[0], "k")], target)
     calls = re.findall(r"call <(\d+) x i32> @llvm\.x86\.avx512\.vpdpbusd\.(\d+)", ir)
     assert calls and all(int(lanes) * 32 == int(bits) for lanes, bits in calls)
+
+
+def test_dot_product_stages_take_small_unroll_budgets_only():
+    """A dot-product stage's register block is unrolled already: sampling and mutation keep its
+    auto_unroll_max_step within `dot_unroll_steps` (512 gave 3-5 MB of IR, 7-40 s compiles); a plain
+    stage of the same task still draws from all of `unroll_steps`."""
+    from aotc.schedule.steps import PragmaStep
+    from aotc.search.evolution import mutate_auto_unroll
+
+    dag = quantized_dag(*CASES["conv_int8_per_channel"])
+    params = SearchParams()
+    ctx = SearchContext(dag, parse_target(ZNVER4), params)
+    rng = random.Random(0)
+
+    def budgets(state) -> list[tuple[bool, int]]:
+        out = []
+        for step in state.steps:
+            if isinstance(step, PragmaStep) and step.pragma.startswith("auto_unroll_max_step$"):
+                dot = any(it.annotation == Annotation.TENSORIZE for it in state.stages[step.stage_id].iters)
+                out.append((dot, int(step.pragma.split("$")[1])))
+        return out
+
+    seen = []
+    for s in sampled_states(dag, parse_target(ZNVER4), 12, params=params):
+        seen += budgets(s)
+        for _ in range(8):
+            m = mutate_auto_unroll(s, rng, ctx)
+            seen += budgets(m) if m is not None else []
+    assert any(dot for dot, _ in seen)
+    assert all(n in params.dot_unroll_steps for dot, n in seen if dot)
+    assert max(n for dot, n in seen if dot) < max(params.unroll_steps)

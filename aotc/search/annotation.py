@@ -298,7 +298,8 @@ def annotate_unroll(ctx: SearchContext, state: State, rng: random.Random) -> Sta
         if st.is_placeholder or st.compute_at == ComputeAtKind.INLINED or not st.iters:
             continue
         if has_reduce_iter(state, sid):
-            n = ctx.unroll_steps[rng.randrange(len(ctx.unroll_steps))]
+            steps = ctx.unroll_steps_for(state, sid)
+            n = steps[rng.randrange(len(steps))]
             state = state.pragma(sid, 0, f"auto_unroll_max_step${n}")
     return state
 

@@ -135,7 +135,8 @@ def mutate_auto_unroll(state: State, rng: random.Random, ctx: SearchContext) -> 
         return None
     i = ids[rng.randrange(len(ids))]
     step: PragmaStep = state.steps[i]  # type: ignore[assignment]
-    options = [n for n in ctx.unroll_steps if step.pragma != f"auto_unroll_max_step${n}"]
+    allowed = ctx.unroll_steps_for(state, step.stage_id)
+    options = [n for n in allowed if step.pragma != f"auto_unroll_max_step${n}"]
     if not options:
         return None
     steps = list(state.steps)

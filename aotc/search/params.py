@@ -20,7 +20,7 @@ class SearchParams:
         `gpu_fusion_levels` (Ansor's block / vthread / thread levels first); `dot_products`: 8-bit reductions also
     get sketches with the target's dot-product instructions (docs/int8.md). Annotation: `max_innermost_split_factor`,
         `non_divisor_prob` (a split padded past the extent), `innermost_reorder_prob`, `unroll_steps`
-        (auto-unroll choices; `gpu_unroll_steps` on GPU), `parallel_per_core` (parallel iterations per core at most). Evolution:
+        (auto-unroll choices; `gpu_unroll_steps` on GPU, `dot_unroll_steps` for a dot-product stage), `parallel_per_core` (parallel iterations per core at most). Evolution:
         `population`, `generations`, `mutation_prob`, `crossover_prob`. Each round: `per_round` candidates
         measured, `eps_greedy` of them random rather than the model's best. Task scheduler: `strategy`
         ("gradient" or "round-robin"). `seed`: every random choice (task i's search uses seed + i)."""
@@ -34,6 +34,9 @@ class SearchParams:
     non_divisor_prob: float = 0.2
     innermost_reorder_prob: float = 0.5
     unroll_steps: tuple[int, ...] = (0, 16, 64, 512)
+    # a stage with a dot-product micro-kernel: its register block is unrolled already, and 512 more steps
+    # made 3-5 MB of LLVM IR that took 7-40 s to compile (the build timeout is 30 s)
+    dot_unroll_steps: tuple[int, ...] = (0, 16, 64)
     gpu_unroll_steps: tuple[int, ...] = (0, 16, 64, 512, 1024)
     parallel_per_core: int = 16
     population: int = 256
@@ -76,7 +79,13 @@ class SearchParams:
             value = getattr(self, name)
             ok = isinstance(value, str) and bool(value) and set(value) <= {"S", "R"}
             _check(name, value, ok, "a string of S and R")
-        for name in ("fusion_levels", "unroll_steps", "gpu_fusion_levels", "gpu_unroll_steps"):
+        for name in (
+            "fusion_levels",
+            "unroll_steps",
+            "dot_unroll_steps",
+            "gpu_fusion_levels",
+            "gpu_unroll_steps",
+        ):
             value = getattr(self, name)
             ok = isinstance(value, tuple | list) and bool(value) and all(_is_int(v) and v >= 0 for v in value)
             _check(name, value, ok, "a non-empty tuple of ints >= 0")

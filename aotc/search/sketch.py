@@ -61,6 +61,12 @@ class SearchContext:
     def unroll_steps(self) -> tuple[int, ...]:
         return self.params.gpu_unroll_steps if self.target.is_gpu else self.params.unroll_steps
 
+    def unroll_steps_for(self, state: State, stage_id: int) -> tuple[int, ...]:
+        """The auto-unroll budgets a stage may take: fewer for a dot-product micro-kernel's stage."""
+        if any(it.annotation == Annotation.TENSORIZE for it in state.stages[stage_id].iters):
+            return self.params.dot_unroll_steps
+        return self.unroll_steps
+
     @property
     def num_cores(self) -> int:
         return max(1, self.target.hw.num_cores)
