@@ -501,6 +501,31 @@ def test_conv_channels_padded_to_the_dot_product_depth_give_identical_results():
     assert checked >= 2  # int8 and uint8 convs of 5 and 3 channels
 
 
+def test_channels_of_a_transposed_nchw_input_are_padded_as_planes():
+    """A conv whose 3-channel input is an NCHW -> NHWC transpose gets its padding on the NCHW planes, then
+    the transpose (one vectorized pass each, not a pass over 3-byte pixels); bit for bit the same."""
+    from aotc.graph.interpret import run_graph
+    from aotc.graph.ir import Graph, Value
+    from aotc.graph.passes import pad_conv_channels
+
+    checked = 0
+    for name, op, inputs, attrs, expected in integer_cases(np.random.default_rng(2)):
+        if op != "qnn.conv2d_nhwc" or inputs[0].shape[3] % 4 == 0 or inputs[1].shape[3] != inputs[0].shape[3]:
+            continue
+        nchw = np.ascontiguousarray(inputs[0].transpose(0, 3, 1, 2))
+        _, node, out = one_node_graph(name, op, inputs, attrs, expected)
+        x = Value("x", TensorType(nchw.shape, str(nchw.dtype)))
+        t = Value("t", TensorType(inputs[0].shape, str(inputs[0].dtype)))
+        transpose = Node("transpose", [x], [t], {"perm": (0, 2, 3, 1)}, name="to_nhwc")
+        t.producer, node.inputs[0] = transpose, t
+        graph = pad_conv_channels(Graph([x], [out], [transpose, node]))
+        assert [n.op for n in graph.nodes] == ["transpose", "pad", "transpose", op], name
+        assert graph.nodes[1].inputs[0] is x and graph.nodes[1].attrs["after"][1] == -inputs[0].shape[3] % 4
+        np.testing.assert_array_equal(run_graph(graph, {"x": nchw})["y"], expected, err_msg=name)
+        checked += 1
+    assert checked >= 2
+
+
 def test_depthwise_taps_padded_to_the_dot_product_depth_give_identical_results():
     """A depthwise conv's 3-tap window rows get a fourth tap of weight 0 (the weights' zero point) and one
     more column of padding on the right, with dilations and strides; same output shape, bit for bit."""

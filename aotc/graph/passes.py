@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from aotc.graph.ir import Derivation, Graph, Node, TensorType, Value
-from aotc.graph.layout import TO_NCHW, to_nhwc
+from aotc.graph.layout import TO_NCHW, TO_NHWC, to_nhwc
 from aotc.topi import winograd
 from aotc.topi.nn import as_pads, as_pair
 from aotc.topi.quantized import mac_zero_point, requantize_tables
@@ -189,7 +189,8 @@ DOT_DEPTH = 4  # input channels a dot-product instruction sums per lane (vpdpbus
 def pad_conv_channels(graph: Graph) -> Graph:
     """A quantized conv whose input channels do not divide by DOT_DEPTH (an RGB stem: 3) gets zero weights
     for the missing channels and an input padded to match (with its zero point; any value would do, the
-    weights there are 0), so it runs on dot-product instructions: the pad fuses into the conv's kernel."""
+    weights there are 0), so it runs on dot-product instructions: the pad fuses into the conv's kernel.
+    An input that an NCHW -> NHWC transpose makes is padded before it, where a channel is a plane."""
     nodes = []
     for node in graph.nodes:
         nodes.append(node)
@@ -205,30 +206,46 @@ def pad_conv_channels(graph: Graph) -> Graph:
             continue
         extra = -channels % DOT_DEPTH
         name = node.name or node.outputs[0].name
-        pad = Node(
-            "pad",
-            [x],
-            [],
-            {
-                "before": (0,) * len(x.type.shape),
-                "after": (0,) * (len(x.type.shape) - 1) + (extra,),
-                "value": float(node.attrs.get("input_zero_point", 0)),
-            },
-            name=f"{name}_channel_pad",
-        )
-        padded = Value(
-            f"{name}_channels", TensorType((*x.type.shape[:-1], channels + extra), x.type.dtype), producer=pad
-        )
-        pad.outputs = [padded]
+        zero_point = float(node.attrs.get("input_zero_point", 0))
+        source = x.producer
+        if source is not None and source.op == "transpose" and tuple(source.attrs["perm"]) == TO_NHWC:
+            # pad the NCHW planes, then transpose: no separate pass of 3-byte pixels
+            planes = _channel_pad(
+                source.inputs[0], 1, extra, zero_point, f"{name}_channel_pad", f"{name}_planes"
+            )
+            padded = _transposed(planes, TO_NHWC, f"{name}_channels")
+            added = [planes.producer, padded.producer]
+        else:
+            padded = _channel_pad(
+                x, len(x.type.shape) - 1, extra, zero_point, f"{name}_channel_pad", f"{name}_channels"
+            )
+            added = [padded.producer]
         w = np.pad(weight.data, ((0, 0),) * (weight.data.ndim - 1) + ((0, extra),))
         node.inputs = [
             padded,
             Value(f"{weight.name}_channels", TensorType(w.shape, weight.type.dtype), data=w),
             *node.inputs[2:],
         ]
-        nodes.insert(len(nodes) - 1, pad)
+        nodes[len(nodes) - 1 : len(nodes) - 1] = added
     graph.nodes = nodes
     return graph
+
+
+def _channel_pad(x: Value, axis: int, extra: int, value: float, name: str, out: str) -> Value:
+    """`x` with `extra` more entries of `value` at the end of `axis` (named `out`), made by a new pad node."""
+    after = tuple(extra if a == axis else 0 for a in range(len(x.type.shape)))
+    pad = Node("pad", [x], [], {"before": (0,) * len(after), "after": after, "value": value}, name=name)
+    shape = tuple(n + e for n, e in zip(x.type.shape, after))
+    pad.outputs = [Value(out, TensorType(shape, x.type.dtype), producer=pad)]
+    return pad.outputs[0]
+
+
+def _transposed(x: Value, perm: tuple[int, ...], name: str) -> Value:
+    """`x` transposed by `perm`, made by a new transpose node."""
+    node = Node("transpose", [x], [], {"perm": perm}, name=f"{name}_transpose")
+    shape = tuple(x.type.shape[p] for p in perm)
+    node.outputs = [Value(name, TensorType(shape, x.type.dtype), producer=node)]
+    return node.outputs[0]
 
 
 def pad_depthwise_taps(graph: Graph) -> Graph:
