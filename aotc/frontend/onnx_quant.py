@@ -505,13 +505,20 @@ def qnn_dense(
 
 def _fold_add(cv: OnnxConverter, st: _QuantState, group: _Group) -> Value | None:
     """DQ(a_q) + DQ(b_q), both per tensor, as qnn.add; in NHWC when both operands have NHWC twins."""
-    n = group.anchor
-    names = _input_names(st, n)
+    operands = _per_tensor_operands(st, group)
+    if operands is None:
+        return None
+    (av, aq), (bv, bq) = operands
+    return qnn_add(cv, av, bv, _add_attrs(aq, bq, group.out, group.activation), group.out_name)
+
+
+def _per_tensor_operands(st: _QuantState, group: _Group) -> tuple[tuple, tuple] | None:
+    """The (quantized value, QParams) of the anchor's two inputs, when both are per-tensor DQ outputs."""
+    names = _input_names(st, group.anchor)
     a, b = _dequantized_input(st, names[0]), _dequantized_input(st, names[1])
     if a is None or b is None or not (a[1].per_tensor and b[1].per_tensor):
         return None
-    (av, aq), (bv, bq) = a, b
-    return qnn_add(cv, av, bv, _add_attrs(aq, bq, group.out, group.activation), group.out_name)
+    return a, b
 
 
 def _add_attrs(a: QParams, b: QParams, out: QParams, activation: str) -> dict:
@@ -539,12 +546,10 @@ def qnn_add(cv: OnnxConverter, a: Value, b: Value, attrs: dict, out: str) -> Val
 def _fold_mul(cv: OnnxConverter, st: _QuantState, group: _Group) -> Value | None:
     """DQ(a_q) * DQ(b_q), both per tensor, as qnn.mul (float rescale, as QLinearMul); in NHWC where
     `_nhwc_operands` allows, so that it fuses into the convolution before it."""
-    n = group.anchor
-    names = _input_names(st, n)
-    a, b = _dequantized_input(st, names[0]), _dequantized_input(st, names[1])
-    if a is None or b is None or not (a[1].per_tensor and b[1].per_tensor):
+    operands = _per_tensor_operands(st, group)
+    if operands is None:
         return None
-    (av, aq), (bv, bq) = a, b
+    (av, aq), (bv, bq) = operands
     attrs = _add_attrs(aq, bq, group.out, group.activation)
     pair = _nhwc_operands(cv, st, av, bv)
     if pair is not None:
