@@ -109,3 +109,16 @@ def test_an_image_transpose_vectorizes_its_width_not_its_three_channels():
     assert [it.annotation for it in iters[-2:]] == [Annotation.UNROLL, Annotation.VECTORIZE]
     assert iters[-2].extent == 3 and iters[-1].extent in (16, 32)
     assert iters[0].annotation == Annotation.PARALLEL
+
+
+def test_a_small_image_transpose_runs_on_the_calling_thread():
+    """The transpose rule keeps the MIN_PARALLEL_POINTS floor: 16x16x3 points do not wake the pool."""
+    from aotc.schedule.state import Annotation
+    from aotc.topi.transform import transpose
+
+    image = placeholder((1, 3, 16, 16), "float32", "image")
+    nhwc = transpose(image, (0, 2, 3, 1))
+    s = default_schedule(ComputeDAG([nhwc]), parse_target("llvm -mcpu=znver4"))
+    iters = s.stages[s.stage_id(nhwc.name)].iters
+    assert iters[-1].annotation == Annotation.VECTORIZE and iters[-2].annotation == Annotation.UNROLL
+    assert all(it.annotation != Annotation.PARALLEL for it in iters)

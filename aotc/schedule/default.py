@@ -380,6 +380,7 @@ def _vectorize_contiguous_reads(s: State, sid: int, n_sp: int, lanes: int) -> St
     if len(outer) > 1:
         s = s.fuse(sid, list(range(len(outer))))
         n -= len(outer) - 1
-    if (s.stages[sid].iters[0].extent or 1) > 1:
+    points = int(np.prod([it.extent or 1 for it in s.stages[sid].iters]))
+    if (s.stages[sid].iters[0].extent or 1) > 1 and points >= MIN_PARALLEL_POINTS:
         s = s.parallel(sid, 0)
     return s.unroll(sid, n - 2).vectorize(sid, n - 1)
