@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -185,3 +186,19 @@ def check_op(
     model = single_op_model(op_type, operands, outputs, opset, **attrs)
     specs = {f"x{i}": op for i, op in enumerate(operands) if isinstance(op, Input)}
     return check_model(model, random_feeds(model, specs), rtol=tol[0], atol=tol[1])
+
+
+def built_package(
+    model: onnx.ModelProto, folder: Path, name: str = "m", target: str | None = None, **options
+) -> Path:
+    """`model` saved as `folder/<name>.onnx` and built by aotc.compile, unvalidated, into
+    `folder/<name>.aotc` (for `target`, else the host); its path. `options` go to aotc.compile."""
+    import aotc
+
+    path = folder / f"{name}.onnx"
+    path.write_bytes(model.SerializeToString())
+    targets = () if target is None else (target,)
+    package = aotc.compile(
+        str(path), *targets, validate=False, output=folder / f"{name}.aotc", log=lambda _: None, **options
+    )
+    return package.path

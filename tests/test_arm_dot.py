@@ -34,6 +34,7 @@ from aotc.topi.quantized import mac_zero_point
 from aotc.topi.registry import get_op
 
 from .test_aarch64 import build_driver, needs_cross, needs_qemu, run_under_qemu
+from .test_dot_products import layer_attrs
 
 A76 = "llvm -mtriple=aarch64-linux-gnu -mcpu=cortex-a76 -num-cores=1"  # dotprod, no i8mm
 N2 = "llvm -mtriple=aarch64-linux-gnu -mcpu=neoverse-n2 -num-cores=1"  # dotprod and i8mm
@@ -79,20 +80,7 @@ def qnn_graph(name: str, seed: int = 0) -> tuple[Graph, Node]:
     weight = rng.integers(info.min, info.max + 1, w_shape).astype(w_dtype)
     if depthwise:
         weight[:, :, 3, :] = 0  # the padded tap column holds the weight's zero point
-    attrs = {
-        "input_scale": 0.02,
-        "input_zero_point": zx,
-        "output_scale": 0.1,
-        "output_zero_point": -5,
-        "weight_scales": tuple(0.001 * (1 + c % 7) for c in range(out_c)) if per_channel else (0.003,),
-        "weight_zero_points": (0,),
-        "activation": "RELU6",
-        "out_dtype": "int8",
-    }
-    if op == "qnn.conv2d_nhwc":
-        attrs |= {"strides": (1, 1), "pads": (1, 1, 1, 1), "dilations": (1, 1)}
-    if depthwise:
-        attrs |= {"strides": (1, 1), "pads": (1, 1, 1, 2), "dilations": (1, 1)}
+    attrs = layer_attrs(op, w_shape, zx, per_channel)
     x = Value("x", TensorType(x_shape, x_dtype))
     w = Value("w", TensorType(w_shape, w_dtype), data=weight)
     b = Value("b", TensorType((out_c,), "int32"), data=rng.integers(-5000, 5000, out_c).astype(np.int32))

@@ -52,12 +52,9 @@ DEPTH = {"vnni": 4, "avx512bw": 2, "avx2": 2, "i8mm": 4}
 PLAIN = "llvm -mcpu=znver4 -num-cores=1"  # with SearchParams(dot_products=False): the widening code
 
 
-def quantized_dag(
-    op: str, x_shape: tuple, w_shape: tuple, x_dtype: str, zx: int, per_channel: bool, folded: bool = True
-) -> ComputeDAG:
-    """A qnn conv (3x3, pad 1), depthwise conv (3 rows of `w_shape[2]` taps, padded on the right as
-    pad_depthwise_taps leaves a 3x3 window) or dense layer with a constant (layout-free) weight and bias,
-    its input zero point folded into the bias as the graph pass leaves it (`folded`)."""
+def layer_attrs(op: str, w_shape: tuple, zx: int, per_channel: bool) -> dict:
+    """The attributes of a test layer: per-channel or per-tensor weight scales, RELU6, int8 out; a conv's 3x3
+    window padded by 1, a depthwise conv's rows of `w_shape[2]` taps padded to keep the size."""
     depthwise = op == "qnn.depthwise_conv2d_nhwc"
     out_c = w_shape[3] if depthwise else w_shape[0]
     attrs = {
@@ -69,12 +66,22 @@ def quantized_dag(
         "weight_zero_points": (0,),
         "activation": "RELU6",
         "out_dtype": "int8",
-        "input_zero_point_in_bias": folded,
     }
     if op == "qnn.conv2d_nhwc":
         attrs |= {"strides": (1, 1), "pads": (1, 1, 1, 1), "dilations": (1, 1)}
     if depthwise:
         attrs |= {"strides": (1, 1), "pads": (1, 1, 1, w_shape[2] - 2), "dilations": (1, 1)}
+    return attrs
+
+
+def quantized_dag(
+    op: str, x_shape: tuple, w_shape: tuple, x_dtype: str, zx: int, per_channel: bool, folded: bool = True
+) -> ComputeDAG:
+    """A qnn conv (3x3, pad 1), depthwise conv (3 rows of `w_shape[2]` taps, padded on the right as
+    pad_depthwise_taps leaves a 3x3 window) or dense layer with a constant (layout-free) weight and bias,
+    its input zero point folded into the bias as the graph pass leaves it (`folded`)."""
+    out_c = w_shape[3] if op == "qnn.depthwise_conv2d_nhwc" else w_shape[0]
+    attrs = layer_attrs(op, w_shape, zx, per_channel) | {"input_zero_point_in_bias": folded}
     x = placeholder(x_shape, x_dtype, name="x")
     w = placeholder(w_shape, "int8", name="w", tag=LAYOUT_FREE)
     b = placeholder((out_c,), "int32", name="b", tag=LAYOUT_FREE)

@@ -16,7 +16,6 @@ import pytest
 from onnx import helper
 from onnx.reference import ReferenceEvaluator
 
-import aotc
 from aotc.frontend.errors import ConversionError
 from aotc.frontend.onnx import load_onnx
 from aotc.graph.interpret import run_graph
@@ -24,6 +23,7 @@ from aotc.graph.interpret import run_graph
 from .onnx_util import (
     Input,
     assert_outputs_match,
+    built_package,
     case,
     make_graph_model,
     op_model,
@@ -209,13 +209,8 @@ def test_the_new_operators_compile_and_match_onnxruntime(tmp_path):
     model = make_graph_model(nodes, inputs, outputs, inits, opset=28)
     feeds = random_feeds(model, inputs)
     feeds["s"], feeds["t"] = shifts["x0"], shifts["x1"]
-    path = tmp_path / "m.onnx"
-    path.write_bytes(model.SerializeToString())
     shapes = {k: list(v.shape) for k, v in feeds.items()}
-    package = aotc.compile(
-        str(path), inputs=shapes, validate=False, output=tmp_path / "m.aotc", log=lambda _: None
-    )
-    got = aotc_runtime.load(str(package.path)).run(feeds)
+    got = aotc_runtime.load(str(built_package(model, tmp_path, inputs=shapes))).run(feeds)
     assert_outputs_match(got, model, ReferenceEvaluator(model).run(None, feeds), tol=TOL)
 
 

@@ -14,12 +14,11 @@ import numpy as np
 import pytest
 from onnx import helper
 
-import aotc
 from aotc.frontend.errors import ConversionError
 from aotc.frontend.onnx import RunTimeValueError, load_onnx
 from aotc.graph.interpret import run_graph
 
-from .onnx_util import Input, make_graph_model, random_feeds, run_onnxruntime, single_op_model
+from .onnx_util import Input, built_package, make_graph_model, random_feeds, run_onnxruntime, single_op_model
 
 
 def run_aotc(model, feeds: dict) -> dict:
@@ -248,13 +247,8 @@ def test_the_operators_compile_and_match_onnxruntime(tmp_path):
     constants = {f"nms{i}": a for i, a in enumerate(nms)}
     model = make_graph_model(nodes, inputs, outputs, constants, opset=11)
     feeds = random_feeds(model, inputs)
-    path = tmp_path / "m.onnx"
-    path.write_bytes(model.SerializeToString())
     shapes = {name: list(spec.shape) for name, spec in inputs.items()}
-    package = aotc.compile(
-        str(path), inputs=shapes, validate=False, output=tmp_path / "m.aotc", log=lambda _: None
-    )
-    got = aotc_runtime.load(str(package.path)).run(feeds)
+    got = aotc_runtime.load(str(built_package(model, tmp_path, inputs=shapes))).run(feeds)
     # onnxruntime has no float16 Det: numpy's, in float64 rounded once, for the last output
     reference = make_graph_model(
         nodes[:-1], dict(list(inputs.items())[:-1]), outputs[:-1], constants, opset=11

@@ -18,7 +18,6 @@ import pytest
 from onnx import helper
 from onnx.reference import ReferenceEvaluator
 
-import aotc
 from aotc.frontend.errors import ConversionError, UnsupportedOpsetError
 from aotc.frontend.onnx import RunTimeValueError, load_onnx
 from aotc.graph.interpret import run_graph
@@ -26,6 +25,7 @@ from aotc.graph.interpret import run_graph
 from .onnx_util import (
     Input,
     assert_outputs_match,
+    built_package,
     case,
     make_graph_model,
     op_model,
@@ -186,10 +186,5 @@ def test_the_operators_compile_and_match_the_reference(tmp_path):
     outputs = ["prod", "cumprod", "lrn", "lp", "gn", "dft"]
     model = make_graph_model(nodes, inputs, outputs, inits, opset=26)
     feeds = random_feeds(model, inputs)
-    path = tmp_path / "m.onnx"
-    path.write_bytes(model.SerializeToString())
-    package = aotc.compile(
-        str(path), inputs={"x": [2, 4, 5, 6]}, validate=False, output=tmp_path / "m.aotc", log=lambda _: None
-    )
-    got = aotc_runtime.load(str(package.path)).run(feeds)
+    got = aotc_runtime.load(str(built_package(model, tmp_path, inputs={"x": [2, 4, 5, 6]}))).run(feeds)
     assert_outputs_match(got, model, ReferenceEvaluator(model).run(None, feeds), tol=TOL, atol=1e-4)

@@ -19,7 +19,6 @@ import onnx
 import pytest
 from onnx import helper
 
-import aotc
 from aotc.frontend.errors import ConversionError
 from aotc.frontend.onnx import load_onnx
 from aotc.graph.interpret import run_graph
@@ -27,6 +26,7 @@ from aotc.graph.interpret import run_graph
 from .onnx_util import (
     Input,
     assert_outputs_match,
+    built_package,
     make_graph_model,
     random_feeds,
     run_onnxruntime,
@@ -129,10 +129,7 @@ def test_a_package_takes_and_returns_tensors_with_no_elements(tmp_path):
     ]
     inputs = {"x": Input((3, 4)), "like": Input((0,), "float64"), "e": Input((2, 0, 4), "int32")}
     model = make_graph_model(nodes, inputs, ["cast", "sum", "relu", "none"], {"axes": i64(1)}, opset=21)
-    path = tmp_path / "empty.onnx"
-    path.write_bytes(model.SerializeToString())
-    package = aotc.compile(str(path), validate=False, output=tmp_path / "empty.aotc", log=lambda _: None)
-    loaded = aotc_runtime.load(str(package.path))
+    loaded = aotc_runtime.load(str(built_package(model, tmp_path, "empty")))
     assert [(t.name, t.shape) for t in loaded.inputs] == [("x", (3, 4)), ("like", (0,)), ("e", (2, 0, 4))]
     feeds = random_feeds(model)
     assert_outputs_match(loaded.run(feeds), model, run_onnxruntime(model, feeds), rtol=RTOL, atol=ATOL)
@@ -264,12 +261,10 @@ def test_3d_windows_compile_and_match_onnxruntime(tmp_path):
     ]
     inits = {"w": weights(4, 3, 3, 3, 3), "b": weights(4, seed=2), "wt": weights(4, 2, 2, 2, 2, seed=3)}
     model = make_graph_model(nodes, {"x": X3}, ["avg", "up", "where"], inits)
-    path = tmp_path / "windows.onnx"
-    path.write_bytes(model.SerializeToString())
-    package = aotc.compile(str(path), validate=False, output=tmp_path / "windows.aotc", log=lambda _: None)
+    package = built_package(model, tmp_path, "windows")
     feeds = random_feeds(model)
     assert_outputs_match(
-        aotc_runtime.load(str(package.path)).run(feeds),
+        aotc_runtime.load(str(package)).run(feeds),
         model,
         run_onnxruntime(model, feeds),
         rtol=RTOL,
@@ -292,15 +287,11 @@ def test_the_c_runtime_takes_and_returns_tensors_with_no_elements(tmp_path):
     ]
     inputs = {"x": Input((3, 4)), "like": Input((0,), "float64"), "e": Input((2, 0, 4), "int32")}
     model = make_graph_model(nodes, inputs, ["cast", "sum", "relu"], {"axes": i64(1)}, opset=21)
-    path = tmp_path / "empty.onnx"
-    path.write_bytes(model.SerializeToString())
-    package = aotc.compile(
-        str(path), "llvm", validate=False, output=tmp_path / "empty.aotc", log=lambda _: None
-    )
+    package = built_package(model, tmp_path, "empty", "llvm")
     feeds = random_feeds(model)
-    proc = run_model(build_runtime(tmp_path / "build"), package.path, list(feeds.values()), tmp_path)
+    proc = run_model(build_runtime(tmp_path / "build"), package, list(feeds.values()), tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    expected = python_outputs(package.path, feeds)
+    expected = python_outputs(package, feeds)
     got = read_outputs(tmp_path, expected)
     assert [got[k].shape for k in expected] == [(3, 4), (2, 4), (2, 0, 4)]
     for name, value in expected.items():
