@@ -17,7 +17,7 @@ from aotc.ir.dot import dot_forms
 from aotc.ir.expr import free_vars
 from aotc.ir.stmt import MAX_VECTOR_LANES
 from aotc.schedule.lower import infer_bound
-from aotc.schedule.state import ComputeAtKind, IterKind, State
+from aotc.schedule.state import ComputeAtKind, IterKind, Stage, State
 from aotc.schedule.steps import effective_consumers
 from aotc.schedule.tiling import (
     DotTiling,
@@ -327,8 +327,9 @@ def _parallel_vectorize(s: State, name: str, target: Target) -> State:
     n_sp = sum(1 for it in st.iters if it.kind == IterKind.SPATIAL)
     n_red = len(st.iters) - n_sp
     lanes = _lanes(st.op.dtype, target)
-    if not n_red and _reads_planes_across_short_axis(st, n_sp, lanes):
-        return _vectorize_contiguous_reads(s, sid, n_sp, lanes)
+    row = None if n_red else _row_axis_across_planes(st, n_sp, lanes)
+    if row is not None:
+        return _vectorize_contiguous_reads(s, sid, n_sp, lanes, row)
     last = st.iters[n_sp - 1] if n_sp else None
     vec_ok = last is not None and (last.extent or 1) > 1
     if vec_ok and n_red:
@@ -354,19 +355,18 @@ def _parallel_vectorize(s: State, name: str, target: Target) -> State:
     return s
 
 
-def _reads_planes_across_short_axis(st, n_sp: int, lanes: int) -> bool:
-    """An element-wise stage whose last axis is a few channels that it reads across planes, as an image's
-    NCHW -> NHWC transpose does (3 lanes a pixel, gathered), and whose input rows run along another axis."""
+def _row_axis_across_planes(st: Stage, n_sp: int, lanes: int) -> int | None:
+    """For an element-wise stage whose last axis is a few channels that it reads across planes, as an
+    image's NCHW -> NHWC transpose does (3 lanes a pixel, gathered): the axis its input rows run along."""
     if n_sp < 3 or len(st.iters) != len(st.op.axes) or (st.iters[-1].extent or 1) * 4 > lanes:
-        return False
+        return None
     k = contiguous_axis(st.op)
-    return k is not None and k < n_sp - 1 and st.op.axes[k].extent >= lanes // 4
+    return k if k is not None and k < n_sp - 1 and st.op.axes[k].extent >= lanes // 4 else None
 
 
-def _vectorize_contiguous_reads(s: State, sid: int, n_sp: int, lanes: int) -> State:
-    """Vectorize the axis the inputs are read along contiguously (the width) with the short channel axis
-    unrolled around it: contiguous loads and strided stores, instead of a loop iteration per pixel."""
-    k = contiguous_axis(s.stages[sid].op)
+def _vectorize_contiguous_reads(s: State, sid: int, n_sp: int, lanes: int, k: int) -> State:
+    """Vectorize axis `k`, which the inputs are read along contiguously (the width), with the short channel
+    axis unrolled around it: contiguous loads and strided stores, instead of a loop iteration per pixel."""
     outer = [i for i in range(n_sp - 1) if i != k]
     s = s.reorder(sid, [*outer, k, n_sp - 1])  # ..., width, channels
     width = s.stages[sid].iters[n_sp - 2].extent or 1
