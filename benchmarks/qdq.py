@@ -10,7 +10,10 @@ onnxruntime's `quant_pre_process` (batch norms folded into the convolutions, as 
 `--no-preprocess` skips it, leaving each BatchNormalization a float op between DequantizeLinear and
 QuantizeLinear), then `quantize_static` in the QDQ format with per-channel int8 weights and, by default,
 uint8 activations (onnxruntime's recommendation for x86: QUInt8 activations, QInt8 weights; `--activations
-int8` for QInt8), calibrated on `--calibration` seeded standard-normal inputs (the zoo's `quantize`).
+int8` for QInt8), calibrated on `--calibration` seeded standard-normal inputs (the zoo's `quantize`), with
+7-bit weights (`reduce_range`, onnxruntime's advice for x86 without VNNI: on AVX2 its u8s8 kernel adds
+pairs of products in int16 with saturation, so with 8-bit weights its outputs there are not the model's;
+the speed of either side does not depend on it).
 
 The package is built untuned (default schedules; `--trials N`: tuned with N trials, as e2e.py). Its
 outputs on `--samples` other seeded standard-normal inputs are checked against onnxruntime's run of the

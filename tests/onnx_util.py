@@ -90,6 +90,16 @@ def random_feeds(model: onnx.ModelProto, specs: dict[str, Input] | None = None, 
     return feeds
 
 
+def weight_ints(rng: np.random.Generator, dtype: str, shape) -> np.ndarray:
+    """8-bit weights that onnxruntime multiplies exactly on every x86 class: int8 in [-64, 64), uint8 in
+    [0, 128). On CPUs without VNNI (Zen 3, AVX2) its kernel multiplies an unsigned by a signed byte and adds
+    pairs of products in int16 with saturation, so full-range weights make its own result wrong there (its
+    quantizer's `reduce_range` is the same cure); a pair stays below 2**15 when the unsigned byte is below 128
+    or the signed one within 64. Full-range weights are checked against numpy (tests/test_dot_products.py)."""
+    low = -64 if dtype == "int8" else 0
+    return rng.integers(low, low + 128, shape).astype(dtype)
+
+
 def random_array(rng: np.random.Generator, shape, dtype, low: float = -2.0, high: float = 2.0) -> np.ndarray:
     dtype = np.dtype(dtype)
     if dtype == np.bool_:

@@ -25,7 +25,7 @@ from aotc.graph.ir import Node, TensorType, Value
 from aotc.te import TEError
 from recipes.zoo import onnx_models as zoo
 
-from .onnx_util import IR_VERSION
+from .onnx_util import IR_VERSION, weight_ints
 
 DTYPES = ("uint8", "int8")
 FLOAT_OPS = {"conv2d", "dense", "matmul", "add", "reduce_mean", "relu", "clip"}
@@ -103,7 +103,7 @@ def conv_integer_model(
 ) -> onnx.ModelProto:
     """x [2, 4, 7, 6] -> ConvInteger(w [8, 4 / group, 3, 3], zero points) -> y int32."""
     rng = np.random.default_rng(seed)
-    inits = {"w": random_ints(rng, w_dtype, (8, 4 // group, 3, 3))}
+    inits = {"w": weight_ints(rng, w_dtype, (8, 4 // group, 3, 3))}
     names = ["x", "w"]
     if x_zero is not None:
         inits["x_zero"] = scalar(x_zero, x_dtype)
@@ -166,7 +166,7 @@ def matmul_integer_model(
     a_dtype: str, b_dtype: str, a_shape, b_zero, a_zero=5, seed: int = 1
 ) -> onnx.ModelProto:
     rng = np.random.default_rng(seed)
-    inits = {"b": random_ints(rng, b_dtype, (a_shape[-1], 6)), "a_zero": scalar(a_zero, a_dtype)}
+    inits = {"b": weight_ints(rng, b_dtype, (a_shape[-1], 6)), "a_zero": scalar(a_zero, a_dtype)}
     inits["b_zero"] = np.asarray(b_zero, b_dtype)
     node = helper.make_node("MatMulInteger", ["a", "b", "a_zero", "b_zero"], ["y"], name="matmul_integer")
     return model_of([node], {"a": (a_dtype, a_shape)}, ["y"], inits)
@@ -197,7 +197,7 @@ def test_qlinear_ops_with_differing_per_channel_weight_zero_points_equal_onnxrun
     inits = {
         "x_scale": np.float32(0.05),
         "x_zero": scalar(100, "uint8"),
-        "w": rng.integers(-100, 100, (5, 3, 3, 3) if conv else (8, 5)).astype(np.int8),
+        "w": weight_ints(rng, "int8", (5, 3, 3, 3) if conv else (8, 5)),
         "w_scale": rng.uniform(0.01, 0.02, 5).astype(np.float32),
         "w_zero": np.array([1, -2, 3, 0, 5], np.int8),
         "y_scale": np.float32(0.3 if conv else 0.15),
@@ -252,12 +252,12 @@ def qgemm_model(
     m, k, n = 4, 12, 5
     b_dtype = "int8" if dtype == "int8" or per_column else "uint8"
     b_base = 0 if b_dtype == "int8" else 128
-    b = np.clip(random_ints(rng, b_dtype, (n, k) if trans_b else (k, n)).astype(np.int32), -100, 250)
+    b = weight_ints(rng, b_dtype, (n, k) if trans_b else (k, n))
     zero = 0 if dtype == "int8" else 128
     inits = {
         "a_scale": np.float32(0.021),
         "a_zero": scalar(zero - 13, dtype),
-        "b": b.astype(b_dtype),
+        "b": b,
         "b_scale": rng.uniform(0.003, 0.02, n).astype(np.float32) if per_column else np.float32(0.0125),
         "b_zero": np.array([b_base - 3, b_base + 2, b_base, b_base + 5, b_base - 1], b_dtype)
         if per_column
@@ -379,15 +379,15 @@ def test_compiled_package_equals_onnxruntime(tmp_path):
     to onnxruntime."""
     rng = np.random.default_rng(3)
     inits = {
-        "w": random_ints(rng, "int8", (6, 4, 3, 3)),
+        "w": weight_ints(rng, "int8", (6, 4, 3, 3)),
         "x_zero": scalar(3, "uint8"),
         "w_zero": scalar(0, "int8"),
-        "b": random_ints(rng, "int8", (20, 7)),
+        "b": weight_ints(rng, "int8", (20, 7)),
         "a_zero": scalar(250, "uint8"),
         "b_zero": scalar(-2, "int8"),
         "x_scale": np.float32(0.05),
         "x_zero_q": scalar(131, "uint8"),
-        "g": random_ints(rng, "int8", (7, 5)),
+        "g": weight_ints(rng, "int8", (7, 5)),
         "g_scale": np.float32(0.02),
         "g_zero": scalar(0, "int8"),
         "g_bias": rng.integers(-500, 500, 7).astype(np.int32),

@@ -22,7 +22,7 @@ from aotc.graph.interpret import run_graph
 from aotc.validate import compare, format_report_row
 from recipes.zoo import onnx_models as zoo
 
-from .onnx_util import make_graph_model
+from .onnx_util import make_graph_model, weight_ints
 
 MODELS = {
     "residual_block": (zoo.residual_block, {"qnn.conv2d_nhwc": 4, "qnn.add": 1}),
@@ -214,7 +214,7 @@ def _conv_clip_model(low: float, high: float, alpha: float) -> onnx.ModelProto:
     inits = {
         "x_scale": x_scale,
         "x_zero": np.uint8(120),
-        "w": rng.integers(-127, 128, (6, 4, 3, 3)).astype(np.int8),
+        "w": weight_ints(rng, "int8", (6, 4, 3, 3)),
         "w_scale": w_scale,
         "w_zero": np.zeros(6, np.int8),
         "b": rng.integers(-500, 500, 6).astype(np.int32),
@@ -224,7 +224,7 @@ def _conv_clip_model(low: float, high: float, alpha: float) -> onnx.ModelProto:
         "high": np.float32(high),
         "y_scale": y_scale,
         "y_zero": np.uint8(0),
-        "g": rng.integers(-127, 128, (5, 6 * 6 * 6)).astype(np.int8),
+        "g": weight_ints(rng, "int8", (5, 6 * 6 * 6)),
         "g_scale": np.float32(0.01),
         "g_zero": np.int8(0),
         "out_scale": g_scale,
