@@ -42,6 +42,28 @@ def test_register_block_fits_the_register_file(dag, cpu, registers, most):
     assert 4 <= _accumulators(dag, target) <= most
 
 
+def _int8_conv(c: int, hw: int) -> ComputeDAG:
+    from .test_dot_products import quantized_dag
+
+    return quantized_dag("qnn.conv2d_nhwc", (1, hw, hw, c), (c, 3, 3, c), "int8", 3, True)
+
+
+@pytest.mark.parametrize(
+    "dag", [_conv(256, 14), _conv(512, 7), _int8_conv(256, 14), _int8_conv(512, 7)], ids=str
+)
+@pytest.mark.parametrize("cpu", ["znver3", "znver4"])
+def test_register_block_divides_the_axes_it_blocks(dag, cpu):
+    """ResNet's 14x14 and 7x7 stages: a register block that left a partial tile (AVX2's 12 accumulators
+    as 6 rows of 14) had a loop of variable extent, its accumulators in memory (1.7x slower on znver3)."""
+    target = parse_target(f"llvm -mcpu={cpu}")
+    s = infer_bound(default_schedule(dag, target))
+    extents = {a.name: a.extent for op in dag.compute_ops for a in op.axes}
+    stage = next(st for st in s.stages if any(it.name.endswith(".3") for it in st.iters))
+    blocks = {it.name[:-2]: it.extent for it in stage.iters if it.name.endswith(".3") and it.extent > 1}
+    assert blocks and all(extents[name] % b == 0 for name, b in blocks.items()), blocks
+    assert math.prod(blocks.values()) >= 4, blocks
+
+
 def test_row_reductions_run_in_parallel():
     """Softmax's row max and row sum (512 rows of 128) are worth a parallel loop though each has fewer
     than MIN_PARALLEL_POINTS outputs: their threads' work includes the reduction."""

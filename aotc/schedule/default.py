@@ -124,6 +124,23 @@ def _block(extent: int, most: int) -> int:
     return min(most, extent)
 
 
+def _divisor_block(extent: int, most: int) -> int:
+    """The largest divisor of `extent` up to `most`."""
+    return max(c for c in range(1, min(most, extent) + 1) if extent % c == 0)
+
+
+def _pixel_blocks(axes: list[IterVar], room: int, block) -> dict[str, int]:
+    """Register-block lengths of `axes` in turn (each `block(extent, most)`, at most 8) while `room`
+    accumulators are left for at least two."""
+    out: dict[str, int] = {}
+    for a in axes:
+        if room < 2:
+            break
+        out[a.name] = b = block(a.extent, min(8, room))
+        room //= b
+    return out
+
+
 def _reduce_tile(extent: int) -> int:
     if extent <= 16:
         return extent
@@ -154,7 +171,7 @@ def _tile_lengths(
     spatial = list(op.axes)
     lengths = {a.name: [1, 1, 1] for a in spatial}
     vec = 1
-    regs = 1
+    vector_counts = [1]  # vectors of the vector axis per register block, the preferred first
     if dot is not None:
         # Several vectors of output channels per block: each input broadcast (and its x ^ 0x80) then
         # feeds several dot products. A long reduction takes two and a taller block of pixels, which
@@ -164,13 +181,14 @@ def _tile_lengths(
         vec = dot.form.lanes
         depth = op.all_axes[dot.depth].extent
         most = DOT_VECTORS if depth <= DOT_SHORT_REDUCTION else DOT_LONG_VECTORS
-        vectors = _block(vec_axis.extent // vec, most)
-        lengths[vec_axis.name] = [1, 1, vectors]
-        regs = vectors * -(-vec // lanes)
+        per_vector = -(-vec // lanes)
+        first = _block(vec_axis.extent // vec, most)
+        vector_counts = [first, *(v for v in range(first - 1, 0, -1) if (vec_axis.extent // vec) % v == 0)]
     elif vec_axis is not None:
         vec = _vector_tile(vec_axis.extent, lanes)
-        lengths[vec_axis.name] = [1, 1, vec]
-        regs = -(-vec // lanes)
+        per_vector = -(-vec // lanes)
+    else:
+        per_vector = 1
     # Register-block first the axes that leave the weight's index alone: each weight vector loaded is
     # then reused across the whole block (a batch axis that picks another weight matrix reuses nothing).
     weight_vars = {
@@ -181,13 +199,24 @@ def _tile_lengths(
         key=lambda a: (a.var in weight_vars, -a.extent),
     )
     accumulators = min(MAX_ACCUMULATORS, target.hw.vector_registers - SPARE_REGISTERS)
-    for a in others:
-        room = accumulators // regs
-        if room < 2:
-            break
-        b = _block(a.extent, min(8, room))
-        lengths[a.name] = [1, 1, b]
-        regs *= b
+    vectors = vector_counts[0]
+    blocks = _pixel_blocks(others, accumulators // (vectors * per_vector), _block)
+    if any(a.extent % blocks.get(a.name, 1) for a in others):
+        # A block that does not divide its axis leaves a partial tile whose loop has a variable extent:
+        # it is not unrolled and its accumulators live in memory (AVX2's 12 accumulators on a 14x14 or
+        # 7x7 ResNet stage: 6 rows). Blocks that divide, with as many accumulators as the vector counts
+        # allow, instead.
+        def filled(v: int) -> tuple[int, int, dict[str, int]]:
+            b = _pixel_blocks(others, accumulators // (v * per_vector), _divisor_block)
+            return v * int(np.prod(list(b.values()) or [1])), v, b
+
+        _, vectors, blocks = max((filled(v) for v in vector_counts), key=lambda f: f[0])
+    if dot is not None:
+        lengths[vec_axis.name] = [1, 1, vectors]
+    elif vec_axis is not None:
+        lengths[vec_axis.name] = [1, 1, vec]
+    for name, b in blocks.items():
+        lengths[name] = [1, 1, b]
     for k, a in enumerate(op.reduce_axes, start=len(op.axes)):
         depth = dot.form.depth if dot is not None and k == dot.depth else 1
         lengths[a.name] = [_reduce_tile(a.extent // depth)]
