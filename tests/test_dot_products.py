@@ -21,7 +21,7 @@ from aotc.schedule.default import default_schedule
 from aotc.schedule.layout import apply_layouts, rewrite_layout
 from aotc.schedule.lower import lower
 from aotc.schedule.state import Annotation
-from aotc.schedule.steps import SplitStep
+from aotc.schedule.steps import SplitStep, replay
 from aotc.search.annotation import sample_state
 from aotc.search.lowering import loop_error, lowered
 from aotc.search.params import SearchParams
@@ -29,7 +29,7 @@ from aotc.search.sketch import SearchContext, generate_sketches
 from aotc.target import cpu_features, host_target, parse_target
 from aotc.te.dag import ComputeDAG
 from aotc.te.reference import evaluate
-from aotc.te.tensor import LAYOUT_FREE, placeholder
+from aotc.te.tensor import LAYOUT_FREE, NARROW_WEIGHTS, placeholder
 from aotc.topi.registry import get_op
 
 ZNVER4 = "llvm -mcpu=znver4 -num-cores=1"
@@ -75,13 +75,23 @@ def layer_attrs(op: str, w_shape: tuple, zx: int, per_channel: bool) -> dict:
 
 
 def quantized_dag(
-    op: str, x_shape: tuple, w_shape: tuple, x_dtype: str, zx: int, per_channel: bool, folded: bool = True
+    op: str,
+    x_shape: tuple,
+    w_shape: tuple,
+    x_dtype: str,
+    zx: int,
+    per_channel: bool,
+    folded: bool = True,
+    narrow: bool = False,
 ) -> ComputeDAG:
     """A qnn conv (3x3, pad 1), depthwise conv (3 rows of `w_shape[2]` taps, padded on the right as
     pad_depthwise_taps leaves a 3x3 window) or dense layer with a constant (layout-free) weight and bias,
-    its input zero point folded into the bias as the graph pass leaves it (`folded`)."""
+    its input zero point folded into the bias as the graph pass leaves it (`folded`); `narrow`: marked as
+    the graph marks weights within +-64 (NARROW_WEIGHTS)."""
     out_c = w_shape[3] if op == "qnn.depthwise_conv2d_nhwc" else w_shape[0]
     attrs = layer_attrs(op, w_shape, zx, per_channel) | {"input_zero_point_in_bias": folded}
+    if narrow:
+        attrs[NARROW_WEIGHTS] = True
     x = placeholder(x_shape, x_dtype, name="x")
     w = placeholder(w_shape, "int8", name="w", tag=LAYOUT_FREE)
     b = placeholder((out_c,), "int32", name="b", tag=LAYOUT_FREE)
@@ -103,14 +113,22 @@ def lane_extent(case: str) -> int:
 
 
 def feed_for(dag: ComputeDAG, seed: int = 0) -> dict[str, np.ndarray]:
+    """Seeded inputs; a NARROW_WEIGHTS layer's weight within +-64, a third of it at the bound and a third of
+    its input at the type's extremes (the largest pair sums vpmaddubsw can meet)."""
     rng = np.random.default_rng(seed)
+    narrow = any(op.attrs.get(NARROW_WEIGHTS) for op in dag.compute_ops)
     out = {}
     for p in dag.placeholders:
         if p.dtype == "int32":
             out[p.name] = rng.integers(-5000, 5000, p.shape).astype(np.int32)
-        else:
-            info = np.iinfo(p.dtype)
-            out[p.name] = rng.integers(info.min, info.max + 1, p.shape).astype(p.dtype)
+            continue
+        info = np.iinfo(p.dtype)
+        low, high = (-64, 64) if narrow and p.name == "w" else (int(info.min), int(info.max))
+        values = rng.integers(low, high + 1, p.shape)
+        if narrow:
+            extremes = rng.choice([low, high], p.shape)
+            values = np.where(rng.random(p.shape) < 1 / 3, extremes, values)
+        out[p.name] = values.astype(p.dtype)
     return out
 
 
@@ -202,13 +220,43 @@ def test_int8_input_at_zero_point_minus_128_needs_no_fold(tmp_path):
     check_exact(dag, state, target, tmp_path, "z")
 
 
+AVX2 = "llvm -mcpu=znver3 -num-cores=1"
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_narrow_weights_run_on_maddubs_exactly(case, tmp_path):
+    """Weights within +-64 (the graph's NARROW_WEIGHTS): AVX2 sums 4 products per lane with vpmaddubsw and
+    vpmaddwd by ones, bit-exact at the largest pair sums (255 * 64 * 2), in the default schedule and in
+    sampled ones."""
+    target = parse_target(AVX2)
+    dag = quantized_dag(*CASES[case], narrow=True)
+    state = default_schedule(dag, target)
+    (loop,) = tensorized(lower(state))
+    assert loop.max_extent == 4 and loop.narrow
+    states = [state, *sampled_states(dag, target, 2, seed=sorted(CASES).index(case))]
+    for i, s in enumerate(states):
+        asm = check_exact(dag, s, target, tmp_path, f"n{i}")
+        assert "\tvpmaddubsw\t" in asm, f"{case} program {i}: no vpmaddubsw"
+
+
+def test_maddubs_is_refused_without_narrow_weights():
+    """A program of a narrow layer replayed on the same layer unmarked: no form sums 4 products exactly."""
+    target = parse_target(AVX2)
+    case = CASES["conv_int8_per_channel"]
+    narrow_state = default_schedule(quantized_dag(*case, narrow=True), target)
+    plain = quantized_dag(*case)
+    err = loop_error(lower(replay(plain, narrow_state.steps)), target)
+    assert err is not None and "4 products" in err, err
+    assert max(loop.max_extent for loop in tensorized(lower(default_schedule(plain, target)))) == 2
+
+
 def test_dot_forms_follow_the_cpu_features():
     def forms(text: str) -> set[tuple[str, int, int]]:
         return {(f.name, f.lanes, f.depth) for f in dot_forms(parse_target(text))}
 
     assert forms(ZNVER4) == {("vnni", 16, 4), ("vnni", 8, 4), ("maddwd", 16, 2), ("maddwd", 8, 2)}
-    assert forms("llvm -mcpu=znver3") == {("maddwd", 8, 2)}
-    assert forms("llvm -mcpu=skylake-avx512") == {("maddwd", 16, 2), ("maddwd", 8, 2)}
+    assert forms("llvm -mcpu=znver3") == {("maddubs", 8, 4), ("maddwd", 8, 2)}
+    assert forms("llvm -mcpu=skylake-avx512") == {("maddubs", 8, 4), ("maddwd", 16, 2), ("maddwd", 8, 2)}
     assert forms("llvm -mcpu=sierraforest") >= {("vnni", 8, 4)}  # AVX-VNNI without AVX-512
     assert forms("llvm -mtriple=aarch64-linux-gnu") == set()
     # usdot needs FEAT_I8MM; sdot/udot need FEAT_DotProd only (a Cortex-A76), tests/test_arm_dot.py

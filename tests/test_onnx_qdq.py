@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -16,9 +17,19 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import aotc
+from aotc.build import load_variants
+from aotc.codegen.llvm import build_llvm_ir, compile_to_assembly
 from aotc.frontend.errors import ConversionError
 from aotc.frontend.onnx import load_onnx
 from aotc.graph.interpret import run_graph
+from aotc.graph.partition import extract_tasks
+from aotc.graph.passes import optimize
+from aotc.recipe import Recipe
+from aotc.schedule.layout import rewrite_layout
+from aotc.schedule.lower import lower
+from aotc.search.untuned import untuned_schedule
+from aotc.target import cpu_features, host_target, parse_target
+from aotc.te.tensor import NARROW_WEIGHTS
 from aotc.validate import compare, format_report_row
 from recipes.zoo import onnx_models as zoo
 
@@ -114,6 +125,54 @@ def test_compiled_qdq_package_equals_the_graph_and_matches_onnxruntime(
         for out, value in expected.items():
             np.testing.assert_array_equal(got[out], value, err_msg=out)
         assert_matches(got, onnxruntime_outputs(path, feeds), quantized, scale, f"{name} (package)")
+
+
+def untuned_assembly(model: str, target: str) -> str:
+    """The assembly of the untuned kernels a build of `model` for `target` compiles."""
+    recipe = Recipe(model=Path(model), target=target)
+    ((graph, groups),) = load_variants(recipe)
+    t = parse_target(target)
+    funcs = []
+    for i, task in enumerate(extract_tasks(groups)):
+        state, _ = rewrite_layout(untuned_schedule(task.dag, t))
+        funcs.append(lower(state, f"k{i}"))
+    return compile_to_assembly(build_llvm_ir(funcs, t), t)
+
+
+def test_reduce_range_weights_run_on_avx2_maddubs_and_match_onnxruntime(tmp_path):
+    """7-bit weights (quantize_static's reduce_range, the tests' default) built for znver3 (AVX2): every
+    conv and dense layer is marked NARROW_WEIGHTS, its kernels sum products with vpmaddubsw, and the
+    package equals the graph and matches onnxruntime; full-range weights are not marked (vpmaddwd)."""
+    full = zoo.quantize(zoo.residual_block(), tmp_path / "full.onnx", True, "uint8", reduce_range=False)
+    layers = ("qnn.conv2d_nhwc", "qnn.depthwise_conv2d_nhwc", "qnn.dense")
+    assert not any(
+        n.attrs.get(NARROW_WEIGHTS) for n in optimize(load_onnx(str(full)), narrow_dots=True).nodes
+    )
+    for name, per_channel, activations in (
+        ("residual_block", True, "uint8"),
+        ("depthwise_separable", False, "int8"),
+    ):
+        path, quantized, scale = quantized_model(tmp_path, name, per_channel, activations)
+        marked = [
+            n.attrs.get(NARROW_WEIGHTS)
+            for n in optimize(load_onnx(path), narrow_dots=True).nodes
+            if n.op in layers
+        ]
+        assert marked and all(marked), marked
+        package = aotc.compile(
+            path, "llvm -mcpu=znver3", output=tmp_path / f"{name}.aotc", validate=False, log=lambda _: None
+        )
+        assert "\tvpmaddubsw\t" in untuned_assembly(path, "llvm -mcpu=znver3")
+        if not set(cpu_features(parse_target("llvm -mcpu=znver3"))) <= set(cpu_features(host_target())):
+            continue
+        model, graph = package.load(), load_onnx(path)
+        for feeds in seeded_inputs(path)[:2]:
+            got = model.run(feeds)
+            for out, value in run_graph(graph, feeds).items():
+                np.testing.assert_array_equal(got[out], value, err_msg=out)
+            assert_matches(
+                got, onnxruntime_outputs(path, feeds), quantized, scale, f"{name} (znver3 package)"
+            )
 
 
 def _float_model(name: str) -> onnx.ModelProto:

@@ -340,7 +340,14 @@ class StmtGen(ExprGen):
         acc = self.load(dot.acc, off)
         vt = vtype("i32", lanes)
         ops = form.operand_type
-        if not form.widens:  # the instruction adds its sums to the accumulator itself
+        if form.pairs_by:  # int16 sums of pairs of products, then each lane's two pairs summed
+            half = vtype("i16", 2 * lanes)
+            fn = self.mod.intrinsic(form.intrinsic, half, [ops, ops])
+            pairs = self.fb.op(f"call {half} {fn}({ops} {u}, {ops} {w})")
+            by = self.mod.intrinsic(form.pairs_by, vt, [half, half])
+            sums = self.fb.op(f"call {vt} {by}({half} {pairs}, {half} splat (i16 1))")
+            total = self.fb.op(f"add {vt} {acc.ref}, {sums}")
+        elif not form.widens:  # the instruction adds its sums to the accumulator itself
             fn = self.mod.intrinsic(form.intrinsic, vt, [vt, ops, ops])
             total = self.fb.op(f"call {vt} {fn}({acc.typed}, {ops} {u}, {ops} {w})")
         else:

@@ -7,9 +7,10 @@ import numpy as np
 
 from aotc.graph.ir import Derivation, Graph, Node, TensorType, Value
 from aotc.graph.layout import TO_NCHW, TO_NHWC, to_nhwc
+from aotc.te.tensor import NARROW_WEIGHTS
 from aotc.topi import winograd
 from aotc.topi.nn import as_pads, as_pair
-from aotc.topi.quantized import mac_zero_point, requantize_tables
+from aotc.topi.quantized import NARROW_BOUND, mac_zero_point, requantize_tables
 
 IDENTITY_OPS = frozenset({"identity"})
 
@@ -32,11 +33,14 @@ def optimize(
     nhwc: bool = True,
     dot_products: bool = True,
     same_sign_dots: bool = False,
+    narrow_dots: bool = False,
 ) -> Graph:
     """The graph passes of a build. `dot_products`: the target has dot-product instructions
     (aotc.ir.dot.dot_forms), so quantized convs are padded to the depth they sum. `same_sign_dots`: they
     read factors of one signedness only (aotc.ir.dot.same_sign_only: AArch64 sdot/udot), so the input
-    zero point fold keeps an input's factor of the weight's signedness."""
+    zero point fold keeps an input's factor of the weight's signedness. `narrow_dots`: one of them is exact
+    only on weights within +-64 (AVX2's vpmaddubsw; aotc.ir.dot.has_narrow_forms), so layers whose
+    constant weights are get marked (`mark_narrow_weights`)."""
     graph = remove_identities(graph)
     graph = fold_batch_norm(graph)
     if nhwc:
@@ -45,6 +49,8 @@ def optimize(
         graph = pad_conv_channels(graph)
         graph = pad_depthwise_taps(graph)
     graph = fold_input_zero_point(graph, same_sign=same_sign_dots)
+    if narrow_dots:
+        graph = mark_narrow_weights(graph)
     graph = constant_requantize_tables(graph)
     if winograd:
         graph = winograd_convolutions(graph)
@@ -180,6 +186,25 @@ def fold_input_zero_point(graph: Graph, same_sign: bool = False) -> Graph:
         node.attrs = {**node.attrs, "input_zero_point_in_bias": True}
         if same_sign:
             node.attrs["mac_zero_point"] = m
+    return graph
+
+
+def mark_narrow_weights(graph: Graph) -> Graph:
+    """A quantized conv or dense layer whose constant int8 weight (zero point 0) lies within +-NARROW_BOUND
+    gets NARROW_WEIGHTS: its products may then run on AVX2's vpmaddubsw, whose int16 pair sums cannot
+    saturate (255 * 128 < 2**15). onnxruntime's `reduce_range` models (7-bit weights, its advice for x86
+    without VNNI) are; full-range weights are not, and keep vpmaddwd. Only targets with such a form get
+    the attr, so no other target's workload keys change."""
+    for node in graph.nodes:
+        if node.op not in _WEIGHT_CHANNEL_AXIS or len(node.inputs) < 2 or any(_weight_zero_points(node)):
+            continue
+        weight = node.inputs[1]
+        if (
+            weight.is_constant
+            and weight.type.dtype == "int8"
+            and np.abs(weight.data.astype(np.int16)).max() <= NARROW_BOUND
+        ):
+            node.attrs = {**node.attrs, NARROW_WEIGHTS: True}
     return graph
 
 

@@ -8,6 +8,11 @@ of a form the target has:
 - `vnni`: AVX-512 VNNI / AVX-VNNI `vpdpbusd`, 4 unsigned x signed byte products per lane. `u` is a uint8
   value, or an int8 value plus 128 (read as `x ^ 0x80`: the graph moved 128 * sum(w) into the bias,
   so the sum stays exact); `s` is int8.
+- `maddubs`: AVX2 `vpmaddubsw` then `vpmaddwd` by ones, vpdpbusd's 4 unsigned x signed byte products per
+  lane in two instructions. vpmaddubsw adds pairs of products in int16 with saturation, so it is exact
+  only where every signed factor is within +-64 (a pair then sums to at most 255 * 128 = 32640): the
+  graph checked the constant weights and marked the op (aotc.te.tensor.NARROW_WEIGHTS: onnxruntime's
+  `reduce_range` models), and only such an op's tensorized loops (`For.narrow`) may take this form.
 - `maddwd`: AVX2 / AVX-512BW `vpmaddwd` on values widened to 16 bits, 2 products per lane; any 8-bit
   `u` and `s` (each product and the pair's sum fit 32 bits exactly).
 - `usdot`: AArch64 `usdot` (FEAT_I8MM), vpdpbusd's unsigned x signed byte products on 4 NEON lanes.
@@ -47,6 +52,8 @@ class DotForm:
     intrinsic: str
     signs: str  # one of SIGNS: "us" for vpdpbusd and usdot (u8 x s8), "ss" sdot, "uu" udot
     widens: bool = False  # the operands are widened to 16 bits and the products' sums added to the acc
+    narrow_only: bool = False  # exact only where the signed factors are within +-64 (maddubs)
+    pairs_by: str = ""  # an intrinsic that sums the first's int16 pairs into the lanes (vpmaddwd by ones)
 
     @property
     def operand_type(self) -> str:
@@ -59,6 +66,19 @@ _FORMS = (
     ("x86_64", ("avx512vnni",), DotForm("vnni", 16, 4, "llvm.x86.avx512.vpdpbusd.512", "us")),
     ("x86_64", ("avx512vnni", "avx512vl"), DotForm("vnni", 8, 4, "llvm.x86.avx512.vpdpbusd.256", "us")),
     ("x86_64", ("avxvnni",), DotForm("vnni", 8, 4, "llvm.x86.avx512.vpdpbusd.256", "us")),
+    (
+        "x86_64",
+        ("avx2",),
+        DotForm(
+            "maddubs",
+            8,
+            4,
+            "llvm.x86.avx2.pmadd.ub.sw",
+            "us",
+            narrow_only=True,
+            pairs_by="llvm.x86.avx2.pmadd.wd",
+        ),
+    ),
     ("x86_64", ("avx512bw",), DotForm("maddwd", 16, 2, "llvm.x86.avx512.pmaddw.d.512", "any", True)),
     ("x86_64", ("avx2",), DotForm("maddwd", 8, 2, "llvm.x86.avx2.pmadd.wd", "any", True)),
     # usdot first: where both exist, a product of mixed signedness takes it, matching ones sdot/udot
@@ -77,8 +97,21 @@ def dot_forms(target: Target) -> tuple[DotForm, ...]:
     out: dict[tuple[str, int], DotForm] = {}
     for isa, required, form in _FORMS:
         if isa == target.isa and set(required) <= feats:
+            # an exact form of the same shape (VNNI) makes a narrow-only one pointless
+            if form.narrow_only and any((f.lanes, f.depth) == (form.lanes, form.depth) for f in out.values()):
+                continue
             out.setdefault((form.name, form.lanes), form)
     return tuple(out.values())
+
+
+def usable_forms(forms: Sequence[DotForm], narrow: bool) -> tuple[DotForm, ...]:
+    """`forms` less those exact only on narrow weights, unless the op's weights are (`narrow`)."""
+    return tuple(f for f in forms if narrow or not f.narrow_only)
+
+
+def has_narrow_forms(forms: Sequence[DotForm]) -> bool:
+    """Whether a form among `forms` needs the graph to mark the ops whose weights are narrow."""
+    return any(f.narrow_only for f in forms)
 
 
 def same_sign_only(forms: Sequence[DotForm]) -> bool:
@@ -209,6 +242,7 @@ def tensorized_dot(
     if isinstance(dot, str):
         return dot
     depth = loop.max_extent
+    forms = usable_forms(forms, loop.narrow)
     shaped = [f for f in forms if f.lanes == lanes and f.depth == depth]
     # the first form of this shape that reads these factors (usdot before sdot/udot); else the first's error
     form = next((f for f in shaped if form_error(dot.u, dot.s, f, lanes, depth, "") is None), None)

@@ -30,7 +30,8 @@ class For(Stmt):
 
     `extent` is evaluated once, before the loop, and must not exceed `max_extent`. A vectorized loop
     has `max_extent` lanes; when `extent` is not that constant the lanes at or past `extent` are
-    masked off. `thread_tag` names the binding of THREAD_BINDING loops.
+    masked off. `thread_tag` names the binding of THREAD_BINDING loops. `narrow`: a TENSORIZED loop of an op
+    whose signed factors the graph found within +-64 (ir/dot.py's `maddubs` form may run it).
     """
 
     var: Var
@@ -39,6 +40,7 @@ class For(Stmt):
     kind: ForKind
     body: Stmt
     thread_tag: str = ""
+    narrow: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,7 +139,15 @@ def substitute_stmt(s: Stmt, mapping: dict) -> Stmt:
         return substitute(e, mapping)
 
     if isinstance(s, For):
-        return For(s.var, sub(s.extent), s.max_extent, s.kind, substitute_stmt(s.body, mapping), s.thread_tag)
+        return For(
+            s.var,
+            sub(s.extent),
+            s.max_extent,
+            s.kind,
+            substitute_stmt(s.body, mapping),
+            s.thread_tag,
+            s.narrow,
+        )
     if isinstance(s, Seq):
         return Seq(tuple(substitute_stmt(c, mapping) for c in s.stmts))
     if isinstance(s, IfThenElse):

@@ -65,7 +65,7 @@ from aotc.schedule.state import (
     overflowing_splits,
     propagate_extents,
 )
-from aotc.te.tensor import ComputeOp, PlaceholderOp
+from aotc.te.tensor import NARROW_WEIGHTS, ComputeOp, PlaceholderOp
 
 _FOR_KIND = {
     Annotation.NONE: ForKind.SERIAL,
@@ -595,7 +595,8 @@ class _Lowering:
             if attach:
                 body = self._with_attached(info.index, it.uid, body)
             if extent > 1:
-                body = For(var, ext_expr, extent, kind, body, tag)
+                narrow = kind == ForKind.TENSORIZED and bool(st.op.attrs.get(NARROW_WEIGHTS))
+                body = For(var, ext_expr, extent, kind, body, tag, narrow)
         top = [g.cond() for g in placed.get(-1, [])]
         if top:
             body = IfThenElse(logical_and(*top), body)

@@ -8,12 +8,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from aotc.ir.dot import DotForm, dot_operands, form_error
+from aotc.ir.dot import DotForm, dot_operands, form_error, usable_forms
 from aotc.ir.expr import Reduce, TensorRead, Var, free_vars
 from aotc.ir.simplify import linear_terms
 from aotc.schedule.state import ComputeAtKind, IterKind, ScheduleError, State
 from aotc.te.dag import reads_of
-from aotc.te.tensor import CONST_INDEX_AXES, ComputeOp
+from aotc.te.tensor import CONST_INDEX_AXES, NARROW_WEIGHTS, ComputeOp
 
 
 def multi_level_tile(
@@ -122,7 +122,7 @@ def dot_tilings(op, forms: Sequence[DotForm]) -> list[DotTiling]:
         return []
     lane = lanes[-1]
     out: dict[int, DotTiling] = {}
-    for form in forms:
+    for form in usable_forms(forms, bool(op.attrs.get(NARROW_WEIGHTS))):
         if form.lanes in out or form_error(u, w, form, form.lanes, form.depth, ""):
             continue
         if axes[lane].extent % form.lanes or axes[depth].extent % form.depth:

@@ -106,6 +106,10 @@ CONST_INDEX_AXES = "const_index_axes"
 """Compute attr: ((axis position, period), ...) of the axes (taken modulo period when > 1) that a body's
 constant coefficients depend on; unrolling them turns the coefficients into literals."""
 
+NARROW_WEIGHTS = "narrow_weights"
+"""Compute attr of an 8-bit sum of products: the graph found its constant int8 weights within +-64, so
+AVX2's vpmaddubsw, whose int16 sums of two products saturate, is exact on it (aotc.ir.dot's `maddubs`)."""
+
 
 def placeholder(
     shape: Sequence[int], dtype: str = "float32", name: str = "placeholder", tag: str = ""

@@ -37,7 +37,7 @@ from aotc.ir.expr import (
     round_,
     select,
 )
-from aotc.te.tensor import Operation
+from aotc.te.tensor import NARROW_WEIGHTS, Operation
 from aotc.topi.elemwise import broadcast_read, broadcast_shape
 from aotc.topi.nhwc import conv2d_nhwc, depthwise_conv2d_nhwc, pool2d_nhwc, window_attrs
 from aotc.topi.nn import reduced_index
@@ -59,6 +59,9 @@ ACTIVATIONS: dict[str, tuple[float | None, float | None]] = {
     "RELU6": (0.0, 6.0),
     "RELU_N1_TO_1": (-1.0, 1.0),
 }
+NARROW_BOUND = (
+    64  # int8 weights within +-64: a pair of products with a uint8 sums to at most 255 * 128 < 2**15
+)
 
 
 def f32(v: float) -> float:
@@ -376,6 +379,12 @@ def _weight_zero_point(attrs: dict, what: str) -> int:
     return zps.pop()
 
 
+def _mark_narrow(acc: Operation, attrs: dict) -> None:
+    """The accumulation of a layer the graph marked NARROW_WEIGHTS carries the mark (ir/dot.py's maddubs)."""
+    if attrs.get(NARROW_WEIGHTS):
+        acc.attrs[NARROW_WEIGHTS] = True
+
+
 def qnn_conv(inputs: Sequence[Operation], attrs: dict, depthwise: bool) -> Operation:
     data, weight = inputs[:2]
     what = "qnn.depthwise_conv2d_nhwc" if depthwise else "qnn.conv2d_nhwc"
@@ -408,6 +417,7 @@ def qnn_conv(inputs: Sequence[Operation], attrs: dict, depthwise: bool) -> Opera
             term=term,
             name=f"{name}_acc",
         )
+    _mark_narrow(acc, attrs)
     bias = inputs[2] if len(inputs) > 2 else None
     if attrs.get("out_dtype") == ACCUMULATOR_DTYPE:
         return _accumulator_output(acc, attrs, name, bias)
@@ -453,6 +463,7 @@ def _qnn_dense(inputs, attrs):
         return te.sum(term(data[(*i[:-1], rk.var)], weight[i[-1], rk.var]), rk)
 
     acc = te.compute((*lead, n), body, "qnn_dense_acc", tag="dense")
+    _mark_narrow(acc, attrs)
     bias = inputs[2] if len(inputs) > 2 else None
     if attrs.get("out_dtype") == ACCUMULATOR_DTYPE:
         return [_accumulator_output(acc, attrs, "qnn_dense", bias)]
