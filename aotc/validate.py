@@ -120,19 +120,53 @@ def _has_low_precision_io(model: Path) -> bool:
     return False
 
 
+INTEGER_PRODUCT_OPS = frozenset({"QLinearConv", "QLinearMatMul", "ConvInteger", "MatMulInteger"})
+"""ONNX operators whose 8-bit products onnxruntime computes on its u8s8 kernels."""
+
+
+def onnxruntime_saturates(model: Path, host_features: frozenset[str] | None = None) -> str | None:
+    """Where onnxruntime's integer products would not be the model's on this CPU: on x86 without VNNI its
+    u8s8 kernel adds pairs of products in int16 with saturation (vpmaddubsw), off by up to 98 LSB on 8-bit
+    weights. "qoperator": the model names such operators (ONNX's own; com.microsoft ones only onnxruntime
+    runs, so such a model keeps it); "qdq": its optimizer would fuse the model's DequantizeLinear /
+    QuantizeLinear groups into them; None: it computes exactly (a CPU with VNNI, no quantized operators)."""
+    if host_features is None:
+        from aotc.target import cpu_features, host_target
+
+        host = host_target()
+        if host.isa != "x86_64":
+            return None
+        host_features = frozenset(cpu_features(host))
+    if host_features & {"avx512vnni", "avxvnni"}:
+        return None
+    import onnx
+
+    ops = {(n.domain or "", n.op_type) for n in onnx.load(str(model), load_external_data=False).graph.node}
+    if any(domain == "com.microsoft" for domain, _ in ops):
+        return None  # its QGemm, QLinearAdd...: only onnxruntime runs them, saturating or not
+    if any(op in INTEGER_PRODUCT_OPS for _, op in ops):
+        return "qoperator"
+    return "qdq" if ("", "DequantizeLinear") in ops else None
+
+
 def reference_outputs(
     model: Path, inputs: Mapping[str, np.ndarray], requantize: str = DEFAULT_REQUANTIZE
 ) -> dict[str, np.ndarray]:
     """onnxruntime's outputs, or LiteRT's with the kernels whose int8 arithmetic `requantize` (the
-    build's) follows: float, the default XNNPACK delegate; fixed_point, TFLite's builtin kernels."""
+    build's) follows: float, the default XNNPACK delegate; fixed_point, TFLite's builtin kernels. Where
+    onnxruntime's integer products saturate on this CPU (`onnxruntime_saturates`), a QDQ model runs
+    without onnxruntime's graph optimizations (each DequantizeLinear, float operator and QuantizeLinear as
+    the model writes it) and a model of quantized operators on ONNX's reference evaluator."""
     suffix = Path(model).suffix.lower()
     if suffix == ".tflite":
         return litert_outputs(model, inputs, xnnpack=requantize == "float")
     if suffix != ".onnx":
         raise ValueError(f"{model}: no reference runtime for {suffix!r} models")
-    if _has_low_precision_io(model):
-        # onnxruntime's Python API takes and returns no ml_dtypes arrays (bfloat16, float8, int4...):
-        # ONNX's own reference evaluator, which defines these types' semantics, runs the model instead
+    saturates = onnxruntime_saturates(model)
+    if _has_low_precision_io(model) or saturates == "qoperator":
+        # onnxruntime's Python API takes and returns no ml_dtypes arrays (bfloat16, float8, int4...), and
+        # its integer products may saturate here: ONNX's own reference evaluator, which defines these
+        # types' and operators' semantics, runs the model instead
         from onnx.reference import ReferenceEvaluator
 
         evaluator = ReferenceEvaluator(str(model))
@@ -149,6 +183,8 @@ def reference_outputs(
 
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = 1
+    if saturates == "qdq":
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     sess = ort.InferenceSession(str(model), opts, providers=["CPUExecutionProvider"])
     names = [o.name for o in sess.get_outputs()]
     declared = {i.name: i.shape for i in sess.get_inputs()}  # a re-batched model runs sample by sample

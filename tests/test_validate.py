@@ -10,7 +10,15 @@ from aotc.build import build
 from aotc.cli import main
 from aotc.recipe import load_recipe
 from aotc.topi import winograd
-from aotc.validate import ATOL, RTOL, ValidationError, compare, format_report_row, validate_package
+from aotc.validate import (
+    ATOL,
+    RTOL,
+    ValidationError,
+    compare,
+    format_report_row,
+    onnxruntime_saturates,
+    validate_package,
+)
 
 from .onnx_util import IR_VERSION
 
@@ -147,3 +155,74 @@ def test_a_variant_row_names_its_batch_size():
 
     row = {"output": "y", "ok": True, "max_abs": 1e-7, "max_rel": 1e-6, "rms": 0.3}
     assert format_report_row({**row, "variant": "x[4, 64]"}) == "  [x[4, 64]] " + format_report_row(row)[2:]
+
+
+def test_onnxruntime_saturates_only_on_x86_without_vnni(tmp_path):
+    """onnxruntime's u8s8 kernel adds product pairs in int16 with saturation where the CPU lacks VNNI: a QDQ
+    model then runs unfused, a model of ONNX's quantized operators on ONNX's reference evaluator."""
+    from recipes.zoo import onnx_models as zoo
+
+    qdq = zoo.quantize(zoo.residual_block(), tmp_path / "qdq.onnx", True, "uint8", reduce_range=False)
+    qop = zoo.quantize(
+        zoo.residual_block(), tmp_path / "qop.onnx", True, "uint8", "QOperator", reduce_range=False
+    )
+    x = tmp_path / "float.onnx"
+    zoo.save(zoo.residual_block(), x)
+    avx2, vnni = frozenset({"avx2"}), frozenset({"avx2", "avx512vnni"})
+    assert onnxruntime_saturates(qdq, avx2) == "qdq" and onnxruntime_saturates(qdq, vnni) is None
+    assert onnxruntime_saturates(x, avx2) is None
+    assert (
+        onnxruntime_saturates(qop, avx2) is None
+    )  # QOperator quantize_static uses com.microsoft's QLinearAdd
+
+
+@pytest.mark.parametrize("reference", ["host", "unfused"])
+def test_a_full_range_qdq_model_validates_on_every_x86_class(tmp_path, monkeypatch, reference):
+    """quantize_static's default 8-bit weights (no reduce_range): the build's validation passes on a CPU
+    without VNNI too (Zen 3 failed it: onnxruntime, not the package, was up to 98 LSB off); `unfused`
+    forces that reference on any CPU."""
+    import aotc
+    from recipes.zoo import onnx_models as zoo
+
+    if reference == "unfused":
+        monkeypatch.setattr("aotc.validate.onnxruntime_saturates", lambda model: "qdq")
+    model = zoo.resnet18(width=8, size=32, classes=10)
+    path = zoo.quantize(model, tmp_path / "resnet.onnx", True, "uint8", reduce_range=False)
+    package = aotc.compile(str(path), output=tmp_path / "resnet.aotc", validate=True, log=lambda _: None)
+    rows = package.result.validation
+    assert rows and all(r["ok"] for r in rows), rows
+
+
+def test_quantized_operators_take_the_reference_evaluator_where_onnxruntime_saturates(tmp_path, monkeypatch):
+    """A QLinearConv with full-range weights: with onnxruntime's saturation assumed (as on Zen 3), the
+    reference is ONNX's evaluator, equal to the exact integer arithmetic of aotc's graph evaluator."""
+    from aotc.frontend.onnx import load_onnx
+    from aotc.graph.interpret import run_graph
+    from aotc.validate import reference_outputs
+
+    rng = np.random.default_rng(0)
+    inits = {
+        "sx": np.float32(0.05),
+        "zx": np.uint8(100),
+        "w": np.where(rng.random((6, 4, 3, 3)) < 0.5, -128, 127).astype(np.int8),
+        "sw": np.float32(0.01),
+        "zw": np.int8(0),
+        "sy": np.float32(2.0),
+        "zy": np.uint8(128),
+    }
+    node = helper.make_node("QLinearConv", ["x", *inits], ["y"], pads=[1, 1, 1, 1])
+    graph = helper.make_graph(
+        [node],
+        "qlinear_conv",
+        [helper.make_tensor_value_info("x", TensorProto.UINT8, [1, 4, 5, 5])],
+        [helper.make_tensor_value_info("y", TensorProto.UINT8, [1, 6, 5, 5])],
+        [numpy_helper.from_array(np.asarray(v), k) for k, v in inits.items()],
+    )
+    path = tmp_path / "qlinear_conv.onnx"
+    onnx.save(
+        helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=IR_VERSION), path
+    )
+    assert onnxruntime_saturates(path, frozenset({"avx2"})) == "qoperator"
+    monkeypatch.setattr("aotc.validate.onnxruntime_saturates", lambda model: "qoperator")
+    x = {"x": rng.integers(200, 256, (1, 4, 5, 5)).astype(np.uint8)}  # large pairs: 255 * 127 * 2 > 2**15
+    np.testing.assert_array_equal(reference_outputs(path, x)["y"], run_graph(load_onnx(str(path)), x)["y"])
