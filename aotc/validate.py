@@ -167,11 +167,18 @@ def reference_outputs(
         # onnxruntime's Python API takes and returns no ml_dtypes arrays (bfloat16, float8, int4...), and
         # its integer products may saturate here: ONNX's own reference evaluator, which defines these
         # types' and operators' semantics, runs the model instead
+        import onnx
         from onnx.reference import ReferenceEvaluator
 
         evaluator = ReferenceEvaluator(str(model))
+        declared = {
+            i.name: [d.dim_value if d.HasField("dim_value") else None for d in i.type.tensor_type.shape.dim]
+            for i in onnx.load(str(model), load_external_data=False).graph.input
+        }
         try:
-            return dict(zip(evaluator.output_names, evaluator.run(None, dict(inputs))))
+            return run_by_sample(
+                lambda feeds: dict(zip(evaluator.output_names, evaluator.run(None, feeds))), inputs, declared
+            )
         except (ValueError, IndexError, TypeError) as err:  # what its numpy kernels raise on bad indices
             raise reference_rejected(model, "ONNX's reference evaluator", err) from err
     try:

@@ -10,7 +10,8 @@ from aotc.schedule.default import default_schedule
 from aotc.schedule.lower import infer_bound
 from aotc.target import parse_target
 from aotc.te.dag import ComputeDAG
-from aotc.te.tensor import placeholder
+from aotc.te.tensor import LAYOUT_FREE, placeholder
+from aotc.topi.nhwc import conv2d_nhwc
 from aotc.topi.nn import conv2d_nchw, matmul, softmax
 
 
@@ -34,7 +35,18 @@ def _conv(c: int, hw: int) -> ComputeDAG:
     return ComputeDAG([conv2d_nchw(data, weight, (1, 1), (1, 1, 1, 1))])
 
 
-@pytest.mark.parametrize("dag", [_matmul(256), _matmul(384), _conv(64, 56), _conv(128, 28)], ids=str)
+def _conv_nhwc(c: int, hw: int) -> ComputeDAG:
+    data = placeholder((1, hw, hw, c), "float32", "data")
+    weight = placeholder((c, 3, 3, c), "float32", "weight", tag=LAYOUT_FREE)
+    return ComputeDAG([conv2d_nhwc(data, weight, ((1, 1), (1, 1, 1, 1), (1, 1)))])
+
+
+# a prime row count (ViT's 197 tokens) or a 7x7 stage in NHWC keeps a (partial) block of several rows
+@pytest.mark.parametrize(
+    "dag",
+    [_matmul(256), _matmul(384), _matmul(197), _conv(64, 56), _conv(128, 28), _conv_nhwc(512, 7)],
+    ids=str,
+)
 @pytest.mark.parametrize(("cpu", "registers", "most"), [("znver3", 16, 12), ("znver4", 32, 16)])
 def test_register_block_fits_the_register_file(dag, cpu, registers, most):
     target = parse_target(f"llvm -mcpu={cpu}")

@@ -793,3 +793,35 @@ def test_print_int8_vs_float_conv_speed(tmp_path):
         rates[dtype] = 2 * 56 * 56 * 64 * 64 * 9 / seconds / 1e9
         print(f"{dtype}: {seconds * 1e3:.2f} ms, {rates[dtype]:.1f} GOP/s")
     print(f"int8 / float32: {rates['int8'] / rates['float32']:.2f}")
+
+
+@pytest.mark.parametrize(
+    ("op", "w_shape", "dtype", "bound", "zero_points", "marked"),
+    [
+        ("qnn.conv2d_nhwc", (4, 3, 3, 8), "int8", 64, (0,), True),
+        ("qnn.conv2d_nhwc", (4, 3, 3, 8), "int8", 65, (0,), False),  # one weight past +-64
+        ("qnn.depthwise_conv2d_nhwc", (1, 3, 3, 8), "int8", 64, (0,), True),
+        ("qnn.dense", (4, 8), "int8", 64, (0,), True),
+        ("qnn.dense", (4, 8), "int8", 40, (3,), False),  # a weight zero point: w - 3 is the factor
+        ("qnn.dense", (4, 8), "uint8", 64, (0,), False),  # uint8 weights: not vpmaddubsw's signed factor
+    ],
+)
+def test_narrow_weights_are_marked_only_within_64(op, w_shape, dtype, bound, zero_points, marked):
+    """mark_narrow_weights: constant int8 weights at zero point 0 whose every value lies within +-64 (the
+    bound itself included: 255 * 64 * 2 < 2**15) get NARROW_WEIGHTS; anything else keeps its workload."""
+    from aotc.graph.ir import Graph, Value
+    from aotc.graph.passes import mark_narrow_weights
+    from aotc.te.tensor import NARROW_WEIGHTS
+
+    rng = np.random.default_rng(0)
+    w = rng.integers(-bound, bound + 1, w_shape)
+    w.flat[0] = bound  # the bound itself occurs
+    x = Value("x", TensorType((1, 4, 4, 8) if op != "qnn.dense" else (2, 8), "uint8"))
+    weight = Value("w", TensorType(w_shape, dtype), data=(w if dtype == "int8" else w + 64).astype(dtype))
+    out = Value("y", TensorType((1,), "uint8"))
+    node = Node(op, [x, weight], [out], {"weight_zero_points": zero_points}, name="layer")
+    mark_narrow_weights(Graph([x], [out], [node]))
+    assert bool(node.attrs.get(NARROW_WEIGHTS)) == marked
+    runtime = Node(op, [x, Value("w2", TensorType(w_shape, dtype))], [out], {}, name="runtime_weight")
+    mark_narrow_weights(Graph([x], [out], [runtime]))
+    assert NARROW_WEIGHTS not in runtime.attrs  # a weight fed at run time is never vouched for

@@ -39,8 +39,9 @@ def optimize(
     (aotc.ir.dot.dot_forms), so quantized convs are padded to the depth they sum. `same_sign_dots`: they
     read factors of one signedness only (aotc.ir.dot.same_sign_only: AArch64 sdot/udot), so the input
     zero point fold keeps an input's factor of the weight's signedness. `narrow_dots`: one of them is exact
-    only on weights within +-64 (AVX2's vpmaddubsw; aotc.ir.dot.has_narrow_forms), so layers whose
-    constant weights are get marked (`mark_narrow_weights`)."""
+    only on weights within +-64 (AVX2's vpmaddubsw; aotc.ir.dot.has_narrow_forms), so the layers whose
+    constant weights lie within that are marked (`mark_narrow_weights`). No pass after the marking may
+    change a quantized layer's weight values: the mark vouches for them."""
     graph = remove_identities(graph)
     graph = fold_batch_norm(graph)
     if nhwc:
@@ -194,7 +195,8 @@ def mark_narrow_weights(graph: Graph) -> Graph:
     gets NARROW_WEIGHTS: its products may then run on AVX2's vpmaddubsw, whose int16 pair sums cannot
     saturate (255 * 128 < 2**15). onnxruntime's `reduce_range` models (7-bit weights, its advice for x86
     without VNNI) are; full-range weights are not, and keep vpmaddwd. Only targets with such a form get
-    the attr, so no other target's workload keys change."""
+    the attr, so no other target's workload keys change (on those, a marked layer's key differs from its
+    key before this mark existed: its earlier records no longer apply)."""
     for node in graph.nodes:
         if node.op not in _WEIGHT_CHANNEL_AXIS or len(node.inputs) < 2 or any(_weight_zero_points(node)):
             continue
@@ -202,7 +204,7 @@ def mark_narrow_weights(graph: Graph) -> Graph:
         if (
             weight.is_constant
             and weight.type.dtype == "int8"
-            and np.abs(weight.data.astype(np.int16)).max() <= NARROW_BOUND
+            and np.all(np.abs(weight.data.astype(np.int16)) <= NARROW_BOUND)
         ):
             node.attrs = {**node.attrs, NARROW_WEIGHTS: True}
     return graph

@@ -46,7 +46,7 @@ SIGNS = ("us", "any", "ss", "uu")
 class DotForm:
     """One dot-product instruction: `depth` products per 32-bit lane, `lanes` lanes."""
 
-    name: str  # "vnni", "maddwd", "usdot", "sdot" or "udot"
+    name: str  # "vnni", "maddubs", "maddwd", "usdot", "sdot" or "udot"
     lanes: int
     depth: int
     intrinsic: str
@@ -66,6 +66,8 @@ _FORMS = (
     ("x86_64", ("avx512vnni",), DotForm("vnni", 16, 4, "llvm.x86.avx512.vpdpbusd.512", "us")),
     ("x86_64", ("avx512vnni", "avx512vl"), DotForm("vnni", 8, 4, "llvm.x86.avx512.vpdpbusd.256", "us")),
     ("x86_64", ("avxvnni",), DotForm("vnni", 8, 4, "llvm.x86.avx512.vpdpbusd.256", "us")),
+    ("x86_64", ("avx512bw",), DotForm("maddwd", 16, 2, "llvm.x86.avx512.pmaddw.d.512", "any", True)),
+    ("x86_64", ("avx2",), DotForm("maddwd", 8, 2, "llvm.x86.avx2.pmadd.wd", "any", True)),
     (
         "x86_64",
         ("avx2",),
@@ -79,8 +81,6 @@ _FORMS = (
             pairs_by="llvm.x86.avx2.pmadd.wd",
         ),
     ),
-    ("x86_64", ("avx512bw",), DotForm("maddwd", 16, 2, "llvm.x86.avx512.pmaddw.d.512", "any", True)),
-    ("x86_64", ("avx2",), DotForm("maddwd", 8, 2, "llvm.x86.avx2.pmadd.wd", "any", True)),
     # usdot first: where both exist, a product of mixed signedness takes it, matching ones sdot/udot
     ("aarch64", ("i8mm",), DotForm("usdot", 4, 4, "llvm.aarch64.neon.usdot.v4i32.v16i8", "us")),
     ("aarch64", ("dotprod",), DotForm("sdot", 4, 4, "llvm.aarch64.neon.sdot.v4i32.v16i8", "ss")),
@@ -97,11 +97,14 @@ def dot_forms(target: Target) -> tuple[DotForm, ...]:
     out: dict[tuple[str, int], DotForm] = {}
     for isa, required, form in _FORMS:
         if isa == target.isa and set(required) <= feats:
-            # an exact form of the same shape (VNNI) makes a narrow-only one pointless
-            if form.narrow_only and any((f.lanes, f.depth) == (form.lanes, form.depth) for f in out.values()):
-                continue
             out.setdefault((form.name, form.lanes), form)
-    return tuple(out.values())
+    exact = [f for f in out.values() if not f.narrow_only]
+    # A narrow-only form goes first where it does more products per instruction than every exact form
+    # (AVX2's vpmaddwd: 16 on ymm); with VNNI, or AVX-512BW's vpmaddwd on zmm (32), it is pointless.
+    narrow = [
+        f for f in out.values() if f.narrow_only and all(e.lanes * e.depth < f.lanes * f.depth for e in exact)
+    ]
+    return (*narrow, *exact)
 
 
 def usable_forms(forms: Sequence[DotForm], narrow: bool) -> tuple[DotForm, ...]:

@@ -204,13 +204,18 @@ def _tile_lengths(
     if any(a.extent % blocks.get(a.name, 1) for a in others):
         # A block that does not divide its axis leaves a partial tile whose loop has a variable extent:
         # it is not unrolled and its accumulators live in memory (AVX2's 12 accumulators on a 14x14 or
-        # 7x7 ResNet stage: 6 rows). Blocks that divide, with as many accumulators as the vector counts
-        # allow, instead.
+        # 7x7 ResNet stage of int8 dot products: 6 rows). Blocks that divide instead, with the vector
+        # count (one that divides too) that fills the most accumulators, where they fill at least half
+        # as many: a prime axis (a matmul of 197 rows) would leave one row of 2 accumulators.
         def filled(v: int) -> tuple[int, int, dict[str, int]]:
             b = _pixel_blocks(others, accumulators // (v * per_vector), _divisor_block)
-            return v * int(np.prod(list(b.values()) or [1])), v, b
+            return v * per_vector * int(np.prod(list(b.values()) or [1])), v, b
 
-        _, vectors, blocks = max((filled(v) for v in vector_counts), key=lambda f: f[0])
+        dividing = [v for v in vector_counts if vec_axis is None or (vec_axis.extent // vec) % v == 0]
+        best = max((filled(v) for v in dividing or [1]), key=lambda f: f[0])
+        partial = vectors * per_vector * int(np.prod(list(blocks.values()) or [1]))
+        if 2 * best[0] >= partial:
+            _, vectors, blocks = best
     if dot is not None:
         lengths[vec_axis.name] = [1, 1, vectors]
     elif vec_axis is not None:

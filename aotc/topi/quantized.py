@@ -59,9 +59,8 @@ ACTIVATIONS: dict[str, tuple[float | None, float | None]] = {
     "RELU6": (0.0, 6.0),
     "RELU_N1_TO_1": (-1.0, 1.0),
 }
-NARROW_BOUND = (
-    64  # int8 weights within +-64: a pair of products with a uint8 sums to at most 255 * 128 < 2**15
-)
+# int8 weights within +-64: a pair of products with a uint8 sums to at most 255 * 128 < 2**15
+NARROW_BOUND = 64
 
 
 def f32(v: float) -> float:
