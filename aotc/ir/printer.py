@@ -86,6 +86,7 @@ def _emit(s: Stmt, depth: int, out: list[str]) -> None:
     if isinstance(s, For):
         kind = "" if s.kind == ForKind.SERIAL else f" {s.kind.value}"
         tag = f" {s.thread_tag}" if s.thread_tag else ""
+        tag += " narrow" if s.narrow else ""  # weights within +-64: vpmaddubsw may run it (ir/dot.py)
         extent = expr_str(s.extent)
         out.append(f"{pad}for {s.var.name} in 0..{extent}{kind}{tag}:")
         _emit(s.body, depth + 1, out)
