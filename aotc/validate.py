@@ -104,11 +104,10 @@ def random_inputs(specs: Mapping[str, tuple[tuple[int, ...], str]], seed: int = 
     return out
 
 
-def _has_low_precision_io(model: Path) -> bool:
-    """Whether an ONNX model's inputs or outputs include a low-precision or sub-byte element type."""
+def _has_low_precision_io(graph) -> bool:
+    """Whether an ONNX graph's inputs or outputs include a low-precision or sub-byte element type."""
     import onnx
 
-    graph = onnx.load(str(model), load_external_data=False).graph
     for vi in [*graph.input, *graph.output]:
         code = vi.type.tensor_type.elem_type if vi.type.HasField("tensor_type") else 0
         try:
@@ -124,8 +123,9 @@ INTEGER_PRODUCT_OPS = frozenset({"QLinearConv", "QLinearMatMul", "ConvInteger", 
 """ONNX operators whose 8-bit products onnxruntime computes on its u8s8 kernels."""
 
 
-def onnxruntime_saturates(model: Path, host_features: frozenset[str] | None = None) -> str | None:
-    """Where onnxruntime's integer products would not be the model's on this CPU: on x86 without VNNI its
+def onnxruntime_saturates(graph, host_features: frozenset[str] | None = None) -> str | None:
+    """Where onnxruntime's integer products would not be those of the ONNX `graph` (a GraphProto) on this
+    CPU (`host_features`: the host's, else these CPU features): on x86 without VNNI its
     u8s8 kernel adds pairs of products in int16 with saturation (vpmaddubsw), off by up to 98 LSB on 8-bit
     weights. "qoperator": the model names such operators (ONNX's own; com.microsoft ones only onnxruntime
     runs, so such a model keeps it); "qdq": its optimizer would fuse the model's DequantizeLinear /
@@ -139,9 +139,7 @@ def onnxruntime_saturates(model: Path, host_features: frozenset[str] | None = No
         host_features = frozenset(cpu_features(host))
     if host_features & {"avx512vnni", "avxvnni"}:
         return None
-    import onnx
-
-    ops = {(n.domain or "", n.op_type) for n in onnx.load(str(model), load_external_data=False).graph.node}
+    ops = {(n.domain or "", n.op_type) for n in graph.node}
     if any(domain == "com.microsoft" for domain, _ in ops):
         return None  # its QGemm, QLinearAdd...: only onnxruntime runs them, saturating or not
     if any(op in INTEGER_PRODUCT_OPS for _, op in ops):
@@ -162,18 +160,20 @@ def reference_outputs(
         return litert_outputs(model, inputs, xnnpack=requantize == "float")
     if suffix != ".onnx":
         raise ValueError(f"{model}: no reference runtime for {suffix!r} models")
-    saturates = onnxruntime_saturates(model)
-    if _has_low_precision_io(model) or saturates == "qoperator":
+    import onnx
+
+    graph = onnx.load(str(model), load_external_data=False).graph
+    saturates = onnxruntime_saturates(graph)
+    if _has_low_precision_io(graph) or saturates == "qoperator":
         # onnxruntime's Python API takes and returns no ml_dtypes arrays (bfloat16, float8, int4...), and
         # its integer products may saturate here: ONNX's own reference evaluator, which defines these
         # types' and operators' semantics, runs the model instead
-        import onnx
         from onnx.reference import ReferenceEvaluator
 
         evaluator = ReferenceEvaluator(str(model))
         declared = {
             i.name: [d.dim_value if d.HasField("dim_value") else None for d in i.type.tensor_type.shape.dim]
-            for i in onnx.load(str(model), load_external_data=False).graph.input
+            for i in graph.input
         }
         try:
             return run_by_sample(

@@ -28,12 +28,13 @@ from aotc.recipe import Recipe
 from aotc.schedule.layout import rewrite_layout
 from aotc.schedule.lower import lower
 from aotc.search.untuned import untuned_schedule
-from aotc.target import cpu_features, host_target, parse_target
+from aotc.target import parse_target
 from aotc.te.tensor import NARROW_WEIGHTS
 from aotc.validate import compare, format_report_row
 from recipes.zoo import onnx_models as zoo
 
 from .onnx_util import make_graph_model, weight_ints
+from .test_dot_products import runs_here
 
 MODELS = {
     "residual_block": (zoo.residual_block, {"qnn.conv2d_nhwc": 4, "qnn.add": 1}),
@@ -149,8 +150,8 @@ def test_reduce_range_weights_run_on_avx2_maddubs_and_match_onnxruntime(tmp_path
     assert not any(
         n.attrs.get(NARROW_WEIGHTS) for n in optimize(load_onnx(str(full)), narrow_dots=True).nodes
     )
-    runs_here = set(cpu_features(parse_target("llvm -mcpu=znver3"))) <= set(cpu_features(host_target()))
-    if runs_here:  # full-range weights on vpmaddwd: the package equals the graph bit for bit
+    znver3_runs_here = runs_here(parse_target("llvm -mcpu=znver3"))
+    if znver3_runs_here:  # full-range weights on vpmaddwd: the package equals the graph bit for bit
         package = aotc.compile(
             str(full), "llvm -mcpu=znver3", output=tmp_path / "full.aotc", validate=False, log=lambda _: None
         )
@@ -173,7 +174,7 @@ def test_reduce_range_weights_run_on_avx2_maddubs_and_match_onnxruntime(tmp_path
             path, "llvm -mcpu=znver3", output=tmp_path / f"{name}.aotc", validate=False, log=lambda _: None
         )
         assert "\tvpmaddubsw\t" in untuned_assembly(path, "llvm -mcpu=znver3")
-        if not runs_here:
+        if not znver3_runs_here:
             continue
         model, graph = package.load(), load_onnx(path)
         for feeds in seeded_inputs(path)[:2]:

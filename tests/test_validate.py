@@ -169,6 +169,7 @@ def test_onnxruntime_saturates_only_on_x86_without_vnni(tmp_path):
     x = tmp_path / "float.onnx"
     zoo.save(zoo.residual_block(), x)
     avx2, vnni = frozenset({"avx2"}), frozenset({"avx2", "avx512vnni"})
+    qdq, qop, x = (onnx.load(str(p)).graph for p in (qdq, qop, x))
     assert onnxruntime_saturates(qdq, avx2) == "qdq" and onnxruntime_saturates(qdq, vnni) is None
     assert onnxruntime_saturates(x, avx2) is None
     assert (
@@ -185,7 +186,7 @@ def test_a_full_range_qdq_model_validates_on_every_x86_class(tmp_path, monkeypat
     from recipes.zoo import onnx_models as zoo
 
     if reference == "unfused":
-        monkeypatch.setattr("aotc.validate.onnxruntime_saturates", lambda model: "qdq")
+        monkeypatch.setattr("aotc.validate.onnxruntime_saturates", lambda graph: "qdq")
     model = zoo.resnet18(width=8, size=32, classes=10)
     path = zoo.quantize(model, tmp_path / "resnet.onnx", True, "uint8", reduce_range=False)
     package = aotc.compile(str(path), output=tmp_path / "resnet.aotc", validate=True, log=lambda _: None)
@@ -222,7 +223,7 @@ def test_quantized_operators_take_the_reference_evaluator_where_onnxruntime_satu
     onnx.save(
         helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=IR_VERSION), path
     )
-    assert onnxruntime_saturates(path, frozenset({"avx2"})) == "qoperator"
-    monkeypatch.setattr("aotc.validate.onnxruntime_saturates", lambda model: "qoperator")
+    assert onnxruntime_saturates(onnx.load(str(path)).graph, frozenset({"avx2"})) == "qoperator"
+    monkeypatch.setattr("aotc.validate.onnxruntime_saturates", lambda graph: "qoperator")
     x = {"x": rng.integers(200, 256, (1, 4, 5, 5)).astype(np.uint8)}  # large pairs: 255 * 127 * 2 > 2**15
     np.testing.assert_array_equal(reference_outputs(path, x)["y"], run_graph(load_onnx(str(path)), x)["y"])

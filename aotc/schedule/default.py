@@ -11,6 +11,8 @@ their inner loops are vectorized and unrolled. Every other stage runs its outer 
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from aotc.ir.dot import dot_forms
@@ -209,11 +211,11 @@ def _tile_lengths(
         # as many: a prime axis (a matmul of 197 rows) would leave one row of 2 accumulators.
         def filled(v: int) -> tuple[int, int, dict[str, int]]:
             b = _pixel_blocks(others, accumulators // (v * per_vector), _divisor_block)
-            return v * per_vector * int(np.prod(list(b.values()) or [1])), v, b
+            return v * per_vector * math.prod(b.values()), v, b
 
         dividing = [v for v in vector_counts if vec_axis is None or (vec_axis.extent // vec) % v == 0]
         best = max((filled(v) for v in dividing or [1]), key=lambda f: f[0])
-        partial = vectors * per_vector * int(np.prod(list(blocks.values()) or [1]))
+        partial = vectors * per_vector * math.prod(blocks.values())
         if 2 * best[0] >= partial:
             _, vectors, blocks = best
     if dot is not None:
