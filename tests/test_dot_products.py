@@ -12,6 +12,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+import aotc.te.tensor as te
 from aotc.codegen.irbuilder import CodegenError
 from aotc.codegen.llvm import build_llvm_ir, compile_to_assembly
 from aotc.codegen.module import build_module, load_library
@@ -48,7 +49,10 @@ def uses_instruction(asm: str, form: str) -> bool:
     return any(f"\t{m}\t" in asm for m in MNEMONICS.get(form, (INSTRUCTION[form],)))
 
 
-DEPTH = {"vnni": 4, "avx512bw": 2, "avx2": 2, "i8mm": 4}
+DEPTH = {"vnni": 4, "avx512bw": 2, "avx2": 4, "i8mm": 4}
+# AVX2's 4-deep vpmaddwd (maddwd4) reads broadcast input bytes in place; a depthwise conv's gathered taps
+# are widened for the 2-deep one
+DEPTHWISE_DEPTH = {"avx2": 2}
 PLAIN = "llvm -mcpu=znver4 -num-cores=1"  # with SearchParams(dot_products=False): the widening code
 
 
@@ -194,7 +198,8 @@ def test_default_schedule_uses_the_widest_dot_product(form, case, tmp_path):
     func = lower(state)
     (loop,) = tensorized(func)
     widest = max(f.lanes for f in dot_forms(target) if lane_extent(case) % f.lanes == 0)
-    assert loop.max_extent == DEPTH[form]
+    depthwise = CASES[case][0] == "qnn.depthwise_conv2d_nhwc"
+    assert loop.max_extent == (DEPTHWISE_DEPTH.get(form, DEPTH[form]) if depthwise else DEPTH[form])
     vector = [s for s in walk_stmts(func.body) if isinstance(s, For) and s.body is loop]
     assert vector and vector[0].kind == ForKind.VECTORIZED and vector[0].max_extent == widest
     asm = check_exact(dag, state, target, tmp_path, "k")
@@ -239,25 +244,47 @@ def test_narrow_weights_run_on_maddubs_exactly(case, tmp_path):
         assert "\tvpmaddubsw\t" in asm, f"{case} program {i}: no vpmaddubsw"
 
 
-def test_maddubs_is_refused_without_narrow_weights():
-    """A program of a narrow layer replayed on the same layer unmarked: no form sums 4 products exactly."""
+def test_maddubs_is_refused_without_narrow_weights(tmp_path):
+    """A program of a narrow layer replayed on the same layer unmarked runs its 4 products per lane on
+    vpmaddwd's halves (maddwd4), exactly at full-range weights, never on vpmaddubsw."""
     target = parse_target(AVX2)
-    case = CASES["conv_int8_per_channel"]
-    narrow_state = default_schedule(quantized_dag(*case, narrow=True), target)
-    plain = quantized_dag(*case)
-    err = loop_error(lower(replay(plain, narrow_state.steps)), target)
-    assert err is not None and "4 products" in err, err
-    assert max(loop.max_extent for loop in tensorized(lower(default_schedule(plain, target)))) == 2
+    for name in ("conv_int8_per_channel", "depthwise_int8_taps"):
+        case = CASES[name]
+        narrow_state = default_schedule(quantized_dag(*case, narrow=True), target)
+        plain = quantized_dag(*case)
+        replayed = replay(plain, narrow_state.steps)
+        assert loop_error(lower(replayed), target) is None
+        asm = check_exact(plain, replayed, target, tmp_path, name)
+        assert "\tvpmaddwd\t" in asm and "vpmaddubsw" not in asm
+
+
+def test_maddwd4_sign_extends_signed_factors(tmp_path):
+    """Two signed byte factors (no x + 128): maddwd4's even bytes shifted up and arithmetically back, exact
+    at the int8 extremes (a matmul of an int8 activation and an int8 weight, 4 products a lane)."""
+    target = parse_target(AVX2)
+    x = placeholder((5, 64), "int8", name="x")
+    w = placeholder((16, 64), "int8", name="w", tag=LAYOUT_FREE)
+    k = te.reduce_axis(64, "k")
+    out = te.compute(
+        (5, 16), lambda i, j: te.sum(x[i, k.var].astype("int32") * w[j, k.var].astype("int32"), k), "mm"
+    )
+    dag = ComputeDAG([out])
+    state = default_schedule(dag, target)
+    (loop,) = tensorized(lower(state))
+    assert loop.max_extent == 4
+    asm = check_exact(dag, state, target, tmp_path, "s")
+    assert "\tvpsraw\t" in asm and "\tvpmaddwd\t" in asm
 
 
 def test_dot_forms_follow_the_cpu_features():
     def forms(text: str) -> set[tuple[str, int, int]]:
         return {(f.name, f.lanes, f.depth) for f in dot_forms(parse_target(text))}
 
-    assert forms(ZNVER4) == {("vnni", 16, 4), ("vnni", 8, 4), ("maddwd", 16, 2), ("maddwd", 8, 2)}
-    assert forms("llvm -mcpu=znver3") == {("maddubs", 8, 4), ("maddwd", 8, 2)}
+    avx2 = {("maddwd4", 8, 4), ("maddwd", 8, 2)}  # where vnni's 8 lanes exist, they go first
+    assert forms(ZNVER4) == {("vnni", 16, 4), ("vnni", 8, 4), ("maddwd", 16, 2), *avx2}
+    assert forms("llvm -mcpu=znver3") == {("maddubs", 8, 4), *avx2}
     # vpmaddwd on zmm does as many products per instruction as vpmaddubsw on ymm: no narrow-only form
-    assert forms("llvm -mcpu=skylake-avx512") == {("maddwd", 16, 2), ("maddwd", 8, 2)}
+    assert forms("llvm -mcpu=skylake-avx512") == {("maddwd", 16, 2), *avx2}
     assert forms("llvm -mcpu=sierraforest") >= {("vnni", 8, 4)}  # AVX-VNNI without AVX-512
     assert forms("llvm -mtriple=aarch64-linux-gnu") == set()
     # usdot needs FEAT_I8MM; sdot/udot need FEAT_DotProd only (a Cortex-A76), tests/test_arm_dot.py

@@ -347,6 +347,14 @@ class StmtGen(ExprGen):
             by = self.mod.intrinsic(form.pairs_by, vt, [half, half])
             sums = self.fb.op(f"call {vt} {by}({half} {pairs}, {half} splat (i16 1))")
             total = self.fb.op(f"add {vt} {acc.ref}, {sums}")
+        elif form.halves:  # 16-bit views of the even and of the odd bytes, each summed by pairs
+            half = vtype("i16", 2 * lanes)
+            fn = self.mod.intrinsic(form.intrinsic, vt, [half, half])
+            ue, uo = self._byte_halves(u, dot.u.unsigned, lanes)
+            we, wo = self._byte_halves(w, dot.s.unsigned, lanes)
+            even = self.fb.op(f"call {vt} {fn}({half} {ue}, {half} {we})")
+            odd = self.fb.op(f"call {vt} {fn}({half} {uo}, {half} {wo})")
+            total = self.fb.op(f"add {vt} {acc.ref}, {self.fb.op(f'add {vt} {even}, {odd}')}")
         elif not form.widens:  # the instruction adds its sums to the accumulator itself
             fn = self.mod.intrinsic(form.intrinsic, vt, [vt, ops, ops])
             total = self.fb.op(f"call {vt} {fn}({acc.typed}, {ops} {u}, {ops} {w})")
@@ -368,6 +376,19 @@ class StmtGen(ExprGen):
             return raw
         widen = "zext" if op.unsigned else "sext"
         return self.fb.op(f"{widen} <{n} x i8> {raw} to <{n} x i16>")
+
+    def _byte_halves(self, raw: str, unsigned: bool, lanes: int) -> tuple[str, str]:
+        """The even and the odd bytes of `raw` (`<4 * lanes x i8>`) as 16-bit values where they lie: the
+        low byte of each 16-bit word masked (or shifted up and arithmetically back), the high one shifted
+        down; zero- or sign-extended as the factor reads."""
+        half = vtype("i16", 2 * lanes)
+        words = self.fb.op(f"bitcast <{4 * lanes} x i8> {raw} to {half}")
+        if unsigned:
+            even = self.fb.op(f"and {half} {words}, splat (i16 255)")
+            return even, self.fb.op(f"lshr {half} {words}, splat (i16 8)")
+        up = self.fb.op(f"shl {half} {words}, splat (i16 8)")
+        even = self.fb.op(f"ashr {half} {up}, splat (i16 8)")
+        return even, self.fb.op(f"ashr {half} {words}, splat (i16 8)")
 
     def _dot_bytes(self, value: Expr, r: Var, lanes: int, depth: int) -> str:
         """`<lanes * depth x i8>` of an 8-bit value: one load where it is a broadcast run of `depth`

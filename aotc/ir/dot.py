@@ -15,6 +15,9 @@ of a form the target has:
   `reduce_range` models), and only such an op's tensorized loops (`For.narrow`) may take this form.
 - `maddwd`: AVX2 / AVX-512BW `vpmaddwd` on values widened to 16 bits, 2 products per lane; any 8-bit
   `u` and `s` (each product and the pair's sum fit 32 bits exactly).
+- `maddwd4`: AVX2 `vpmaddwd` twice on 4 bytes per lane, read in place as 16-bit values: the even bytes
+  (masked, or shifted up and back) and the odd ones (shifted down), so each lane sums its 4 products
+  exactly with no byte-widening shuffle; the operands are packed as vpdpbusd's.
 - `usdot`: AArch64 `usdot` (FEAT_I8MM), vpdpbusd's unsigned x signed byte products on 4 NEON lanes.
 - `sdot` / `udot`: AArch64 `sdot` / `udot` (FEAT_DotProd, e.g. Cortex-A55/A76, Neoverse N1): signed x
   signed or unsigned x unsigned byte products on 4 NEON lanes. A target with these but no unsigned x
@@ -46,7 +49,7 @@ SIGNS = ("us", "any", "ss", "uu")
 class DotForm:
     """One dot-product instruction: `depth` products per 32-bit lane, `lanes` lanes."""
 
-    name: str  # "vnni", "maddubs", "maddwd", "usdot", "sdot" or "udot"
+    name: str  # "vnni", "maddubs", "maddwd4", "maddwd", "usdot", "sdot" or "udot"
     lanes: int
     depth: int
     intrinsic: str
@@ -54,6 +57,12 @@ class DotForm:
     widens: bool = False  # the operands are widened to 16 bits and the products' sums added to the acc
     narrow_only: bool = False  # exact only where the signed factors are within +-64 (maddubs)
     pairs_by: str = ""  # an intrinsic that sums the first's int16 pairs into the lanes (vpmaddwd by ones)
+    halves: bool = False  # the intrinsic runs twice, on the even and on the odd bytes as 16-bit values
+
+    @property
+    def products_per_instruction(self) -> int:
+        """The products one multiply instruction does (vpmaddubsw's 32; vpmaddwd's pairs, twice for 4)."""
+        return self.lanes * self.depth // (2 if self.halves else 1)
 
     @property
     def operand_type(self) -> str:
@@ -67,6 +76,7 @@ _FORMS = (
     ("x86_64", ("avx512vnni", "avx512vl"), DotForm("vnni", 8, 4, "llvm.x86.avx512.vpdpbusd.256", "us")),
     ("x86_64", ("avxvnni",), DotForm("vnni", 8, 4, "llvm.x86.avx512.vpdpbusd.256", "us")),
     ("x86_64", ("avx512bw",), DotForm("maddwd", 16, 2, "llvm.x86.avx512.pmaddw.d.512", "any", True)),
+    ("x86_64", ("avx2",), DotForm("maddwd4", 8, 4, "llvm.x86.avx2.pmadd.wd", "any", halves=True)),
     ("x86_64", ("avx2",), DotForm("maddwd", 8, 2, "llvm.x86.avx2.pmadd.wd", "any", True)),
     (
         "x86_64",
@@ -102,7 +112,9 @@ def dot_forms(target: Target) -> tuple[DotForm, ...]:
     # A narrow-only form goes first where it does more products per instruction than every exact form
     # (AVX2's vpmaddwd: 16 on ymm); with VNNI, or AVX-512BW's vpmaddwd on zmm (32), it is pointless.
     narrow = [
-        f for f in out.values() if f.narrow_only and all(e.lanes * e.depth < f.lanes * f.depth for e in exact)
+        f
+        for f in out.values()
+        if f.narrow_only and all(e.products_per_instruction < f.products_per_instruction for e in exact)
     ]
     return (*narrow, *exact)
 
