@@ -45,7 +45,7 @@ DOT_LONG_VECTORS = 2  # vectors of output channels in the block of a longer dot 
 # AVX2's maddwd4 splits each weight vector into two registers of 16-bit halves and each input broadcast
 # into two: its blocks take at most 2 vectors and up to 14 accumulators (rows that reuse those splits; the
 # registers they spill reload as memory operands). MobileNetV2 int8 on znver3, 1 thread: its 7x7 stage's
-# 1x1 convs 15% faster (7 rows x 2 vectors, not 7 x 1), its kernels 8.5 -> 8.0 ms in sum.
+# 1x1 convs 15% faster (7 rows x 2 vectors, not 7 x 1), its kernels 8.5 -> 8.1 ms in sum.
 HALVES_VECTORS = 2
 HALVES_ACCUMULATORS = 14
 MIN_PARALLEL_POINTS = 4096  # below this a stage costs less than waking the thread pool
