@@ -79,17 +79,16 @@ def build_package(
     name: str, model_path: Path, workdir: Path, trials: int = 0, validate: bool = True
 ) -> BuildResult:
     """Build `model_path` into `workdir/<name>.aotc`: untuned (as a fresh install would: the shipped tophub
-    and default schedules, not this machine's user store), or tuned with `trials` trials (records in
-    `workdir/<name>.jsonl`); `validate` checks the package against the model's runtime at build time."""
+    and default schedules, not this machine's user store), or tuned from scratch with `trials` trials
+    (records in `workdir/<name>.jsonl`; neither store, whose records would leave nothing to tune);
+    `validate` checks the package against the model's runtime at build time."""
     recipe_path = workdir / f"{name}.yaml"
     tuning = f"tuning: {{trials: {trials}, records: {workdir / (name + '.jsonl')}}}\n" if trials else ""
     recipe_path.write_text(
         f"model: {model_path}\noutput: {workdir / (name + '.aotc')}\n"
         f"validate: {str(validate).lower()}\n{tuning}"
     )
-    if trials:
-        return build(load_recipe(recipe_path), log=lambda _: None)
-    with private_store(workdir / "home", shipped=None):
+    with private_store(workdir / "home", shipped="none" if trials else None):
         return build(load_recipe(recipe_path), log=lambda _: None)
 
 
