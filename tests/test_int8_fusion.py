@@ -22,9 +22,10 @@ from aotc.graph.interpret import run_graph
 from aotc.graph.ir import Graph
 from aotc.graph.partition import FusedGroup, group_dag, partition
 from aotc.graph.passes import optimize
+from aotc.ir.dot import dot_forms, integer_winograd_pays
 from aotc.schedule.default import default_schedule
 from aotc.schedule.state import ComputeAtKind
-from aotc.target import parse_target
+from aotc.target import host_target, parse_target
 from aotc.validate import compare, format_report_row, random_inputs
 from recipes.zoo import onnx_models as zoo
 from recipes.zoo.tflite_models import (
@@ -232,7 +233,8 @@ def test_tflite_int8_hard_swish_is_bit_exact_with_litert(requantize):
 
 def test_tflite_package_runs_the_fused_kernels(tmp_path):
     """A built package has one kernel per conv (the ADD, the HARD_SWISH and the concatenation's requantize
-    inside them) and gives the numpy evaluator's values bit for bit."""
+    inside them; a 3x3 conv as integer Winograd where the host's target takes it) and gives the numpy
+    evaluator's values bit for bit."""
     rng = np.random.default_rng(1)
     mb = ModelBuilder()
     x = mb.input((1, 8, 8, CHANNELS))
@@ -246,10 +248,13 @@ def test_tflite_package_runs_the_fused_kernels(tmp_path):
     (tmp_path / "fused.tflite").write_bytes(data)
     package = aotc.compile(str(tmp_path / "fused.tflite"), output=tmp_path / "fused.aotc", log=lambda _: None)
     kernels = sorted(tuple(n.op for n in g.nodes) for t in package.result.tasks for g in t.groups)
+    conv = (
+        "qnn.conv2d_winograd_nhwc" if integer_winograd_pays(dot_forms(host_target())) else "qnn.conv2d_nhwc"
+    )
     assert kernels == [
         ("concat",),
-        ("qnn.conv2d_nhwc", "qnn.add"),
-        ("qnn.conv2d_nhwc", "qnn.quantize"),
+        (conv, "qnn.add"),
+        (conv, "qnn.quantize"),
         ("qnn.depthwise_conv2d_nhwc", "qnn.hard_swish"),
     ], kernels
     (row,) = package.validation

@@ -367,9 +367,11 @@ class StmtGen(ExprGen):
     def _dot_operand(self, op: Operand, r: Var, form: DotForm) -> str:
         """The operand as the instruction reads it: element `lane * depth + j` holds the factor of lane
         `lane` at `r = j`; bytes for vpdpbusd, usdot, sdot and udot (int8 + 128 or uint8 - 128 as x ^ 0x80),
-        16-bit values for vpmaddwd."""
-        raw = self._dot_bytes(op.value, r, form.lanes, form.depth)
+        16-bit values for vpmaddwd (bytes widened, int16 factors as they are)."""
         n = form.lanes * form.depth
+        if op.word:
+            return self._dot_elements(op.value, r, form.lanes, form.depth, "i16")
+        raw = self._dot_elements(op.value, r, form.lanes, form.depth, "i8")
         if op.offset:
             raw = self.fb.op(f"xor <{n} x i8> {raw}, splat (i8 -128)")
         if not form.widens:
@@ -390,10 +392,10 @@ class StmtGen(ExprGen):
         even = self.fb.op(f"ashr {half} {up}, splat (i16 8)")
         return even, self.fb.op(f"ashr {half} {words}, splat (i16 8)")
 
-    def _dot_bytes(self, value: Expr, r: Var, lanes: int, depth: int) -> str:
-        """`<lanes * depth x i8>` of an 8-bit value: one load where it is a broadcast run of `depth`
-        bytes or a packed [lanes][depth] block (the weight layout the tiles give), else per-`j` values
-        interleaved."""
+    def _dot_elements(self, value: Expr, r: Var, lanes: int, depth: int, elem: str) -> str:
+        """`<lanes * depth x elem>` of an 8-bit (i8) or int16 (i16) value: one load where it is a
+        broadcast run of `depth` elements or a packed [lanes][depth] block (the weight layout the tiles
+        give), else per-`j` values interleaved."""
         assert self.vec is not None
         n = lanes * depth
         if isinstance(value, Load) and self.vec.mask is None:
@@ -404,13 +406,13 @@ class StmtGen(ExprGen):
                 base = off.base if isinstance(off, Ramp) else off
                 info = self.buffer(value.buffer)
                 width = depth if coef == (0, 1) else n
-                p = self._gep(info, "i8", base)
-                raw = self.fb.op(f"load <{width} x i8>, ptr {p}, align 1{info.md}")
+                p = self._gep(info, elem, base)
+                raw = self.fb.op(f"load <{width} x {elem}>, ptr {p}, align 1{info.md}")
                 if width == n:
                     return raw
                 picks = ", ".join(f"i32 {j}" for _ in range(lanes) for j in range(depth))
                 return self.fb.op(
-                    f"shufflevector <{depth} x i8> {raw}, <{depth} x i8> poison, <{n} x i32> <{picks}>"
+                    f"shufflevector <{depth} x {elem}> {raw}, <{depth} x {elem}> poison, <{n} x i32> <{picks}>"
                 )
         parts = []
         for j in range(depth):
@@ -421,13 +423,15 @@ class StmtGen(ExprGen):
             pairs = ", ".join(f"i32 {i}" for i in range(2 * width))
             parts = [
                 self.fb.op(
-                    f"shufflevector <{width} x i8> {a}, <{width} x i8> {b}, <{2 * width} x i32> <{pairs}>"
+                    f"shufflevector <{width} x {elem}> {a}, <{width} x {elem}> {b}, <{2 * width} x i32> <{pairs}>"
                 )
                 for a, b in zip(parts[::2], parts[1::2])
             ]
             width *= 2
         picks = ", ".join(f"i32 {j * lanes + lane}" for lane in range(lanes) for j in range(depth))
-        return self.fb.op(f"shufflevector <{n} x i8> {parts[0]}, <{n} x i8> poison, <{n} x i32> <{picks}>")
+        return self.fb.op(
+            f"shufflevector <{n} x {elem}> {parts[0]}, <{n} x {elem}> poison, <{n} x i32> <{picks}>"
+        )
 
     # -------------------------------------------------------------- parallel
 

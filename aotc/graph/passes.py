@@ -34,6 +34,7 @@ def optimize(
     dot_products: bool = True,
     same_sign_dots: bool = False,
     narrow_dots: bool = False,
+    integer_winograd: bool = False,
 ) -> Graph:
     """The graph passes of a build. `dot_products`: the target has dot-product instructions
     (aotc.ir.dot.dot_forms), so quantized convs are padded to the depth they sum. `same_sign_dots`: they
@@ -41,7 +42,8 @@ def optimize(
     zero point fold keeps an input's factor of the weight's signedness. `narrow_dots`: one of them is exact
     only on weights within +-64 (AVX2's vpmaddubsw; aotc.ir.dot.has_narrow_forms), so the layers whose
     constant weights lie within that are marked (`mark_narrow_weights`). No pass after the marking may
-    change a quantized layer's weight values: the mark vouches for them."""
+    change a quantized layer's weight values: the mark vouches for them. `integer_winograd`: int8 3x3
+    convs run as integer Winograd F(2, 3) too (aotc.ir.dot.integer_winograd_pays), where `winograd`."""
     graph = remove_identities(graph)
     graph = fold_batch_norm(graph)
     if nhwc:
@@ -55,6 +57,8 @@ def optimize(
     graph = constant_requantize_tables(graph)
     if winograd:
         graph = winograd_convolutions(graph)
+        if integer_winograd:
+            graph = integer_winograd_convolutions(graph)
     graph = dense_to_matmul(graph)
     graph = eliminate_dead_code(graph)
     return materialize_outputs(graph)
@@ -80,6 +84,61 @@ def winograd_convolutions(graph: Graph, tile: int = 4) -> Graph:
         node.inputs = [node.inputs[0], transformed, *node.inputs[2:]]
         node.attrs = {"tile": tile, "pads": tuple(int(p) for p in node.attrs.get("pads", (0, 0, 0, 0)))}
     return graph
+
+
+def integer_winograd_convolutions(graph: Graph, tile: int = winograd.INTEGER_TILE) -> Graph:
+    """Quantized 3x3 stride-1 convs with constant int8 weights (zero point 0) become integer Winograd
+    F(tile, 3) convs (qnn.conv2d_winograd_nhwc) on int16 weights transformed here, where their sums
+    provably fit int32 (the products are exact: aotc.topi.winograd)."""
+    for node in graph.nodes:
+        if not _integer_winograd_fits(node, tile):
+            continue
+        weight = node.inputs[1]
+        source = np.ascontiguousarray(weight.data.transpose(TO_NCHW))
+        u = winograd.transform_weight(source, tile)
+        transformed = Value(
+            f"{weight.name}_winograd{tile}",
+            TensorType(u.shape, "int16"),
+            data=u,
+            derivation=Derivation("winograd", source, tile),
+        )
+        node.op = "qnn.conv2d_winograd_nhwc"
+        node.inputs = [node.inputs[0], transformed, *node.inputs[2:]]
+        attrs = {k: v for k, v in node.attrs.items() if k not in ("strides", "dilations", NARROW_WEIGHTS)}
+        node.attrs = attrs | {"tile": tile}
+    return graph
+
+
+# |x - m| for an 8-bit x and a `mac_zero_point` m (0 or +-128): a centered input's largest magnitude
+_CENTERED_MAX = 255
+_INT32_LIMIT = 1 << 31
+
+
+def _integer_winograd_fits(node: Node, tile: int) -> bool:
+    """A quantized 3x3 stride-1 ungrouped conv (OHWI int8 weights, zero point 0) with enough channels,
+    whose sums, scaled by the transform, fit int32 (its int16 weights always fit: 9 * 128 at most)."""
+    if node.op != "qnn.conv2d_nhwc" or len(node.inputs) < 2 or not node.inputs[1].is_constant:
+        return False
+    x, weight = node.inputs[:2]
+    if weight.type.dtype != "int8" or x.type.dtype not in ("int8", "uint8") or len(x.type.shape) != 4:
+        return False
+    k, kh, kw, c = weight.type.shape
+    attrs = node.attrs
+    ones = all(int(v) == 1 for key in ("strides", "dilations") for v in _as_tuple(attrs.get(key, 1)))
+    if (
+        (kh, kw) != (winograd.KERNEL,) * 2
+        or not ones
+        or c != x.type.shape[3]
+        or any(_weight_zero_points(node))
+    ):
+        return False
+    a = tile + winograd.KERNEL - 1
+    if min(c, k) < WINOGRAD_MIN_CHANNELS or a * a * c * k * 2 > WINOGRAD_MAX_WEIGHT_BYTES:
+        return False
+    w = weight.data.astype(np.int64)
+    largest_sum = _CENTERED_MAX * int(np.abs(w).reshape(k, -1).sum(axis=1).max())
+    scale = winograd.integer_scale(tile)
+    return largest_sum * scale * scale < _INT32_LIMIT
 
 
 def _winograd_fits(node: Node, tile: int) -> bool:

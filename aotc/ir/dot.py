@@ -14,7 +14,8 @@ of a form the target has:
   graph checked the constant weights and marked the op (aotc.te.tensor.NARROW_WEIGHTS: onnxruntime's
   `reduce_range` models), and only such an op's tensorized loops (`For.narrow`) may take this form.
 - `maddwd`: AVX2 / AVX-512BW `vpmaddwd` on values widened to 16 bits, 2 products per lane; any 8-bit
-  `u` and `s` (each product and the pair's sum fit 32 bits exactly).
+  `u` and `s` (each product and the pair's sum fit 32 bits exactly), or int16 factors read as they are
+  (the int8 Winograd conv's transformed data and weights: aotc.topi.winograd).
 - `maddwd4`: AVX2 `vpmaddwd` twice on 4 bytes per lane, read in place as 16-bit values: the even bytes
   (masked, or shifted up and back) and the odd ones (shifted down), so each lane sums its 4 products
   exactly with no byte-widening shuffle; the operands are packed as vpdpbusd's.
@@ -40,6 +41,7 @@ from aotc.ir.stmt import BufferStore, For
 from aotc.target import Target, cpu_features
 
 BYTE_DTYPES = ("int8", "uint8")
+WORD_DTYPE = "int16"  # the one 16-bit factor a form reads (vpmaddwd's), as it is
 INT8_OFFSET = 128  # int8 + 128 is the uint8 that vpdpbusd reads; uint8 - 128 the int8 that sdot reads
 # The factors' signedness a form reads: u unsigned and s signed, any, both signed, both unsigned.
 SIGNS = ("us", "any", "ss", "uu")
@@ -140,6 +142,16 @@ def same_sign_only(forms: Sequence[DotForm]) -> bool:
     return any(f.signs in ("ss", "uu") for f in forms)
 
 
+def integer_winograd_pays(forms: Sequence[DotForm]) -> bool:
+    """Whether int8 3x3 convs should run as integer Winograd F(2, 3) (aotc.topi.winograd): where vpmaddwd
+    reads its int16 operands and no form does more byte products per multiply instruction than it does
+    int16 ones (AVX2: vpmaddubsw + vpmaddwd by ones, 32 products in 2), so the transform's 16 products
+    per 4 outputs, where the direct conv does 36, cost 2.25x fewer multiplies. With VNNI's vpdpbusd (twice
+    vpmaddwd's products per instruction) it saves about 10% of them, less than its transforms cost."""
+    words = [f for f in forms if f.widens and f.signs == "any"]
+    return bool(words) and not any(f.name == "vnni" for f in forms)
+
+
 @dataclass(frozen=True)
 class Operand:
     """An 8-bit value read as an int32 factor: `value` (int8/uint8), with its top bit flipped where
@@ -152,6 +164,11 @@ class Operand:
     def unsigned(self) -> bool:
         """The factor is a uint8 byte: a uint8 value, or an int8 one plus 128."""
         return (self.value.dtype == "uint8") != self.offset
+
+    @property
+    def word(self) -> bool:
+        """The factor is an int16 value (no form but vpmaddwd's reads it)."""
+        return self.value.dtype == WORD_DTYPE
 
 
 @dataclass(frozen=True)
@@ -166,13 +183,13 @@ class DotBody:
 
 def byte_operand(e: Expr) -> Operand | None:
     """`int32(x)`, `int32(x) + 128` with x int8 or `int32(x) - 128` with x uint8 (each as a subtraction
-    or addition of the negated constant too); None otherwise."""
-    if isinstance(e, Cast) and e.dtype == "int32" and e.value.dtype in BYTE_DTYPES:
+    or addition of the negated constant too), or `int32(x)` with x int16; None otherwise."""
+    if isinstance(e, Cast) and e.dtype == "int32" and e.value.dtype in (*BYTE_DTYPES, WORD_DTYPE):
         return Operand(e.value, False)
     if isinstance(e, Binary) and e.op in ("add", "sub") and isinstance(e.b, Const):
         inner = byte_operand(e.a)
         shift = e.b.value if e.op == "add" else -e.b.value
-        if inner is None or inner.offset:
+        if inner is None or inner.offset or inner.word:
             return None
         want = INT8_OFFSET if inner.value.dtype == "int8" else -INT8_OFFSET
         if shift == want:
@@ -181,7 +198,7 @@ def byte_operand(e: Expr) -> Operand | None:
 
 
 def dot_operands(product: Expr) -> tuple[Operand, Operand] | None:
-    """(u, s) of an int32 product of two 8-bit factors, the unsigned-capable one first."""
+    """(u, s) of an int32 product of two 8-bit (or int16) factors, the unsigned-capable one first."""
     if not (isinstance(product, Binary) and product.op == "mul" and product.dtype == "int32"):
         return None
     a, b = byte_operand(product.a), byte_operand(product.b)
@@ -213,7 +230,7 @@ def match_dot(loop: For, lane: Var) -> DotBody | str:
         return f"{what}: the accumulator {body.buffer.name} varies with the reduction"
     ops = dot_operands(product)
     if ops is None:
-        return f"{what}: the product is not two widened 8-bit values"
+        return f"{what}: the product is not two widened 8-bit (or int16) values"
     return DotBody(body.buffer, body.indices, *ops)
 
 
@@ -227,6 +244,8 @@ def form_error(
     """Why `form` cannot sum the products `u * s`, or None."""
     if form is None:
         return f"{target_name} has no dot-product instruction for {lanes} lanes of {depth} products"
+    if (u.word or s.word) and not (form.widens and form.signs == "any"):
+        return f"{form.name} reads 8-bit factors, not int16 ones"
     if form.signs == "us" and not u.unsigned:
         return f"{form.name} needs one unsigned factor (uint8, or int8 + 128)"
     if form.signs == "us" and s.unsigned:

@@ -38,9 +38,10 @@ from aotc.ir.expr import (
     select,
 )
 from aotc.te.tensor import NARROW_WEIGHTS, Operation
+from aotc.topi import winograd
 from aotc.topi.elemwise import broadcast_read, broadcast_shape
 from aotc.topi.nhwc import conv2d_nhwc, depthwise_conv2d_nhwc, pool2d_nhwc, window_attrs
-from aotc.topi.nn import reduced_index
+from aotc.topi.nn import as_pads, reduced_index
 from aotc.topi.registry import OpPattern, register
 
 QUANT_DTYPES = ("int8", "uint8")
@@ -434,6 +435,34 @@ def _qnn_conv2d(inputs, attrs):
     (one of REQUANTIZE_MODES). out_dtype int32 (ACCUMULATOR_DTYPE) skips requantization: the result is the
     int32 accumulator plus the bias, and the scales and output zero point are not read."""
     return [qnn_conv(inputs, attrs, depthwise=False)]
+
+
+@register("qnn.conv2d_winograd_nhwc", OpPattern.OUT_ELEMWISE_FUSABLE)
+def _qnn_conv2d_winograd(inputs, attrs):
+    """qnn.conv2d_nhwc of a 3x3 stride-1 conv whose weight zero point is 0, from int16 weights U [a, a, C,
+    O] (aotc.topi.winograd.integer_transform_weight of the OIHW weights for tile `tile`); attrs as
+    qnn.conv2d_nhwc's plus `tile`. Bit-exact with the direct conv: the same int32 sums."""
+    data, u = inputs[:2]
+    what = "qnn.conv2d_nhwc"
+    _check_quantized(data, what)
+    if _weight_zero_point(attrs, what):
+        raise te.TEError("qnn.conv2d_winograd_nhwc: the weight zero point must be 0")
+    acc = winograd.integer_conv2d_winograd_nhwc(
+        data,
+        u,
+        as_pads(attrs.get("pads", 0)),
+        pad_value=int(attrs["input_zero_point"]),
+        zero_point=_mac_input_zero_point(attrs, what, data.dtype),
+        m=int(attrs["tile"]),
+        name="qnn_conv2d_winograd_nhwc_acc",
+    )
+    bias = inputs[2] if len(inputs) > 2 else None
+    name = "qnn_conv2d_nhwc"
+    if attrs.get("out_dtype") == ACCUMULATOR_DTYPE:
+        return [_accumulator_output(acc, attrs, name, bias)]
+    scales = _output_scales(what, attrs, u.shape[3], data.dtype)
+    tables = Tables(inputs[3:]) if attrs.get("requantize_tables") else None
+    return [_output_stage(acc, attrs, scales, 3, name, bias, half_up=True, tables=tables)]
 
 
 @register("qnn.depthwise_conv2d_nhwc", OpPattern.OUT_ELEMWISE_FUSABLE)

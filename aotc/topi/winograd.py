@@ -6,6 +6,12 @@ products), Y = A^T M A per tile and output channel. The weight transform U = G g
 at build time (`transform_weight`). F(4, 3) does 36 multiply-adds per 16 outputs and channel pair
 where the direct conv does 144.
 
+An int8 conv runs F(2, 3) in integers, exactly (`integer_transform_weight`, docs/int8.md#winograd): its
+data transform B^T d B (0 and +-1 coefficients) of the zero-point-centered bytes fits int16, the weights
+2G g 2G^T (G's halves doubled) are int16 too, so the batched products are int16 pairs that vpmaddwd sums
+into int32, and A^T M A (0 and +-1 again) is 4 times the conv's sum: an exact shift right by 2. F(2, 3)
+does 16 products per 4 outputs and channel pair where the direct conv does 36.
+
 The two transforms are explicit sums whose coefficients depend on the position inside the tile; each
 stage's `const_index_axes` attr names those axes (and their period), which a schedule unrolls so that
 every coefficient becomes a literal and the zero terms vanish (Ansor's
@@ -22,7 +28,7 @@ from fractions import Fraction
 import numpy as np
 
 from aotc import te
-from aotc.ir.expr import Expr, const, eq, select
+from aotc.ir.expr import Expr, cast, const, eq, is_float, select
 from aotc.te.tensor import CONST_INDEX_AXES, Operation
 
 KERNEL = 3
@@ -81,8 +87,39 @@ def _times_linear(poly: list[Fraction], c: Fraction) -> list[Fraction]:
     return out
 
 
+# The int8 conv's Winograd tile: F(4, 3)'s data transform has coefficients up to 5, too wide for int16.
+INTEGER_TILE = 2
+
+
+def integer_scale(m: int) -> int:
+    """The smallest s that makes s * G integral for F(m, 3): the integer weight transform's factor per
+    dimension (the conv's sum comes out s^2 times too large, an exact division)."""
+    _, g, _ = matrices(m)
+    for s in range(1, 1 << 10):
+        if np.all(np.abs(g * s - np.round(g * s)) < 1e-9):
+            return s
+    raise ValueError(f"F({m}, 3) has no integral weight transform")
+
+
+def integer_transform_weight(weight: np.ndarray, m: int = INTEGER_TILE) -> np.ndarray:
+    """Integer OIHW 3x3 weights [K, C, 3, 3] -> int16 U [a, a, C, K] = sG g (sG)^T (s =
+    `integer_scale(m)`), exactly (int64 arithmetic, then checked to fit int16)."""
+    u = np.einsum("ei,kcij,fj->efck", _integer_g(m), weight.astype(np.int64), _integer_g(m))
+    if u.size and (u.min() < np.iinfo(np.int16).min or u.max() > np.iinfo(np.int16).max):
+        raise ValueError(f"F({m}, 3) integer weights span [{u.min()}, {u.max()}], past int16")
+    return np.ascontiguousarray(u.astype(np.int16))
+
+
+def _integer_g(m: int) -> np.ndarray:
+    _, g, _ = matrices(m)
+    return np.round(g * integer_scale(m)).astype(np.int64)
+
+
 def transform_weight(weight: np.ndarray, m: int) -> np.ndarray:
-    """OIHW 3x3 weights [K, C, 3, 3] -> U [a, a, C, K] = G g G^T per channel pair (in float64)."""
+    """OIHW 3x3 weights [K, C, 3, 3] -> U [a, a, C, K] = G g G^T per channel pair (in float64); integer
+    weights -> the int16 `integer_transform_weight`."""
+    if np.issubdtype(weight.dtype, np.integer):
+        return integer_transform_weight(weight, m)
     _, g, _ = matrices(m)
     u = np.einsum("ei,kcij,fj->efck", g, weight.astype(np.float64), g)
     return np.ascontiguousarray(u.astype(weight.dtype))
@@ -91,18 +128,29 @@ def transform_weight(weight: np.ndarray, m: int) -> np.ndarray:
 def weight_transform(weight: Operation, m: int, name: str = "winograd_weight") -> Operation:
     """U [a, a, C, K] = G g G^T of OIHW 3x3 weights `weight` [K, C, 3, 3] as loop stages, one dimension at
     a time as the data transform is: what `transform_weight` computes at build time, for a package that
-    computes it when it loads (in the weights' dtype, not float64)."""
+    computes it when it loads (in the weights' dtype, not float64; integer weights in int16, as
+    `integer_transform_weight`)."""
     _, g, _ = matrices(m)
     k, c, kh, kw = weight.shape
     if (kh, kw) != (KERNEL, KERNEL):
         raise te.TEError(f"{name}: weights {list(weight.shape)} are not 3x3")
     a = m + KERNEL - 1
     dtype = weight.dtype
+
+    def read(*index: Expr) -> Expr:
+        return weight[index]
+
+    if not is_float(dtype):
+        g, dtype = _integer_g(m), "int16"
+
+        def read(*index: Expr) -> Expr:
+            return cast("int16", weight[index])
+
     # rows[e, k, c, j] = sum_i G[e, i] g[k, c, i, j]
     rows = te.compute(
         (a, k, c, KERNEL),
         lambda e, kk, cc, j: _piecewise(
-            e, a, lambda ei: _combination([(g[ei, i], weight[kk, cc, i, j]) for i in range(KERNEL)], dtype)
+            e, a, lambda ei: _combination([(g[ei, i], read(kk, cc, i, j)) for i in range(KERNEL)], dtype)
         ),
         f"{name}_rows",
         tag="winograd_weight",
@@ -226,6 +274,119 @@ def conv2d_winograd(
     return out.op
 
 
+# The integer conv's tiles (rows of its batched products) are padded to a multiple of this, so that a
+# register block of that many rows divides them (ResNet's 14x14 stage: 49 tiles -> 52).
+INTEGER_TILE_ROWS = 4
+
+
+def integer_conv2d_winograd_nhwc(
+    data: Operation,
+    u: Operation,
+    padding: Sequence[int],
+    pad_value: int,
+    zero_point: int,
+    m: int = INTEGER_TILE,
+    name: str = "integer_conv2d_winograd",
+) -> Operation:
+    """The int32 sums of a 3x3 stride-1 conv of 8-bit NHWC `data` (padded with `pad_value`, each value
+    read as `data - zero_point`) with the int16 weights `u` [a, a, C, K] of `integer_transform_weight`:
+    the conv's accumulator, exactly. Each image's tiles are one axis P (padded to INTEGER_TILE_ROWS with
+    tiles of padding rows) of the batched int16 products, which vpmaddwd sums in pairs of channels."""
+    from aotc.topi.nn import pad
+
+    bt_, at_ = matrices(m)[2], matrices(m)[0]
+    a = m + KERNEL - 1
+    n, h, w, c = data.shape
+    if tuple(u.shape[:3]) != (a, a, c) or u.dtype != "int16":
+        raise te.TEError(f"{name}: weight {u.dtype} {list(u.shape)} is not int16 F({m}, 3) on {c} channels")
+    k = u.shape[3]
+    pt, pl, pb, pr = padding
+    oh, ow, th, tw = output_tiles(h, w, (pt, pl, pb, pr), m)
+    if oh < 1 or ow < 1:
+        raise te.TEError(f"{name}: no output for input {list(data.shape)} and pads {list(padding)}")
+    tiles = -(-th * tw // INTEGER_TILE_ROWS) * INTEGER_TILE_ROWS
+    rows_of_tiles = -(-tiles // tw)
+    padded = pad(
+        data,
+        (0, pt, pl, 0),
+        (0, m * rows_of_tiles + 2 - h - pt, m * tw + 2 - w - pl, 0),
+        value=pad_value,
+        name=f"{name}_pad",
+    )
+
+    def read(*index: Expr) -> Expr:
+        v = cast("int16", padded[index])
+        return v - const(zero_point, "int16") if zero_point else v
+
+    # B^T d B as two passes of one dimension each, channels innermost.
+    rows = te.compute(
+        (n, rows_of_tiles, a, m * tw + 2, c),
+        lambda nn, t_h, e1, xw, cc: _piecewise(
+            e1,
+            a,
+            lambda i: _combination([(bt_[i, r], read(nn, t_h * m + r, xw, cc)) for r in range(a)], "int16"),
+        ),
+        f"{name}_rows",
+        tag="winograd_data",
+        attrs={CONST_INDEX_AXES: ((2, 1),)},
+    )
+    v = te.compute(
+        (n, tiles, a, a, c),
+        lambda nn, p, e1, e2, cc: _piecewise(
+            e2,
+            a,
+            lambda j: _combination(
+                [(bt_[j, r], rows[nn, p // tw, e1, (p % tw) * m + r, cc]) for r in range(a)], "int16"
+            ),
+        ),
+        f"{name}_data",
+        tag="winograd_data",
+        attrs={CONST_INDEX_AXES: ((2, 1), (3, 1))},
+    )
+    rc = te.reduce_axis(c, "rc")
+    prod = te.compute(
+        (a, a, n, tiles, k),
+        lambda e1, e2, nn, p, kk: te.sum(
+            cast("int32", v[nn, p, e1, e2, rc.var]) * cast("int32", u[e1, e2, rc.var, kk]), rc
+        ),
+        f"{name}_gemm",
+        tag="winograd_gemm",
+    )
+    # A^T M A, one dimension at a time, then the exact division by the weights' scale.
+    cols = te.compute(
+        (a, m, n, tiles, k),
+        lambda e1, m2, nn, p, kk: _piecewise(
+            m2, m, lambda j: _combination([(at_[j, e], prod[e1, e, nn, p, kk]) for e in range(a)], "int32")
+        ),
+        f"{name}_cols",
+        tag="winograd_out",
+        attrs={CONST_INDEX_AXES: ((1, 1),)},
+    )
+    divisor = integer_scale(m) ** 2
+    return te.compute(
+        (n, oh, ow, k),
+        lambda nn, yy, xx, kk: _exact_divide(
+            _piecewise(
+                yy % m,
+                m,
+                lambda i: _combination(
+                    [(at_[i, e], cols[e, xx % m, nn, (yy // m) * tw + xx // m, kk]) for e in range(a)],
+                    "int32",
+                ),
+            ),
+            divisor,
+        ),
+        name,
+        tag="winograd_out",
+        attrs={CONST_INDEX_AXES: ((1, m), (2, m))},
+    )
+
+
+def _exact_divide(v: Expr, divisor: int) -> Expr:
+    """v / divisor where it divides v exactly (a power of two: a shift)."""
+    return v if divisor == 1 else v // const(divisor, v.dtype)
+
+
 def _logical(values: Sequence, order: Sequence[int]) -> tuple:
     """Physical values (extents, indices) of a tensor stored with axes `order`, in logical order."""
     out = [None] * len(order)
@@ -285,7 +446,7 @@ def _combination(terms: list[tuple[float, Expr]], dtype: str) -> Expr:
         if coef == 0:
             continue
         mag = abs(coef)
-        t = value if mag == 1 else value * const(float(mag), dtype)
+        t = value if mag == 1 else value * const(float(mag) if is_float(dtype) else int(mag), dtype)
         if acc is None:
             acc = t if coef > 0 else -t
         else:
