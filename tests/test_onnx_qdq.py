@@ -46,11 +46,13 @@ FLOAT_OPS = {"conv2d", "dense", "matmul", "add", "relu", "clip", "max_pool2d"}
 SEEDS = range(4)
 
 
-def quantized_model(tmp_path, name: str, per_channel: bool, activations: str) -> tuple[str, str, float]:
-    """The zoo model `name` quantized into tmp_path, with its last QuantizeLinear's output made a second
-    graph output; (path, that quantized output's name, the float output's scale)."""
+def quantized_model(
+    tmp_path, name: str, per_channel: bool, activations: str, float_model: onnx.ModelProto | None = None
+) -> tuple[str, str, float]:
+    """The zoo model `name` (or `float_model`) quantized into tmp_path, with its last QuantizeLinear's output
+    made a second graph output; (path, that quantized output's name, the float output's scale)."""
     path = tmp_path / f"{name}_{'channel' if per_channel else 'tensor'}_{activations}.onnx"
-    zoo.quantize(MODELS[name][0](), path, per_channel, activations)
+    zoo.quantize(float_model or MODELS[name][0](), path, per_channel, activations)
     model = onnx.load(path)
     last_dq = next(n for n in model.graph.node if model.graph.output[0].name in n.output)
     model.graph.output.append(helper.make_empty_tensor_value_info(last_dq.input[0]))
@@ -184,6 +186,34 @@ def test_reduce_range_weights_run_on_avx2_maddubs_and_match_onnxruntime(tmp_path
             assert_matches(
                 got, onnxruntime_outputs(path, feeds), quantized, scale, f"{name} (znver3 package)"
             )
+
+
+@pytest.mark.parametrize("per_channel, activations", [(True, "uint8"), (False, "int8")])
+def test_integer_winograd_package_equals_the_direct_convs_and_matches_onnxruntime(
+    tmp_path, per_channel, activations
+):
+    """A residual block of 16 channels built for znver3 (AVX2 without VNNI): its two 3x3 stride-1 convs
+    run as integer Winograd F(2, 3) (docs/int8.md#integer-winograd), the stem (3 channels) and the 1x1
+    stride-2 conv stay direct; the package equals the numpy evaluator's direct convs bit for bit and
+    matches onnxruntime. Compile-only where znver3's code cannot run."""
+    name = f"residual16_{activations}"
+    path, quantized, scale = quantized_model(
+        tmp_path, name, per_channel, activations, zoo.residual_block(channels=16, size=10)
+    )
+    ops = Counter(n.op for n in optimize(load_onnx(path), integer_winograd=True).nodes)
+    assert ops["qnn.conv2d_winograd_nhwc"] == 2 and ops["qnn.conv2d_nhwc"] == 2, dict(ops)
+    target = "llvm -mcpu=znver3"
+    package = aotc.compile(path, target, output=tmp_path / f"{name}.aotc", validate=False, log=lambda _: None)
+    built = Counter(n.op for t in package.result.tasks for g in t.groups for n in g.nodes)
+    assert built["qnn.conv2d_winograd_nhwc"] == 2, dict(built)
+    if not runs_here(parse_target(target)):
+        return
+    model, graph = package.load(), load_onnx(path)
+    for feeds in seeded_inputs(path):
+        got = model.run(feeds)
+        for out, value in run_graph(graph, feeds).items():
+            np.testing.assert_array_equal(got[out], value, err_msg=out)
+        assert_matches(got, onnxruntime_outputs(path, feeds), quantized, scale, f"{name} (znver3 package)")
 
 
 def _float_model(name: str) -> onnx.ModelProto:

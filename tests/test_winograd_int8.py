@@ -1,0 +1,186 @@
+"""Integer Winograd F(2, 3) for int8 3x3 convs (docs/int8.md#integer-winograd): the int16 weight transform
+exact, the conv's int32 sums bit-exact against the direct conv's numpy reference (uint8 and int8 inputs,
+per-tensor and per-channel weights, nonzero zero points, the extreme values that bound the int16 ranges,
+odd sizes and pads) for the default schedule and sampled programs built for znver3, whose int16 products
+run on vpmaddwd; the graph pass takes exactly the convs whose sums it can prove exact."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from aotc.codegen.llvm import build_llvm_ir, compile_to_assembly
+from aotc.codegen.module import build_module, load_library
+from aotc.graph.ir import Graph, Node, TensorType, Value
+from aotc.graph.passes import integer_winograd_convolutions
+from aotc.ir.dot import Operand, dot_forms, form_error, integer_winograd_pays
+from aotc.ir.expr import Var
+from aotc.schedule.default import default_schedule
+from aotc.schedule.layout import apply_layouts, rewrite_layout
+from aotc.schedule.lower import lower
+from aotc.target import parse_target
+from aotc.te.dag import ComputeDAG
+from aotc.te.reference import evaluate
+from aotc.te.tensor import LAYOUT_FREE, placeholder
+from aotc.topi import winograd
+from aotc.topi.registry import get_op
+
+from .test_dot_products import TARGETS, layer_attrs, runs_here, sampled_states
+
+ZNVER3 = "llvm -mcpu=znver3 -num-cores=1"
+
+
+def attrs_for(k: int, zx: int, per_channel: bool, pads: tuple, mac_zero_point: int | None) -> dict:
+    attrs = layer_attrs("qnn.conv2d_nhwc", (k, 3, 3, 1), zx, per_channel) | {"pads": pads}
+    attrs["input_zero_point_in_bias"] = True
+    if mac_zero_point is not None:
+        attrs["mac_zero_point"] = mac_zero_point
+    return attrs
+
+
+def conv_dags(x_shape: tuple, k: int, x_dtype: str, attrs: dict) -> tuple[ComputeDAG, ComputeDAG]:
+    """(direct qnn.conv2d_nhwc, qnn.conv2d_winograd_nhwc) on the same input, weight and bias."""
+    c = x_shape[3]
+
+    def dag(op: str, w_shape: tuple, w_dtype: str, extra: dict) -> ComputeDAG:
+        x = placeholder(x_shape, x_dtype, name="x")
+        w = placeholder(w_shape, w_dtype, name="w", tag=LAYOUT_FREE)
+        b = placeholder((k,), "int32", name="b", tag=LAYOUT_FREE)
+        return ComputeDAG(get_op(op).compute([x, w, b], attrs | extra))
+
+    a = winograd.INTEGER_TILE + 2
+    return (
+        dag("qnn.conv2d_nhwc", (k, 3, 3, c), "int8", {"strides": (1, 1), "dilations": (1, 1)}),
+        dag("qnn.conv2d_winograd_nhwc", (a, a, c, k), "int16", {"tile": winograd.INTEGER_TILE}),
+    )
+
+
+def extreme_inputs(x_shape: tuple, k: int, x_dtype: str, seed: int) -> tuple[np.ndarray, ...]:
+    """Input, OHWI weight and bias with a third of the bytes at their type's bounds."""
+    rng = np.random.default_rng(seed)
+    info = np.iinfo(x_dtype)
+    x = rng.integers(int(info.min), int(info.max) + 1, x_shape)
+    x = np.where(rng.random(x_shape) < 1 / 3, rng.choice([int(info.min), int(info.max)], x_shape), x)
+    w_shape = (k, 3, 3, x_shape[3])
+    w = rng.integers(-128, 128, w_shape)
+    w = np.where(rng.random(w_shape) < 1 / 3, rng.choice([-128, 127], w_shape), w)
+    b = rng.integers(-5000, 5000, (k,))
+    return x.astype(x_dtype), w.astype(np.int8), b.astype(np.int32)
+
+
+def test_integer_weight_transform_is_four_times_the_float_one_and_fits_int16():
+    rng = np.random.default_rng(0)
+    w = rng.integers(-128, 128, (8, 5, 3, 3)).astype(np.int8)
+    w[0] = -128  # the largest transformed magnitude: 9 * 128
+    u = winograd.transform_weight(w, winograd.INTEGER_TILE)
+    assert u.dtype == np.int16 and u.shape == (4, 4, 5, 8)
+    scale = winograd.integer_scale(winograd.INTEGER_TILE)
+    assert scale == 2
+    exact = winograd.transform_weight(w.astype(np.float64), winograd.INTEGER_TILE) * scale * scale
+    np.testing.assert_array_equal(u, exact.astype(np.int64))
+    assert np.abs(u).max() == 9 * 128
+
+
+CASES = {
+    # (input shape, output channels, input dtype, input zero point, per-channel, pads, mac zero point)
+    "uint8_per_channel": ((1, 6, 6, 16), 16, "uint8", 3, True, (1, 1, 1, 1), None),
+    "int8_per_tensor_odd": ((1, 7, 5, 16), 24, "int8", -7, False, (1, 1, 1, 1), None),
+    "uint8_unpadded": ((1, 9, 6, 32), 16, "uint8", 128, True, (0, 0, 0, 0), None),
+    "int8_uneven_pads": ((2, 5, 8, 16), 16, "int8", 5, True, (1, 0, 2, 1), None),
+    "uint8_minus_128": ((1, 6, 7, 16), 16, "uint8", 200, True, (1, 1, 1, 1), 128),  # sdot's x - 128
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_integer_winograd_conv_equals_the_direct_conv_bit_for_bit(case, tmp_path):
+    x_shape, k, x_dtype, zx, per_channel, pads, mzp = CASES[case]
+    attrs = attrs_for(k, zx, per_channel, pads, mzp)
+    direct, wino = conv_dags(x_shape, k, x_dtype, attrs)
+    x, w, b = extreme_inputs(x_shape, k, x_dtype, seed=sorted(CASES).index(case))
+    u = winograd.transform_weight(np.ascontiguousarray(w.transpose(0, 3, 1, 2)), winograd.INTEGER_TILE)
+    (expected,) = evaluate(direct, {"x": x, "w": w, "b": b})
+    (reference,) = evaluate(wino, {"x": x, "w": u, "b": b})
+    np.testing.assert_array_equal(reference, expected, err_msg="numpy evaluator")
+    target = parse_target(ZNVER3)
+    states = [default_schedule(wino, target), *sampled_states(wino, target, 2, seed=1)]
+    for i, state in enumerate(states):
+        rewritten, layouts = rewrite_layout(state)
+        func = lower(rewritten, f"k{i}")
+        asm = compile_to_assembly(build_llvm_ir([func], target), target)
+        assert "\tvpmaddwd\t" in asm and "\tvpmaddubsw\t" not in asm, f"program {i}"
+        if not runs_here(target):
+            continue
+        library = load_library(build_module([func], target, str(tmp_path / f"k{i}.so")))
+        got = np.zeros(expected.shape, expected.dtype)
+        library.kernel(f"k{i}")(*apply_layouts([x, u, b], layouts), got)
+        np.testing.assert_array_equal(got, expected, err_msg=f"{case}: program {i}")
+
+
+def test_int16_factors_take_only_vpmaddwd():
+    word = Operand(Var("v", "int16"), False)
+    for name, text in TARGETS.items():
+        for form in dot_forms(parse_target(text)):
+            error = form_error(word, word, form, form.lanes, form.depth, "")
+            assert (error is None) == (form.name == "maddwd"), f"{name} {form.name}: {error}"
+
+
+@pytest.mark.parametrize(
+    "target, pays",
+    [
+        ("llvm -mcpu=znver3", True),  # AVX2: 16 products per multiply instruction either way
+        ("llvm -mcpu=znver4 -mattr=-avx512vnni", True),  # AVX-512BW's vpmaddwd, no vpdpbusd
+        ("llvm -mcpu=znver4", False),  # vpdpbusd does twice vpmaddwd's products
+        ("llvm -mtriple=aarch64-linux-gnu -mcpu=neoverse-n2", False),  # no int16 dot form
+    ],
+)
+def test_integer_winograd_pays_where_bytes_gain_nothing_per_instruction(target, pays):
+    assert integer_winograd_pays(dot_forms(parse_target(target))) == pays
+
+
+def conv_node(weight: np.ndarray, x_dtype: str = "uint8", **attrs) -> Node:
+    k, _, _, c = weight.shape
+    x = Value("x", TensorType((1, 8, 8, c), x_dtype))
+    w = Value("w", TensorType(weight.shape, str(weight.dtype)), data=weight)
+    b = Value("b", TensorType((k,), "int32"), data=np.zeros(k, np.int32))
+    y = Value("y", TensorType((1, 8, 8, k), x_dtype))
+    base = {
+        "strides": (1, 1),
+        "dilations": (1, 1),
+        "pads": (1, 1, 1, 1),
+        "input_scale": 0.1,
+        "input_zero_point": 0,
+        "weight_scales": (0.01,),
+        "weight_zero_points": (0,),
+        "output_scale": 0.2,
+        "output_zero_point": 0,
+        "out_dtype": x_dtype,
+        "input_zero_point_in_bias": True,
+    }
+    node = Node("qnn.conv2d_nhwc", [x, w, b], [y], base | attrs)
+    y.producer = node
+    return node
+
+
+def test_graph_pass_takes_only_convs_it_can_prove_exact():
+    rng = np.random.default_rng(2)
+    w = rng.integers(-128, 128, (16, 3, 3, 16)).astype(np.int8)
+    # 255 * sum|w| * 4 within 2^31 up to 2^31 / (255 * 4 * 9 * 128) = 1827.6 channels of -128
+    huge = np.full((16, 3, 3, 1832), -128, np.int8)
+    nodes = {
+        "fits": conv_node(w),
+        "stride_2": conv_node(w, strides=(2, 2)),
+        "weight_zero_point": conv_node(w, weight_zero_points=(3,)),
+        "few_channels": conv_node(w[:, :, :, :8]),
+        "sums_past_int32": conv_node(huge),
+        "just_fits": conv_node(huge[:, :, :, :1827]),
+    }
+    graph = Graph([], [], list(nodes.values()))
+    integer_winograd_convolutions(graph)
+    taken = {name for name, node in nodes.items() if node.op == "qnn.conv2d_winograd_nhwc"}
+    assert taken == {"fits", "just_fits"}
+    node = nodes["fits"]
+    assert node.inputs[1].type == TensorType((4, 4, 16, 16), "int16")
+    assert node.attrs["tile"] == winograd.INTEGER_TILE and "strides" not in node.attrs
+    np.testing.assert_array_equal(
+        node.inputs[1].data, winograd.transform_weight(w.transpose(0, 3, 1, 2), winograd.INTEGER_TILE)
+    )
