@@ -31,7 +31,7 @@ class Derivation:
     """How a constant was computed at build time from a smaller one, so that a package may store the
     source and compute the constant again when it loads (docs/package.md#derived-weights). `kind`
     "winograd": the transformed weights U = G g G^T of the OIHW 3x3 weights `source` for Winograd tile
-    `tile` (aotc.topi.winograd.transform_weight)."""
+    `tile` (aotc.topi.winograd.transform_weight; int8 weights give the int16 integer transform)."""
 
     kind: str
     source: np.ndarray

@@ -6,7 +6,7 @@ products), Y = A^T M A per tile and output channel. The weight transform U = G g
 at build time (`transform_weight`). F(4, 3) does 36 multiply-adds per 16 outputs and channel pair
 where the direct conv does 144.
 
-An int8 conv runs F(2, 3) in integers, exactly (`integer_transform_weight`, docs/int8.md#winograd): its
+An int8 conv runs F(2, 3) in integers, exactly (`integer_transform_weight`, docs/int8.md#integer-winograd): its
 data transform B^T d B (0 and +-1 coefficients) of the zero-point-centered bytes fits int16, the weights
 2G g 2G^T (G's halves doubled) are int16 too, so the batched products are int16 pairs that vpmaddwd sums
 into int32, and A^T M A (0 and +-1 again) is 4 times the conv's sum: an exact shift right by 2. F(2, 3)
