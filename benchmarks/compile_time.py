@@ -31,6 +31,7 @@ from aotc.codegen.module import load_library
 from aotc.graph.ir import Graph, Node, TensorType, Value
 from aotc.graph.partition import extract_tasks, partition
 from aotc.graph.passes import optimize
+from aotc.ir.dot import dot_forms, integer_winograd_pays
 from aotc.schedule.default import default_schedule
 from aotc.schedule.layout import apply_layouts, rewrite_layout
 from aotc.schedule.lower import lower
@@ -50,9 +51,9 @@ WORKLOADS = [
 PHASES = ("lower", "ir", "parse", "optimize", "emit", "link")
 
 
-def int8_conv_dag(hw: int, cin: int, cout: int, k: int) -> ComputeDAG:
+def int8_conv_dag(hw: int, cin: int, cout: int, k: int, target: Target) -> ComputeDAG:
     """The task of one int8 NHWC conv (per-channel weights, RELU6, float requantization) after a build's
-    graph passes for a target with dot products."""
+    graph passes for `target` (dot products; a 3x3 conv as integer Winograd where the target takes it)."""
     rng = np.random.default_rng(0)
     x = Value("x", TensorType((1, hw, hw, cin), "int8"))
     w = rng.integers(-127, 128, (cout, k, k, cin)).astype(np.int8)
@@ -77,7 +78,12 @@ def int8_conv_dag(hw: int, cin: int, cout: int, k: int) -> ComputeDAG:
     }
     node = Node("qnn.conv2d_nhwc", [x, weight, bias], [out], attrs, name="conv")
     out.producer = node
-    (task,) = extract_tasks(partition(optimize(Graph([x], [out], [node]), dot_products=True)))
+    graph = optimize(
+        Graph([x], [out], [node]),
+        dot_products=True,
+        integer_winograd=integer_winograd_pays(dot_forms(target)),
+    )
+    (task,) = extract_tasks(partition(graph))
     return task.dag
 
 
@@ -203,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     thread_pool_object(target)  # compiled once per process, as in a builder worker
     with tempfile.TemporaryDirectory() as workdir:
         for name, hw, cin, cout, k in workloads:
-            dag = int8_conv_dag(hw, cin, cout, k)
+            dag = int8_conv_dag(hw, cin, cout, k, target)
             candidates = sampled_candidates(dag, target, n, args.seed)
             ways = [("new", False), ("old", True)] if args.compare else [("new", False)]
             rows: dict[str, list[dict[str, float]]] = {way: [] for way, _ in ways}

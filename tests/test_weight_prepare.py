@@ -51,19 +51,21 @@ def test_prepare_kernel_computes_what_the_build_does(tmp_path, tile, layout):
         assert (want == 0).any() and (got[want == 0] == 0).all()
 
 
-def test_prepare_kernel_computes_the_integer_transform_exactly(tmp_path):
-    """int8 weights (an int8 conv's integer Winograd F(2, 3)): the int16 weights 2G g 2G^T, laid out by
-    tiles that overshoot C and K, bit for bit."""
+@pytest.mark.parametrize("tile, largest", [(2, 9), (4, 49)])
+def test_prepare_kernel_computes_the_integer_transform_exactly(tmp_path, tile, largest):
+    """int8 weights (an int8 conv's integer Winograd): the int16 weights (DG) g (DG)^T, laid out by tiles
+    that overshoot C and K, bit for bit."""
     source = np.random.default_rng(7).integers(-128, 128, (24, 18, 3, 3)).astype(np.int8)
-    source[0, 0] = -128  # the largest magnitude, 9 * 128
+    source[0, 0] = -128  # the largest magnitude, (sum of a row of |DG|)^2 * 128
+    a = tile + 2
     layout = WeightLayout(
-        1, (4, 4, 18, 24), ((2, 16, 2), (0, 1, 4), (3, 8, 3), (1, 1, 4), (2, 1, 16), (3, 1, 8))
+        1, (a, a, 18, 24), ((2, 16, 2), (0, 1, a), (3, 8, 3), (1, 1, a), (2, 1, 16), (3, 1, 8))
     )
-    derivation = Derivation("winograd", source, 2)
+    derivation = Derivation("winograd", source, tile)
     func = prepare_kernel(derivation, layout, "prepare_int", host_target())
     lib = load_library(build_module([func], host_target(), str(tmp_path / "p.so")))
     want = derived_value(derivation, layout)
-    assert want.dtype == np.int16 and np.abs(want).max() == 9 * 128
+    assert want.dtype == np.int16 and np.abs(want).max() == largest * 128
     got = np.full(want.shape, -1, np.int16)
     lib.kernel("prepare_int")(source, got)
     np.testing.assert_array_equal(got, want)

@@ -1,5 +1,5 @@
-"""Integer Winograd F(2, 3) for int8 3x3 convs (docs/int8.md#integer-winograd): the int16 weight transform
-exact, the conv's int32 sums bit-exact against the direct conv's numpy reference (uint8 and int8 inputs,
+"""Integer Winograd F(4, 3) and F(2, 3) for int8 3x3 convs (docs/int8.md#integer-winograd): the int16 weight
+transform exact, the conv's int32 sums bit-exact against the direct conv's numpy reference (uint8 and int8 inputs,
 per-tensor and per-channel weights, nonzero zero points, the extreme values that bound the int16 ranges,
 odd sizes and pads) for the default schedule and sampled programs built for znver3, whose int16 products
 run on vpmaddwd; the graph pass takes exactly the convs whose sums it can prove exact."""
@@ -38,7 +38,7 @@ def attrs_for(k: int, zx: int, per_channel: bool, pads: tuple, mac_zero_point: i
     return attrs
 
 
-def conv_dags(x_shape: tuple, k: int, x_dtype: str, attrs: dict) -> tuple[ComputeDAG, ComputeDAG]:
+def conv_dags(x_shape: tuple, k: int, x_dtype: str, attrs: dict, tile: int) -> tuple[ComputeDAG, ComputeDAG]:
     """(direct qnn.conv2d_nhwc, qnn.conv2d_winograd_nhwc) on the same input, weight and bias."""
     c = x_shape[3]
 
@@ -48,10 +48,10 @@ def conv_dags(x_shape: tuple, k: int, x_dtype: str, attrs: dict) -> tuple[Comput
         b = placeholder((k,), "int32", name="b", tag=LAYOUT_FREE)
         return ComputeDAG(get_op(op).compute([x, w, b], attrs | extra))
 
-    a = winograd.INTEGER_TILE + 2
+    a = tile + 2
     return (
         dag("qnn.conv2d_nhwc", (k, 3, 3, c), "int8", {"strides": (1, 1), "dilations": (1, 1)}),
-        dag("qnn.conv2d_winograd_nhwc", (a, a, c, k), "int16", {"tile": winograd.INTEGER_TILE}),
+        dag("qnn.conv2d_winograd_nhwc", (a, a, c, k), "int16", {"tile": tile}),
     )
 
 
@@ -68,17 +68,31 @@ def extreme_inputs(x_shape: tuple, k: int, x_dtype: str, seed: int) -> tuple[np.
     return x.astype(x_dtype), w.astype(np.int8), b.astype(np.int32)
 
 
-def test_integer_weight_transform_is_four_times_the_float_one_and_fits_int16():
+@pytest.mark.parametrize(
+    "tile, scales, factor, largest", [(2, (1, 2, 2, 1), 4, 9), (4, (4, 6, 6, 24, 24, 1), 576, 49)]
+)
+def test_integer_weight_transform_scales_each_row_of_g_and_fits_int16(tile, scales, factor, largest):
     rng = np.random.default_rng(0)
     w = rng.integers(-128, 128, (8, 5, 3, 3)).astype(np.int8)
-    w[0] = -128  # the largest transformed magnitude: 9 * 128
-    u = winograd.transform_weight(w, winograd.INTEGER_TILE)
-    assert u.dtype == np.int16 and u.shape == (4, 4, 5, 8)
-    scale = winograd.integer_scale(winograd.INTEGER_TILE)
-    assert scale == 2
-    exact = winograd.transform_weight(w.astype(np.float64), winograd.INTEGER_TILE) * scale * scale
-    np.testing.assert_array_equal(u, exact.astype(np.int64))
-    assert np.abs(u).max() == 9 * 128
+    w[0] = -128  # the largest transformed magnitude: (sum of a row of |DG|)^2 * 128
+    u = winograd.transform_weight(w, tile)
+    assert u.dtype == np.int16 and u.shape == (tile + 2, tile + 2, 5, 8)
+    assert (
+        tuple(winograd.integer_row_scales(tile)) == scales and winograd.integer_output_factor(tile) == factor
+    )
+    d = np.array(scales, np.float64)
+    exact = (
+        winograd.transform_weight(w.astype(np.float64), tile)
+        * d[:, None, None, None]
+        * d[None, :, None, None]
+    )
+    np.testing.assert_array_equal(u, np.round(exact).astype(np.int64))
+    assert np.abs(u).max() == largest * 128
+
+
+def test_integer_sum_limit_is_where_the_output_factor_still_fits_int32():
+    assert winograd.integer_sum_limit(2) == 1 << 29  # 4 * sum
+    assert winograd.integer_sum_limit(4) == 1 << 25  # 576 = 64 * 9: 64 * sum after the inverse of 9
 
 
 CASES = {
@@ -91,18 +105,21 @@ CASES = {
 }
 
 
+@pytest.mark.parametrize("tile", winograd.INTEGER_TILES)
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_integer_winograd_conv_equals_the_direct_conv_bit_for_bit(case, tmp_path):
+def test_integer_winograd_conv_equals_the_direct_conv_bit_for_bit(case, tile, tmp_path):
+    """Extreme bytes everywhere: the channel sums reach about a third of F(4, 3)'s exact range (16
+    channels of 128 * 255 * 9 = 4.7M of 33.5M), and every int16 transform its bound."""
     x_shape, k, x_dtype, zx, per_channel, pads, mzp = CASES[case]
     attrs = attrs_for(k, zx, per_channel, pads, mzp)
-    direct, wino = conv_dags(x_shape, k, x_dtype, attrs)
+    direct, wino = conv_dags(x_shape, k, x_dtype, attrs, tile)
     x, w, b = extreme_inputs(x_shape, k, x_dtype, seed=sorted(CASES).index(case))
-    u = winograd.transform_weight(np.ascontiguousarray(w.transpose(0, 3, 1, 2)), winograd.INTEGER_TILE)
+    u = winograd.transform_weight(np.ascontiguousarray(w.transpose(0, 3, 1, 2)), tile)
     (expected,) = evaluate(direct, {"x": x, "w": w, "b": b})
     (reference,) = evaluate(wino, {"x": x, "w": u, "b": b})
     np.testing.assert_array_equal(reference, expected, err_msg="numpy evaluator")
     target = parse_target(ZNVER3)
-    states = [default_schedule(wino, target), *sampled_states(wino, target, 2, seed=1)]
+    states = [default_schedule(wino, target), *sampled_states(wino, target, 2, seed=tile)]
     for i, state in enumerate(states):
         rewritten, layouts = rewrite_layout(state)
         func = lower(rewritten, f"k{i}")
@@ -113,7 +130,7 @@ def test_integer_winograd_conv_equals_the_direct_conv_bit_for_bit(case, tmp_path
         library = load_library(build_module([func], target, str(tmp_path / f"k{i}.so")))
         got = np.zeros(expected.shape, expected.dtype)
         library.kernel(f"k{i}")(*apply_layouts([x, u, b], layouts), got)
-        np.testing.assert_array_equal(got, expected, err_msg=f"{case}: program {i}")
+        np.testing.assert_array_equal(got, expected, err_msg=f"{case}, F({tile}, 3): program {i}")
 
 
 def test_int16_factors_take_only_vpmaddwd():
@@ -161,26 +178,28 @@ def conv_node(weight: np.ndarray, x_dtype: str = "uint8", **attrs) -> Node:
     return node
 
 
-def test_graph_pass_takes_only_convs_it_can_prove_exact():
+def test_graph_pass_takes_the_largest_tile_it_can_prove_exact():
     rng = np.random.default_rng(2)
     w = rng.integers(-128, 128, (16, 3, 3, 16)).astype(np.int8)
-    # 255 * sum|w| * 4 within 2^31 up to 2^31 / (255 * 4 * 9 * 128) = 1827.6 channels of -128
-    huge = np.full((16, 3, 3, 1832), -128, np.int8)
+    # 255 * sum|w| of an output channel of -128s: F(4, 3) below 2^25 up to 114 channels, F(2, 3) below
+    # 2^29 up to 1827
+    full = np.full((16, 3, 3, 1832), -128, np.int8)
     nodes = {
         "fits": conv_node(w),
         "stride_2": conv_node(w, strides=(2, 2)),
         "weight_zero_point": conv_node(w, weight_zero_points=(3,)),
         "few_channels": conv_node(w[:, :, :, :8]),
-        "sums_past_int32": conv_node(huge),
-        "just_fits": conv_node(huge[:, :, :, :1827]),
+        "f4_just_fits": conv_node(full[:, :, :, :114]),
+        "f2_only": conv_node(full[:, :, :, :115]),
+        "f2_just_fits": conv_node(full[:, :, :, :1827]),
+        "sums_past_both": conv_node(full[:, :, :, :1828]),
     }
     graph = Graph([], [], list(nodes.values()))
     integer_winograd_convolutions(graph)
-    taken = {name for name, node in nodes.items() if node.op == "qnn.conv2d_winograd_nhwc"}
-    assert taken == {"fits", "just_fits"}
+    tiles = {
+        name: node.attrs["tile"] for name, node in nodes.items() if node.op == "qnn.conv2d_winograd_nhwc"
+    }
+    assert tiles == {"fits": 4, "f4_just_fits": 4, "f2_only": 2, "f2_just_fits": 2}
     node = nodes["fits"]
-    assert node.inputs[1].type == TensorType((4, 4, 16, 16), "int16")
-    assert node.attrs["tile"] == winograd.INTEGER_TILE and "strides" not in node.attrs
-    np.testing.assert_array_equal(
-        node.inputs[1].data, winograd.transform_weight(w.transpose(0, 3, 1, 2), winograd.INTEGER_TILE)
-    )
+    assert node.inputs[1].type == TensorType((6, 6, 16, 16), "int16") and "strides" not in node.attrs
+    np.testing.assert_array_equal(node.inputs[1].data, winograd.transform_weight(w.transpose(0, 3, 1, 2), 4))

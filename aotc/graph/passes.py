@@ -86,12 +86,13 @@ def winograd_convolutions(graph: Graph, tile: int = 4) -> Graph:
     return graph
 
 
-def integer_winograd_convolutions(graph: Graph, tile: int = winograd.INTEGER_TILE) -> Graph:
+def integer_winograd_convolutions(graph: Graph) -> Graph:
     """Quantized 3x3 stride-1 convs with constant int8 weights (zero point 0) become integer Winograd
-    F(tile, 3) convs (qnn.conv2d_winograd_nhwc) on int16 weights transformed here, where their sums
-    provably fit int32 (the products are exact: aotc.topi.winograd)."""
+    convs (qnn.conv2d_winograd_nhwc) on int16 weights transformed here: F(4, 3) where their sums provably
+    stay within its exact range, else F(2, 3) where they do within its wider one (aotc.topi.winograd)."""
     for node in graph.nodes:
-        if not _integer_winograd_fits(node, tile):
+        tile = _integer_winograd_tile(node)
+        if tile is None:
             continue
         weight = node.inputs[1]
         source = np.ascontiguousarray(weight.data.transpose(TO_NCHW))
@@ -111,17 +112,18 @@ def integer_winograd_convolutions(graph: Graph, tile: int = winograd.INTEGER_TIL
 
 # |x - m| for an 8-bit x and a `mac_zero_point` m (0 or +-128): a centered input's largest magnitude
 _CENTERED_MAX = 255
-_INT32_LIMIT = 1 << 31
 
 
-def _integer_winograd_fits(node: Node, tile: int) -> bool:
-    """A quantized 3x3 stride-1 ungrouped conv (OHWI int8 weights, zero point 0) with enough channels,
-    whose sums, scaled by the transform, fit int32 (its int16 weights always fit: 9 * 128 at most)."""
+def _integer_winograd_tile(node: Node) -> int | None:
+    """The largest integer Winograd tile for a quantized 3x3 stride-1 ungrouped conv (OHWI int8 weights,
+    zero point 0) with enough channels: one whose transformed weights are small enough and whose exact
+    range holds every sum these weights can make (255 * max over output channels of sum |w|); None if
+    no tile does or the conv is not one."""
     if node.op != "qnn.conv2d_nhwc" or len(node.inputs) < 2 or not node.inputs[1].is_constant:
-        return False
+        return None
     x, weight = node.inputs[:2]
     if weight.type.dtype != "int8" or x.type.dtype not in ("int8", "uint8") or len(x.type.shape) != 4:
-        return False
+        return None
     k, kh, kw, c = weight.type.shape
     attrs = node.attrs
     ones = all(int(v) == 1 for key in ("strides", "dilations") for v in _as_tuple(attrs.get(key, 1)))
@@ -131,14 +133,15 @@ def _integer_winograd_fits(node: Node, tile: int) -> bool:
         or c != x.type.shape[3]
         or any(_weight_zero_points(node))
     ):
-        return False
-    a = tile + winograd.KERNEL - 1
-    if min(c, k) < WINOGRAD_MIN_CHANNELS or a * a * c * k * 2 > WINOGRAD_MAX_WEIGHT_BYTES:
-        return False
-    w = weight.data.astype(np.int64)
-    largest_sum = _CENTERED_MAX * int(np.abs(w).reshape(k, -1).sum(axis=1).max())
-    scale = winograd.integer_scale(tile)
-    return largest_sum * scale * scale < _INT32_LIMIT
+        return None
+    if min(c, k) < WINOGRAD_MIN_CHANNELS:
+        return None
+    largest_sum = _CENTERED_MAX * int(np.abs(weight.data.astype(np.int64)).reshape(k, -1).sum(axis=1).max())
+    for tile in winograd.INTEGER_TILES:
+        a = tile + winograd.KERNEL - 1
+        if a * a * c * k * 2 <= WINOGRAD_MAX_WEIGHT_BYTES and largest_sum < winograd.integer_sum_limit(tile):
+            return tile
+    return None
 
 
 def _winograd_fits(node: Node, tile: int) -> bool:

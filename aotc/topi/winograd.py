@@ -6,11 +6,13 @@ products), Y = A^T M A per tile and output channel. The weight transform U = G g
 at build time (`transform_weight`). F(4, 3) does 36 multiply-adds per 16 outputs and channel pair
 where the direct conv does 144.
 
-An int8 conv runs F(2, 3) in integers, exactly (`integer_transform_weight`, docs/int8.md#integer-winograd): its
-data transform B^T d B (0 and +-1 coefficients) of the zero-point-centered bytes fits int16, the weights
-2G g 2G^T (G's halves doubled) are int16 too, so the batched products are int16 pairs that vpmaddwd sums
-into int32, and A^T M A (0 and +-1 again) is 4 times the conv's sum: an exact shift right by 2. F(2, 3)
-does 16 products per 4 outputs and channel pair where the direct conv does 36.
+An int8 conv runs F(4, 3) or F(2, 3) in integers, exactly (docs/int8.md#integer-winograd): the data
+transform B^T d B of the zero-point-centered bytes fits int16 (at most 100 * 255 for F(4, 3)); each row
+of G is scaled to integers (D G), so the weights (DG) g (DG)^T are int16 too, and the batched products are
+int16 pairs that vpmaddwd sums into int32; A^T diag(L / s) M diag(L / s) A is L^2 times the conv's sum
+modulo 2^32, which `_divide_exactly` undoes where the graph proved the sum small enough
+(`integer_sum_limit`). F(4, 3) does 36 products per 16 outputs and channel pair, F(2, 3) 16 per 4, where
+the direct conv does 144 and 36.
 
 The two transforms are explicit sums whose coefficients depend on the position inside the tile; each
 stage's `const_index_axes` attr names those axes (and their period), which a schedule unrolls so that
@@ -87,23 +89,38 @@ def _times_linear(poly: list[Fraction], c: Fraction) -> list[Fraction]:
     return out
 
 
-# The int8 conv's Winograd tile: F(4, 3)'s data transform has coefficients up to 5, too wide for int16.
-INTEGER_TILE = 2
+# The int8 conv's Winograd tiles, the larger first: F(4, 3) where its sums are provably exact, else F(2, 3).
+INTEGER_TILES = (4, 2)
 
 
-def integer_scale(m: int) -> int:
-    """The smallest s that makes s * G integral for F(m, 3): the integer weight transform's factor per
-    dimension (the conv's sum comes out s^2 times too large, an exact division)."""
+def integer_row_scales(m: int) -> np.ndarray:
+    """s[e]: the smallest integer that makes row e of F(m, 3)'s G integral (F(4, 3): 4 6 6 24 24 1)."""
     _, g, _ = matrices(m)
-    for s in range(1, 1 << 10):
-        if np.all(np.abs(g * s - np.round(g * s)) < 1e-9):
-            return s
-    raise ValueError(f"F({m}, 3) has no integral weight transform")
+    out = []
+    for row in g:
+        out.append(next(k for k in range(1, 1 << 10) if np.allclose(row * k, np.round(row * k), atol=1e-9)))
+    return np.array(out, dtype=np.int64)
 
 
-def integer_transform_weight(weight: np.ndarray, m: int = INTEGER_TILE) -> np.ndarray:
-    """Integer OIHW 3x3 weights [K, C, 3, 3] -> int16 U [a, a, C, K] = sG g (sG)^T (s =
-    `integer_scale(m)`), exactly (int64 arithmetic, then checked to fit int16)."""
+def integer_output_factor(m: int) -> int:
+    """L^2, L = lcm of `integer_row_scales`: the factor the integer output transform's result carries
+    (F(2, 3): 4; F(4, 3): 576)."""
+    scale = int(np.lcm.reduce(integer_row_scales(m)))
+    return scale * scale
+
+
+def integer_sum_limit(m: int) -> int:
+    """The magnitude a conv's int32 sum must stay below for F(m, 3) to recover it exactly: the output
+    transform gives L^2 * sum modulo 2^32, L^2 = 2^a * b with b odd; times b's inverse modulo 2^32 that is
+    2^a * sum, which int32 holds exactly below 2^(31 - a)."""
+    factor = integer_output_factor(m)
+    shift = (factor & -factor).bit_length() - 1
+    return 1 << (31 - shift)
+
+
+def integer_transform_weight(weight: np.ndarray, m: int) -> np.ndarray:
+    """Integer OIHW 3x3 weights [K, C, 3, 3] -> int16 U [a, a, C, K] = (DG) g (DG)^T, D =
+    diag(`integer_row_scales(m)`), exactly (int64 arithmetic, then checked to fit int16)."""
     u = np.einsum("ei,kcij,fj->efck", _integer_g(m), weight.astype(np.int64), _integer_g(m))
     if u.size and (u.min() < np.iinfo(np.int16).min or u.max() > np.iinfo(np.int16).max):
         raise ValueError(f"F({m}, 3) integer weights span [{u.min()}, {u.max()}], past int16")
@@ -111,8 +128,17 @@ def integer_transform_weight(weight: np.ndarray, m: int = INTEGER_TILE) -> np.nd
 
 
 def _integer_g(m: int) -> np.ndarray:
+    """DG: G with each row scaled to integers."""
     _, g, _ = matrices(m)
-    return np.round(g * integer_scale(m)).astype(np.int64)
+    return np.round(g * integer_row_scales(m)[:, None]).astype(np.int64)
+
+
+def _integer_at(m: int) -> np.ndarray:
+    """A^T diag(L / s): the output transform that undoes D up to the common factor L."""
+    at, _, _ = matrices(m)
+    scales = integer_row_scales(m)
+    lcm = int(np.lcm.reduce(scales))
+    return np.round(at * (lcm // scales)[None, :]).astype(np.int64)
 
 
 def transform_weight(weight: np.ndarray, m: int) -> np.ndarray:
@@ -285,16 +311,17 @@ def integer_conv2d_winograd_nhwc(
     padding: Sequence[int],
     pad_value: int,
     zero_point: int,
-    m: int = INTEGER_TILE,
+    m: int = INTEGER_TILES[-1],
     name: str = "integer_conv2d_winograd",
 ) -> Operation:
     """The int32 sums of a 3x3 stride-1 conv of 8-bit NHWC `data` (padded with `pad_value`, each value
     read as `data - zero_point`) with the int16 weights `u` [a, a, C, K] of `integer_transform_weight`:
-    the conv's accumulator, exactly. Each image's tiles are one axis P (padded to INTEGER_TILE_ROWS with
+    the conv's accumulator, exactly where every sum is below `integer_sum_limit(m)` in magnitude. Each image's tiles are one axis P (padded to INTEGER_TILE_ROWS with
     tiles of padding rows) of the batched int16 products, which vpmaddwd sums in pairs of channels."""
     from aotc.topi.nn import pad
 
-    bt_, at_ = matrices(m)[2], matrices(m)[0]
+    _, _, bt = matrices(m)
+    at = _integer_at(m)
     a = m + KERNEL - 1
     n, h, w, c = data.shape
     if tuple(u.shape[:3]) != (a, a, c) or u.dtype != "int16":
@@ -324,7 +351,7 @@ def integer_conv2d_winograd_nhwc(
         lambda nn, t_h, e1, xw, cc: _piecewise(
             e1,
             a,
-            lambda i: _combination([(bt_[i, r], read(nn, t_h * m + r, xw, cc)) for r in range(a)], "int16"),
+            lambda i: _combination([(bt[i, r], read(nn, t_h * m + r, xw, cc)) for r in range(a)], "int16"),
         ),
         f"{name}_rows",
         tag="winograd_data",
@@ -336,7 +363,7 @@ def integer_conv2d_winograd_nhwc(
             e2,
             a,
             lambda j: _combination(
-                [(bt_[j, r], rows[nn, p // tw, e1, (p % tw) * m + r, cc]) for r in range(a)], "int16"
+                [(bt[j, r], rows[nn, p // tw, e1, (p % tw) * m + r, cc]) for r in range(a)], "int16"
             ),
         ),
         f"{name}_data",
@@ -356,25 +383,25 @@ def integer_conv2d_winograd_nhwc(
     cols = te.compute(
         (a, m, n, tiles, k),
         lambda e1, m2, nn, p, kk: _piecewise(
-            m2, m, lambda j: _combination([(at_[j, e], prod[e1, e, nn, p, kk]) for e in range(a)], "int32")
+            m2, m, lambda j: _combination([(at[j, e], prod[e1, e, nn, p, kk]) for e in range(a)], "int32")
         ),
         f"{name}_cols",
         tag="winograd_out",
         attrs={CONST_INDEX_AXES: ((1, 1),)},
     )
-    divisor = integer_scale(m) ** 2
+    factor = integer_output_factor(m)
     return te.compute(
         (n, oh, ow, k),
-        lambda nn, yy, xx, kk: _exact_divide(
+        lambda nn, yy, xx, kk: _divide_exactly(
             _piecewise(
                 yy % m,
                 m,
                 lambda i: _combination(
-                    [(at_[i, e], cols[e, xx % m, nn, (yy // m) * tw + xx // m, kk]) for e in range(a)],
+                    [(at[i, e], cols[e, xx % m, nn, (yy // m) * tw + xx // m, kk]) for e in range(a)],
                     "int32",
                 ),
             ),
-            divisor,
+            factor,
         ),
         name,
         tag="winograd_out",
@@ -382,9 +409,15 @@ def integer_conv2d_winograd_nhwc(
     )
 
 
-def _exact_divide(v: Expr, divisor: int) -> Expr:
-    """v / divisor where it divides v exactly (a power of two: a shift)."""
-    return v if divisor == 1 else v // const(divisor, v.dtype)
+def _divide_exactly(v: Expr, factor: int) -> Expr:
+    """s from int32 v = factor * s modulo 2^32, where |s| < `integer_sum_limit`: factor = 2^a * b with b
+    odd; v times b's inverse modulo 2^32 (wrapping) is 2^a * s exactly, then an arithmetic shift."""
+    shift = (factor & -factor).bit_length() - 1
+    odd = factor >> shift
+    if odd > 1:
+        inverse = pow(odd, -1, 1 << 32)
+        v = v * const(inverse - (1 << 32) if inverse >= 1 << 31 else inverse, v.dtype)
+    return v // const(1 << shift, v.dtype) if shift else v
 
 
 def _logical(values: Sequence, order: Sequence[int]) -> tuple:
