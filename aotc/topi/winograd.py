@@ -231,9 +231,7 @@ def conv2d_winograd(
         raise te.TEError(f"{name}: transformed weight {list(u.shape)} does not fit F({m}, 3) on {c} channels")
     k = u.shape[3]
     pt, pl, pb, pr = padding
-    oh, ow, th, tw = output_tiles(h, w, (pt, pl, pb, pr), m)
-    if oh < 1 or ow < 1:
-        raise te.TEError(f"{name}: no output for input {list(data.shape)} and pads {list(padding)}")
+    oh, ow, th, tw = _checked_tiles(data, h, w, padding, m, name)
     # Pad (or crop) so that every tile's input window lies inside.
     before = _physical((0, 0, pt, pl), order["data"])
     after = _physical((0, 0, m * th + 2 - h - pt, m * tw + 2 - w - pl), order["data"])
@@ -328,9 +326,7 @@ def integer_conv2d_winograd_nhwc(
         raise te.TEError(f"{name}: weight {u.dtype} {list(u.shape)} is not int16 F({m}, 3) on {c} channels")
     k = u.shape[3]
     pt, pl, pb, pr = padding
-    oh, ow, th, tw = output_tiles(h, w, (pt, pl, pb, pr), m)
-    if oh < 1 or ow < 1:
-        raise te.TEError(f"{name}: no output for input {list(data.shape)} and pads {list(padding)}")
+    oh, ow, th, tw = _checked_tiles(data, h, w, padding, m, name)
     tiles = -(-th * tw // INTEGER_TILE_ROWS) * INTEGER_TILE_ROWS
     rows_of_tiles = -(-tiles // tw)
     padded = pad(
@@ -407,6 +403,14 @@ def integer_conv2d_winograd_nhwc(
         tag="winograd_out",
         attrs={CONST_INDEX_AXES: ((1, m), (2, m))},
     )
+
+
+def _checked_tiles(data: Operation, h: int, w: int, padding: Sequence[int], m: int, name: str) -> tuple:
+    """`output_tiles`, or an error where the conv has no output."""
+    oh, ow, th, tw = output_tiles(h, w, tuple(padding), m)
+    if oh < 1 or ow < 1:
+        raise te.TEError(f"{name}: no output for input {list(data.shape)} and pads {list(padding)}")
+    return oh, ow, th, tw
 
 
 def _divide_exactly(v: Expr, factor: int) -> Expr:
