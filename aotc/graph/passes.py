@@ -43,7 +43,8 @@ def optimize(
     only on weights within +-64 (AVX2's vpmaddubsw; aotc.ir.dot.has_narrow_forms), so the layers whose
     constant weights lie within that are marked (`mark_narrow_weights`). No pass after the marking may
     change a quantized layer's weight values: the mark vouches for them. `integer_winograd`: int8 3x3
-    convs run as integer Winograd F(2, 3) too (aotc.ir.dot.integer_winograd_pays), where `winograd`."""
+    convs run as integer Winograd F(4, 3) or F(2, 3) too (aotc.ir.dot.integer_winograd_pays), where
+    `winograd`."""
     graph = remove_identities(graph)
     graph = fold_batch_norm(graph)
     if nhwc:

@@ -143,11 +143,12 @@ def same_sign_only(forms: Sequence[DotForm]) -> bool:
 
 
 def integer_winograd_pays(forms: Sequence[DotForm]) -> bool:
-    """Whether int8 3x3 convs should run as integer Winograd F(2, 3) (aotc.topi.winograd): where vpmaddwd
-    reads its int16 operands and no form does more byte products per multiply instruction than it does
-    int16 ones (AVX2: vpmaddubsw + vpmaddwd by ones, 32 products in 2), so the transform's 16 products
-    per 4 outputs, where the direct conv does 36, cost 2.25x fewer multiplies. With VNNI's vpdpbusd (twice
-    vpmaddwd's products per instruction) it saves about 10% of them, less than its transforms cost."""
+    """Whether int8 3x3 convs should run as integer Winograd (aotc.topi.winograd): where vpmaddwd reads
+    its int16 operands and no form does more byte products per multiply instruction than it does int16
+    ones (AVX2: vpmaddubsw + vpmaddwd by ones, 32 products in 2), so F(4, 3)'s 36 products per 16 outputs
+    (F(2, 3): 16 per 4), where the direct conv does 144 (36), cost 4x (2.25x) fewer multiplies. VNNI's
+    vpdpbusd does twice vpmaddwd's products per instruction; no Zen 4 measured F(4, 3) on its int16
+    twin vpdpwssd (no form emits it), so VNNI targets keep the direct conv."""
     words = [f for f in forms if f.widens and f.signs == "any"]
     return bool(words) and not any(f.name == "vnni" for f in forms)
 

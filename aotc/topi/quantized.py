@@ -441,7 +441,8 @@ def _qnn_conv2d(inputs, attrs):
 def _qnn_conv2d_winograd(inputs, attrs):
     """qnn.conv2d_nhwc of a 3x3 stride-1 conv whose weight zero point is 0, from int16 weights U [a, a, C,
     O] (aotc.topi.winograd.integer_transform_weight of the OIHW weights for tile `tile`); attrs as
-    qnn.conv2d_nhwc's plus `tile`. Bit-exact with the direct conv: the same int32 sums."""
+    qnn.conv2d_nhwc's plus `tile`. Bit-exact with the direct conv (the same int32 sums) where every sum
+    stays below aotc.topi.winograd.integer_sum_limit(tile), which the graph pass proves before it makes one."""
     data, u = inputs[:2]
     what = "qnn.conv2d_nhwc"
     _check_quantized(data, what)
