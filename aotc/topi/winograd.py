@@ -105,8 +105,11 @@ def integer_row_scales(m: int) -> np.ndarray:
 def integer_output_factor(m: int) -> int:
     """L^2, L = lcm of `integer_row_scales`: the factor the integer output transform's result carries
     (F(2, 3): 4; F(4, 3): 576)."""
-    scale = int(np.lcm.reduce(integer_row_scales(m)))
-    return scale * scale
+    return _integer_lcm(m) ** 2
+
+
+def _integer_lcm(m: int) -> int:
+    return int(np.lcm.reduce(integer_row_scales(m)))
 
 
 def integer_sum_limit(m: int) -> int:
@@ -121,7 +124,8 @@ def integer_sum_limit(m: int) -> int:
 def integer_transform_weight(weight: np.ndarray, m: int) -> np.ndarray:
     """Integer OIHW 3x3 weights [K, C, 3, 3] -> int16 U [a, a, C, K] = (DG) g (DG)^T, D =
     diag(`integer_row_scales(m)`), exactly (int64 arithmetic, then checked to fit int16)."""
-    u = np.einsum("ei,kcij,fj->efck", _integer_g(m), weight.astype(np.int64), _integer_g(m))
+    dg = _integer_g(m)
+    u = np.einsum("ei,kcij,fj->efck", dg, weight.astype(np.int64), dg)
     if u.size and (u.min() < np.iinfo(np.int16).min or u.max() > np.iinfo(np.int16).max):
         raise ValueError(f"F({m}, 3) integer weights span [{u.min()}, {u.max()}], past int16")
     return np.ascontiguousarray(u.astype(np.int16))
@@ -136,9 +140,7 @@ def _integer_g(m: int) -> np.ndarray:
 def _integer_at(m: int) -> np.ndarray:
     """A^T diag(L / s): the output transform that undoes D up to the common factor L."""
     at, _, _ = matrices(m)
-    scales = integer_row_scales(m)
-    lcm = int(np.lcm.reduce(scales))
-    return np.round(at * (lcm // scales)[None, :]).astype(np.int64)
+    return np.round(at * (_integer_lcm(m) // integer_row_scales(m))[None, :]).astype(np.int64)
 
 
 def transform_weight(weight: np.ndarray, m: int) -> np.ndarray:
@@ -309,13 +311,14 @@ def integer_conv2d_winograd_nhwc(
     padding: Sequence[int],
     pad_value: int,
     zero_point: int,
-    m: int = INTEGER_TILES[-1],
+    m: int,
     name: str = "integer_conv2d_winograd",
 ) -> Operation:
     """The int32 sums of a 3x3 stride-1 conv of 8-bit NHWC `data` (padded with `pad_value`, each value
-    read as `data - zero_point`) with the int16 weights `u` [a, a, C, K] of `integer_transform_weight`:
-    the conv's accumulator, exactly where every sum is below `integer_sum_limit(m)` in magnitude. Each image's tiles are one axis P (padded to INTEGER_TILE_ROWS with
-    tiles of padding rows) of the batched int16 products, which vpmaddwd sums in pairs of channels."""
+    read as `data - zero_point`) with the int16 weights `u` [a, a, C, K] of `integer_transform_weight`
+    for F(m, 3): the conv's accumulator, exactly where every sum is below `integer_sum_limit(m)` in
+    magnitude. Each image's tiles are one axis P (padded to INTEGER_TILE_ROWS with tiles of padding
+    rows) of the batched int16 products, which vpmaddwd sums in pairs of channels."""
     from aotc.topi.nn import pad
 
     _, _, bt = matrices(m)
@@ -325,7 +328,7 @@ def integer_conv2d_winograd_nhwc(
     if tuple(u.shape[:3]) != (a, a, c) or u.dtype != "int16":
         raise te.TEError(f"{name}: weight {u.dtype} {list(u.shape)} is not int16 F({m}, 3) on {c} channels")
     k = u.shape[3]
-    pt, pl, pb, pr = padding
+    pt, pl = padding[:2]
     oh, ow, th, tw = _checked_tiles(data, h, w, padding, m, name)
     tiles = -(-th * tw // INTEGER_TILE_ROWS) * INTEGER_TILE_ROWS
     rows_of_tiles = -(-tiles // tw)
