@@ -194,6 +194,7 @@ class _Lowering:
                 info.scope = "shared"
                 fixed -= threads
             info.region_min, info.region_ext = self._region(sid, info.prefix, fixed)
+            info.region_min = [simplify(m, self.ranges) for m in info.region_min]
         roots = {k: e for k, e in enumerate(info.region_ext)}
         for k, a in enumerate(op.reduce_axes, start=n_sp):
             roots[k] = a.extent
@@ -335,13 +336,13 @@ class _Lowering:
     def _load(self, node: TensorRead) -> Expr:
         op = node.tensor
         if isinstance(op, PlaceholderOp):
-            buf = self.placeholder_buffers[op]
-            idx = [simplify(i, self.ranges) for i in node.indices]
-        else:
-            info = self.infos[self.op_stage[op]]
-            buf = info.buffer
-            idx = [simplify(i - m, self.ranges) for i, m in zip(node.indices, info.region_min)]
-        return Load(buf, tuple(idx))
+            return Load(self.placeholder_buffers[op], node.indices)
+        info = self.infos[self.op_stage[op]]
+        idx = [
+            i if isinstance(m, Const) and m.value == 0 else simplify_node(i - m, self.ranges)
+            for i, m in zip(node.indices, info.region_min)
+        ]
+        return Load(info.buffer, tuple(idx))
 
     def _value(self, e: Expr, vmap: dict[Var, Expr]) -> Expr:
         """`e` over the stage's loop variables, reads turned into loads.
