@@ -31,7 +31,7 @@ from aotc.schedule.state import (
     propagate_extents,
     split_extents,
 )
-from aotc.te.tensor import ComputeOp, IterVar, Operation
+from aotc.te.tensor import ComputeOp, IterVar, Operation, read_tensors
 
 
 class Step:
@@ -337,18 +337,9 @@ def _readers(state: State) -> dict[Operation, list[int]]:
     readers: dict[Operation, list[int]] = {}
     for i, st in enumerate(state.stages):
         if isinstance(st.op, ComputeOp):
-            seen = set()
-            for node in _reads(st.op.body):
-                if node.tensor not in seen:
-                    seen.add(node.tensor)
-                    readers.setdefault(node.tensor, []).append(i)
+            for tensor in read_tensors(st.op):
+                readers.setdefault(tensor, []).append(i)
     return readers
-
-
-def _reads(e: Expr):
-    from aotc.ir.expr import walk
-
-    return [n for n in walk(e) if isinstance(n, TensorRead)]
 
 
 @dataclass(frozen=True)
@@ -470,7 +461,7 @@ def _replace_dataflow(state: State, mapping: dict[Operation, Operation]) -> Stat
     for i, st in enumerate(stages):
         if not isinstance(st.op, ComputeOp) or st.op in replaced:
             continue
-        if not any(r.tensor in mapping for r in _reads(st.op.body)):
+        if not any(t in mapping for t in read_tensors(st.op)):
             continue
         new_op = _rewrite_reads(st.op, mapping)
         mapping[st.op] = new_op
