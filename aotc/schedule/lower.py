@@ -127,6 +127,10 @@ class _Lowering:
         for i, st in enumerate(self.stages):
             if isinstance(st.op, ComputeOp):
                 self.bodies[i] = self._expand_inlined(st.op.body)
+        # each body's reads, found once: every stage computed at a loop looks for its consumers' reads
+        self.reads = {
+            j: [n for n in _walk(body) if isinstance(n, TensorRead)] for j, body in self.bodies.items()
+        }
         for i in reversed(range(len(self.stages))):
             st = self.stages[i]
             if st.is_placeholder or st.compute_at == ComputeAtKind.INLINED:
@@ -158,11 +162,11 @@ class _Lowering:
     def _consumers(self, sid: int) -> list[int]:
         op = self.stages[sid].op
         out = []
-        for j, body in self.bodies.items():
+        for j, reads in self.reads.items():
             st = self.stages[j]
             if st.compute_at == ComputeAtKind.INLINED or j == sid:
                 continue
-            if any(isinstance(n, TensorRead) and n.tensor is op for n in _walk(body)):
+            if any(n.tensor is op for n in reads):
                 out.append(j)
         return out
 
@@ -259,8 +263,8 @@ class _Lowering:
             cop = self.stages[cid].op
             assert isinstance(cop, ComputeOp)
             vmap = {a.var: cinfo.absolute[k] for k, a in enumerate(cop.all_axes)}
-            for node in _walk(self.bodies[cid]):
-                if not (isinstance(node, TensorRead) and node.tensor is op):
+            for node in self.reads[cid]:
+                if node.tensor is not op:
                     continue
                 for d, idx in enumerate(node.indices):
                     if full[d]:
@@ -348,16 +352,26 @@ class _Lowering:
         """`e` over the stage's loop variables, reads turned into loads.
 
         A Select is lazy in codegen, so a load in its untaken arm may be out of bounds (padding).
+        A sub-expression that occurs more than once in `e` (a Winograd transform's reads, shared by its
+        rows) is converted once.
         """
-        if isinstance(e, Var):
-            return vmap.get(e, e)
-        if isinstance(e, TensorRead):
-            return self._load(TensorRead(e.tensor, tuple(self._value(i, vmap) for i in e.indices)))
-        kids = children(e)
-        if not kids:
-            return e
-        new = tuple(self._value(k, vmap) for k in kids)
-        return simplify_node(rebuild(e, new), self.ranges)
+        memo: dict[int, Expr] = {}
+
+        def value(e: Expr) -> Expr:
+            if isinstance(e, Var):
+                return vmap.get(e, e)
+            got = memo.get(id(e))
+            if got is not None:
+                return got
+            if isinstance(e, TensorRead):
+                out = self._load(TensorRead(e.tensor, tuple(value(i) for i in e.indices)))
+            else:
+                kids = children(e)
+                out = simplify_node(rebuild(e, tuple(value(k) for k in kids)), self.ranges) if kids else e
+            memo[id(e)] = out
+            return out
+
+        return value(e)
 
     def _guards(self, info: _StageInfo) -> list[_Guard]:
         op = info.stage.op

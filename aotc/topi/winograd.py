@@ -177,18 +177,14 @@ def weight_transform(weight: Operation, m: int, name: str = "winograd_weight") -
     # rows[e, k, c, j] = sum_i G[e, i] g[k, c, i, j]
     rows = te.compute(
         (a, k, c, KERNEL),
-        lambda e, kk, cc, j: _piecewise(
-            e, a, lambda ei: _combination([(g[ei, i], read(kk, cc, i, j)) for i in range(KERNEL)], dtype)
-        ),
+        lambda e, kk, cc, j: _transform(e, g, [read(kk, cc, i, j) for i in range(KERNEL)], dtype),
         f"{name}_rows",
         tag="winograd_weight",
         attrs={CONST_INDEX_AXES: ((0, 1),)},
     )
     return te.compute(
         (a, a, c, k),
-        lambda e, f, cc, kk: _piecewise(
-            f, a, lambda fj: _combination([(g[fj, j], rows[e, kk, cc, j]) for j in range(KERNEL)], dtype)
-        ),
+        lambda e, f, cc, kk: _transform(f, g, [rows[e, kk, cc, j] for j in range(KERNEL)], dtype),
         name,
         tag="winograd_weight",
         attrs={CONST_INDEX_AXES: ((1, 1),)},
@@ -243,10 +239,8 @@ def conv2d_winograd(
     rows = _compute(
         (n, c, th, a, m * tw + 2),
         order["rows"],
-        lambda nn, cc, t_h, e1, xw: _piecewise(
-            e1,
-            a,
-            lambda i: _combination([(bt[i, r], padded(nn, cc, t_h * m + r, xw)) for r in range(a)], dtype),
+        lambda nn, cc, t_h, e1, xw: _transform(
+            e1, bt, [padded(nn, cc, t_h * m + r, xw) for r in range(a)], dtype
         ),
         f"{name}_rows",
         "winograd_data",
@@ -255,10 +249,8 @@ def conv2d_winograd(
     v = _compute(
         (n, c, th, a, a, tw),
         order["v"],
-        lambda nn, cc, t_h, e1, e2, t_w: _piecewise(
-            e2,
-            a,
-            lambda j: _combination([(bt[j, r], rows(nn, cc, t_h, e1, t_w * m + r)) for r in range(a)], dtype),
+        lambda nn, cc, t_h, e1, e2, t_w: _transform(
+            e2, bt, [rows(nn, cc, t_h, e1, t_w * m + r) for r in range(a)], dtype
         ),
         f"{name}_data",
         "winograd_data",
@@ -274,10 +266,8 @@ def conv2d_winograd(
     # A^T M A, again one dimension at a time.
     cols = te.compute(
         (a, m, n, th, tw, k),
-        lambda e1, m2, nn, t_h, t_w, kk: _piecewise(
-            m2,
-            m,
-            lambda j: _combination([(at[j, e], prod[e1, e, nn, t_h, t_w, kk]) for e in range(a)], dtype),
+        lambda e1, m2, nn, t_h, t_w, kk: _transform(
+            m2, at, [prod[e1, e, nn, t_h, t_w, kk] for e in range(a)], dtype
         ),
         f"{name}_cols",
         tag="winograd_out",
@@ -286,12 +276,8 @@ def conv2d_winograd(
     out = _compute(
         (n, k, oh, ow),
         order["data"],
-        lambda nn, kk, yy, xx: _piecewise(
-            yy % m,
-            m,
-            lambda i: _combination(
-                [(at[i, e], cols[e, xx % m, nn, yy // m, xx // m, kk]) for e in range(a)], dtype
-            ),
+        lambda nn, kk, yy, xx: _transform(
+            yy % m, at, [cols[e, xx % m, nn, yy // m, xx // m, kk] for e in range(a)], dtype
         ),
         name,
         "winograd_out",
@@ -347,10 +333,8 @@ def integer_conv2d_winograd_nhwc(
     # B^T d B as two passes of one dimension each, channels innermost.
     rows = te.compute(
         (n, rows_of_tiles, a, m * tw + 2, c),
-        lambda nn, t_h, e1, xw, cc: _piecewise(
-            e1,
-            a,
-            lambda i: _combination([(bt[i, r], read(nn, t_h * m + r, xw, cc)) for r in range(a)], "int16"),
+        lambda nn, t_h, e1, xw, cc: _transform(
+            e1, bt, [read(nn, t_h * m + r, xw, cc) for r in range(a)], "int16"
         ),
         f"{name}_rows",
         tag="winograd_data",
@@ -358,12 +342,8 @@ def integer_conv2d_winograd_nhwc(
     )
     v = te.compute(
         (n, tiles, a, a, c),
-        lambda nn, p, e1, e2, cc: _piecewise(
-            e2,
-            a,
-            lambda j: _combination(
-                [(bt[j, r], rows[nn, p // tw, e1, (p % tw) * m + r, cc]) for r in range(a)], "int16"
-            ),
+        lambda nn, p, e1, e2, cc: _transform(
+            e2, bt, [rows[nn, p // tw, e1, (p % tw) * m + r, cc] for r in range(a)], "int16"
         ),
         f"{name}_data",
         tag="winograd_data",
@@ -381,9 +361,7 @@ def integer_conv2d_winograd_nhwc(
     # A^T M A, one dimension at a time, then the exact division by the weights' scale.
     cols = te.compute(
         (a, m, n, tiles, k),
-        lambda e1, m2, nn, p, kk: _piecewise(
-            m2, m, lambda j: _combination([(at[j, e], prod[e1, e, nn, p, kk]) for e in range(a)], "int32")
-        ),
+        lambda e1, m2, nn, p, kk: _transform(m2, at, [prod[e1, e, nn, p, kk] for e in range(a)], "int32"),
         f"{name}_cols",
         tag="winograd_out",
         attrs={CONST_INDEX_AXES: ((1, 1),)},
@@ -392,13 +370,8 @@ def integer_conv2d_winograd_nhwc(
     return te.compute(
         (n, oh, ow, k),
         lambda nn, yy, xx, kk: _divide_exactly(
-            _piecewise(
-                yy % m,
-                m,
-                lambda i: _combination(
-                    [(at[i, e], cols[e, xx % m, nn, (yy // m) * tw + xx // m, kk]) for e in range(a)],
-                    "int32",
-                ),
+            _transform(
+                yy % m, at, [cols[e, xx % m, nn, (yy // m) * tw + xx // m, kk] for e in range(a)], "int32"
             ),
             factor,
         ),
@@ -492,6 +465,16 @@ def _combination(terms: list[tuple[float, Expr]], dtype: str) -> Expr:
         else:
             acc = acc + t if coef > 0 else acc - t
     return acc if acc is not None else const(0.0, dtype)
+
+
+def _transform(key: Expr, matrix: np.ndarray, values: Sequence[Expr], dtype: str) -> Expr:
+    """Row `key` of `matrix` times the vector `values`: a piecewise of the rows' combinations, which
+    share the value expressions (so lowering converts each read once)."""
+    return _piecewise(
+        key,
+        matrix.shape[0],
+        lambda i: _combination([(matrix[i, r], values[r]) for r in range(len(values))], dtype),
+    )
 
 
 def _piecewise(key: Expr, extent: int, leaf: Callable[[int], Expr]) -> Expr:
