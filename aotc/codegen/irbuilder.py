@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -118,6 +119,17 @@ class Val:
 
 
 def const_val(value: int | float | bool, dtype: str) -> Val:
+    if type(value) is int:  # index and integer constants repeat across a kernel's unrolled copies
+        return _int_const_val(value, dtype)
+    return _const_val(value, dtype)
+
+
+@functools.lru_cache(maxsize=4096)
+def _int_const_val(value: int, dtype: str) -> Val:
+    return _const_val(value, dtype)
+
+
+def _const_val(value: int | float | bool, dtype: str) -> Val:
     if dtype == "bool":
         value = bool(value)
     elif is_float(dtype):

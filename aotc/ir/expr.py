@@ -6,6 +6,7 @@ Nodes are immutable; compound nodes compare structurally, `Var` and buffers by i
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Union
@@ -32,6 +33,7 @@ def is_int(dtype: str) -> bool:
     return dtype in INT_DTYPES
 
 
+@functools.cache  # a handful of dtype names, asked for every constant a code generator emits
 def dtype_bits(dtype: str) -> int:
     if dtype == "bool":
         return 1
