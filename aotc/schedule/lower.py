@@ -138,7 +138,12 @@ class _Lowering:
             self.infos[i] = self._infer(i)
 
     def _expand_inlined(self, body: Expr) -> Expr:
+        memo: dict[int, Expr] = {}  # by node: a shared sub-expression stays shared
+
         def visit(node: Expr) -> Expr:
+            got = memo.get(id(node))
+            if got is not None:
+                return got
             if isinstance(node, TensorRead):
                 idx = tuple(visit(i) for i in node.indices)
                 sid = self.op_stage.get(node.tensor)
@@ -149,13 +154,17 @@ class _Lowering:
                     op = st.op
                     assert isinstance(op, ComputeOp)
                     inner = self.bodies[sid]
-                    return substitute(inner, {a.var: i for a, i in zip(op.axes, idx)})
-                return TensorRead(node.tensor, idx)
-            kids = children(node)
-            if not kids:
-                return node
-            new = tuple(visit(k) for k in kids)
-            return rebuild(node, new) if any(a is not b for a, b in zip(new, kids)) else node
+                    out = substitute(inner, {a.var: i for a, i in zip(op.axes, idx)})
+                elif any(a is not b for a, b in zip(idx, node.indices)):
+                    out = TensorRead(node.tensor, idx)
+                else:
+                    out = node
+            else:
+                kids = children(node)
+                new = tuple(visit(k) for k in kids)
+                out = rebuild(node, new) if any(a is not b for a, b in zip(new, kids)) else node
+            memo[id(node)] = out
+            return out
 
         return visit(body)
 
