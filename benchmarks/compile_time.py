@@ -1,6 +1,6 @@
 """Per-candidate compile time of int8 convs, sampled as the tuner samples them, with its breakdown.
 
-    python benchmarks/compile_time.py [--candidates N] [--compare] [--kernels K] [--quick]
+    python benchmarks/compile_time.py [--candidates N] [--compare] [--kernels K] [--quick] [--direct]
 
 Each workload is one qnn conv built through a build's graph passes (zero point folded into the bias,
 per-channel requantization tables), partitioned into its task; candidates come from
@@ -51,9 +51,10 @@ WORKLOADS = [
 PHASES = ("lower", "ir", "parse", "optimize", "emit", "link")
 
 
-def int8_conv_dag(hw: int, cin: int, cout: int, k: int, target: Target) -> ComputeDAG:
+def int8_conv_dag(hw: int, cin: int, cout: int, k: int, target: Target, winograd: bool = True) -> ComputeDAG:
     """The task of one int8 NHWC conv (per-channel weights, RELU6, float requantization) after a build's
-    graph passes for `target` (dot products; a 3x3 conv as integer Winograd where the target takes it)."""
+    graph passes for `target` (dot products; a 3x3 conv as integer Winograd where the target takes it,
+    unless `winograd` is off, as a recipe's `winograd: false` builds it)."""
     rng = np.random.default_rng(0)
     x = Value("x", TensorType((1, hw, hw, cin), "int8"))
     w = rng.integers(-127, 128, (cout, k, k, cin)).astype(np.int8)
@@ -81,7 +82,7 @@ def int8_conv_dag(hw: int, cin: int, cout: int, k: int, target: Target) -> Compu
     graph = optimize(
         Graph([x], [out], [node]),
         dot_products=True,
-        integer_winograd=integer_winograd_pays(dot_forms(target)),
+        integer_winograd=winograd and integer_winograd_pays(dot_forms(target)),
     )
     (task,) = extract_tasks(partition(graph))
     return task.dag
@@ -201,6 +202,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1, help="threads of the timed kernels")
     ap.add_argument("--quick", action="store_true", help="the 1x1 conv, 3 candidates (smoke run)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--direct", action="store_true", help="3x3 convs as direct convs where the host would take Winograd"
+    )
     args = ap.parse_args(argv)
     target = host_target()
     workloads = WORKLOADS[2:] if args.quick else WORKLOADS
@@ -209,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     thread_pool_object(target)  # compiled once per process, as in a builder worker
     with tempfile.TemporaryDirectory() as workdir:
         for name, hw, cin, cout, k in workloads:
-            dag = int8_conv_dag(hw, cin, cout, k, target)
+            dag = int8_conv_dag(hw, cin, cout, k, target, winograd=not args.direct)
             candidates = sampled_candidates(dag, target, n, args.seed)
             ways = [("new", False), ("old", True)] if args.compare else [("new", False)]
             rows: dict[str, list[dict[str, float]]] = {way: [] for way, _ in ways}
