@@ -564,8 +564,22 @@ def walk(e: Expr):
         stack.extend(reversed(children(node)))
 
 
+def walk_distinct(e: Expr):
+    """Pre-order iteration over the distinct nodes of `e`: a sub-expression that occurs several times as
+    the same object (shared) is visited once."""
+    seen: set[int] = set()
+    stack = [e]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        yield node
+        stack.extend(reversed(children(node)))
+
+
 def free_vars(e: Expr) -> set[Var]:
-    return {n for n in walk(e) if isinstance(n, Var)}
+    return {n for n in walk_distinct(e) if isinstance(n, Var)}
 
 
 def unique_name(base: str, taken: set[str], sep: str = "_") -> str:

@@ -37,6 +37,7 @@ from aotc.ir.expr import (
     substitute,
     unique_name,
     walk,
+    walk_distinct,
 )
 from aotc.ir.simplify import bounds, from_terms, linear_terms, simplify, simplify_node
 from aotc.ir.stmt import (
@@ -129,7 +130,8 @@ class _Lowering:
                 self.bodies[i] = self._expand_inlined(st.op.body)
         # each body's reads, found once: every stage computed at a loop looks for its consumers' reads
         self.reads = {
-            j: [n for n in _walk(body) if isinstance(n, TensorRead)] for j, body in self.bodies.items()
+            j: [n for n in walk_distinct(body) if isinstance(n, TensorRead)]
+            for j, body in self.bodies.items()
         }
         for i in reversed(range(len(self.stages))):
             st = self.stages[i]

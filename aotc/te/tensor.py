@@ -18,7 +18,7 @@ from aotc.ir.expr import (
     Var,
     as_expr,
     logical_and,
-    walk,
+    walk_distinct,
 )
 
 
@@ -110,7 +110,7 @@ def read_tensors(op: ComputeOp) -> tuple[Operation, ...]:
     got = _READ_TENSORS.get(op)
     if got is None:
         seen: dict[Operation, None] = {}
-        for node in walk(op.body):
+        for node in walk_distinct(op.body):
             if isinstance(node, TensorRead):
                 seen.setdefault(node.tensor, None)
         got = _READ_TENSORS[op] = tuple(seen)
