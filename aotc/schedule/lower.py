@@ -230,8 +230,9 @@ class _Lowering:
             for uid in overflowing_splits(st, info.extents)
             if uid not in info.local
         ]
-        info.absolute = {
-            k: simplify(info.region_min[k] + e, self.ranges) if k < n_sp else e for k, e in info.local.items()
+        info.absolute = {  # both terms are simplified: simplifying the sum's node is enough
+            k: simplify_node(info.region_min[k] + e, self.ranges) if k < n_sp else e
+            for k, e in info.local.items()
         }
         info.buffer = self._buffer(sid, info)
         return info
@@ -388,8 +389,9 @@ class _Lowering:
         op = info.stage.op
         assert isinstance(op, ComputeOp)
         out: list[_Guard] = []
+        # a guard's expression is simplified already, so its comparison node is all there is to simplify
         for g in info.inner_guards:
-            proven = simplify(g.cond(), self.ranges)
+            proven = simplify_node(g.cond(), self.ranges)
             if not (isinstance(proven, Const) and proven.value):
                 out.append(g)
         for k, a in enumerate(op.all_axes):
@@ -400,7 +402,7 @@ class _Lowering:
             if is_spatial and info.stage.compute_at == ComputeAtKind.ITER:
                 cands += [_Guard(info.absolute[k], a.extent), _Guard(info.absolute[k], None)]
             for g in cands:
-                proven = simplify(g.cond(), self.ranges)
+                proven = simplify_node(g.cond(), self.ranges)
                 if isinstance(proven, Const) and proven.value:
                     continue
                 out.append(g)
