@@ -1,6 +1,7 @@
-from aotc.ir.expr import Const, Var, const
+from aotc.ir.expr import Const, Var, const, free_vars, walk, walk_distinct
 from aotc.ir.printer import expr_str
 from aotc.ir.simplify import affine, bounds, simplify
+from aotc.te.tensor import compute, placeholder, read_tensors
 
 
 def test_linear_canonical_form_and_constant_folding():
@@ -39,3 +40,19 @@ def test_bounds_interval_arithmetic():
     assert bounds((i * 16 + j) // 8, ranges) == (0, 7)
     assert bounds(j % 4, ranges) == (0, 3)
     assert bounds(i - j, ranges) == (-15, 3)
+
+
+def test_walk_distinct_visits_a_shared_node_once():
+    x, y = Var("x"), Var("y")
+    shared = x * 3 + y
+    e = shared * shared + shared
+    assert sum(n is shared for n in walk(e)) == 3
+    assert sum(n is shared for n in walk_distinct(e)) == 1
+    assert free_vars(e) == {x, y}
+
+
+def test_read_tensors_lists_each_tensor_once_in_first_read_order():
+    a, b = placeholder((4,), "float32", name="a"), placeholder((4,), "float32", name="b")
+    c = compute((4,), lambda i: b[i] * a[i] + b[3 - i], name="c")
+    assert read_tensors(c) == (b, a)
+    assert read_tensors(c) is read_tensors(c)

@@ -11,10 +11,12 @@ import pytest
 
 from aotc.codegen.llvm import build_llvm_ir, compile_to_assembly
 from aotc.codegen.module import build_module, load_library
+from aotc.codegen.stmtgen import stmt_exprs
 from aotc.graph.ir import Graph, Node, TensorType, Value
 from aotc.graph.passes import integer_winograd_convolutions
 from aotc.ir.dot import Operand, dot_forms, form_error, integer_winograd_pays
-from aotc.ir.expr import Var
+from aotc.ir.expr import Load, Var, walk
+from aotc.ir.stmt import walk_stmts
 from aotc.schedule.default import default_schedule
 from aotc.schedule.layout import apply_layouts, rewrite_layout
 from aotc.schedule.lower import lower
@@ -203,3 +205,22 @@ def test_graph_pass_takes_the_largest_tile_it_can_prove_exact():
     node = nodes["fits"]
     assert node.inputs[1].type == TensorType((6, 6, 16, 16), "int16") and "strides" not in node.attrs
     np.testing.assert_array_equal(node.inputs[1].data, winograd.transform_weight(w.transpose(0, 3, 1, 2), 4))
+
+
+def test_lowering_converts_each_transform_read_once():
+    """The transforms' rows share their reads (`winograd._transform`), and replaying, re-laying out and
+    lowering keep them shared: each transform reads its a = 6 values through six Load nodes, however
+    many rows of B^T or A^T use them."""
+    _, wino = conv_dags((1, 6, 6, 4), 4, "uint8", attrs_for(4, 3, False, (1, 1, 1, 1), None), 4)
+    rewritten, _ = rewrite_layout(default_schedule(wino, parse_target(ZNVER3)))
+    func = lower(rewritten, "k")
+    uses: dict[str, int] = {}
+    nodes: dict[str, set[int]] = {}
+    for s in walk_stmts(func.body):
+        for root in stmt_exprs(s):
+            for e in walk(root):
+                if isinstance(e, Load) and e.buffer.name.endswith(("_pad", "_rows", "_gemm", "_cols")):
+                    uses[e.buffer.name] = uses.get(e.buffer.name, 0) + 1
+                    nodes.setdefault(e.buffer.name, set()).add(id(e))
+    assert len(nodes) == 4 and all(len(ids) == 6 for ids in nodes.values()), nodes
+    assert all(n > 6 for n in uses.values()), uses

@@ -527,19 +527,32 @@ def rebuild(e: Expr, new_children: tuple[Expr, ...]) -> Expr:
 
 
 def transform(e: Expr, fn) -> Expr:
-    """Bottom-up rewrite: `fn(node_with_rewritten_children)` returns a replacement or None to keep."""
-    kids = children(e)
-    if kids:
-        new_kids = tuple(transform(k, fn) for k in kids)
-        if any(n is not k for n, k in zip(new_kids, kids)):
-            e = rebuild(e, new_kids)
-    out = fn(e)
-    return e if out is None else out
+    """Bottom-up rewrite: `fn(node_with_rewritten_children)` returns a replacement or None to keep (`fn`
+    is pure: a sub-expression shared in `e` is rewritten once and stays shared)."""
+    memo: dict[int, Expr] = {}
+
+    def visit(node: Expr) -> Expr:
+        got = memo.get(id(node))
+        if got is not None:
+            return got
+        kids = children(node)
+        new = node
+        if kids:
+            new_kids = tuple(visit(k) for k in kids)
+            if any(n is not k for n, k in zip(new_kids, kids)):
+                new = rebuild(node, new_kids)
+        out = fn(new)
+        memo[id(node)] = result = new if out is None else out
+        return result
+
+    return visit(e)
 
 
 def substitute(e: Expr, mapping: dict[Var, Expr]) -> Expr:
+    """`e` with variables replaced; a shared sub-expression is rewritten once and stays shared."""
     if not mapping:
         return e
+    memo: dict[int, Expr] = {}
 
     def visit(node: Expr) -> Expr:
         if isinstance(node, Var):
@@ -547,10 +560,13 @@ def substitute(e: Expr, mapping: dict[Var, Expr]) -> Expr:
         kids = children(node)
         if not kids:
             return node
+        got = memo.get(id(node))
+        if got is not None:
+            return got
         new_kids = tuple(visit(k) for k in kids)
-        if all(n is k for n, k in zip(new_kids, kids)):
-            return node
-        return rebuild(node, new_kids)
+        out = node if all(n is k for n, k in zip(new_kids, kids)) else rebuild(node, new_kids)
+        memo[id(node)] = out
+        return out
 
     return visit(e)
 

@@ -265,14 +265,23 @@ def _with_layouts(
 def _rewrite_reads(
     e: Expr, new_ops: dict[Operation, Operation], digits: dict[PlaceholderOp, _Digits]
 ) -> Expr:
-    if isinstance(e, TensorRead):
-        idx = tuple(_rewrite_reads(i, new_ops, digits) for i in e.indices)
-        own = digits.get(e.tensor) if isinstance(e.tensor, PlaceholderOp) else None
-        if own is not None:
-            idx = tuple(g.of(idx[d]) for d, g in own)
-        return TensorRead(new_ops[e.tensor], idx)
-    kids = children(e)
-    if not kids:
-        return e
-    new = tuple(_rewrite_reads(k, new_ops, digits) for k in kids)
-    return rebuild(e, new)
+    """`e` reading the new ops (weights by their new digits); a shared read is rewritten once."""
+    memo: dict[int, Expr] = {}
+
+    def visit(e: Expr) -> Expr:
+        got = memo.get(id(e))
+        if got is not None:
+            return got
+        if isinstance(e, TensorRead):
+            idx = tuple(visit(i) for i in e.indices)
+            own = digits.get(e.tensor) if isinstance(e.tensor, PlaceholderOp) else None
+            if own is not None:
+                idx = tuple(g.of(idx[d]) for d, g in own)
+            out: Expr = TensorRead(new_ops[e.tensor], idx)
+        else:
+            kids = children(e)
+            out = rebuild(e, tuple(visit(k) for k in kids)) if kids else e
+        memo[id(e)] = out
+        return out
+
+    return visit(e)
