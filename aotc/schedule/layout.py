@@ -22,12 +22,11 @@ from aotc.ir.expr import (
     Expr,
     TensorRead,
     Var,
-    children,
     const,
     logical_and,
     minimum,
-    rebuild,
     select,
+    transform,
     walk,
 )
 from aotc.schedule.state import ComputeAtKind, FuseRel, SplitRel, Stage, State, propagate_extents
@@ -266,22 +265,14 @@ def _rewrite_reads(
     e: Expr, new_ops: dict[Operation, Operation], digits: dict[PlaceholderOp, _Digits]
 ) -> Expr:
     """`e` reading the new ops (weights by their new digits); a shared read is rewritten once."""
-    memo: dict[int, Expr] = {}
 
-    def visit(e: Expr) -> Expr:
-        got = memo.get(id(e))
-        if got is not None:
-            return got
-        if isinstance(e, TensorRead):
-            idx = tuple(visit(i) for i in e.indices)
-            own = digits.get(e.tensor) if isinstance(e.tensor, PlaceholderOp) else None
-            if own is not None:
-                idx = tuple(g.of(idx[d]) for d, g in own)
-            out: Expr = TensorRead(new_ops[e.tensor], idx)
-        else:
-            kids = children(e)
-            out = rebuild(e, tuple(visit(k) for k in kids)) if kids else e
-        memo[id(e)] = out
-        return out
+    def reread(node: Expr) -> Expr | None:
+        if not isinstance(node, TensorRead):
+            return None
+        idx = node.indices
+        own = digits.get(node.tensor) if isinstance(node.tensor, PlaceholderOp) else None
+        if own is not None:
+            idx = tuple(g.of(idx[d]) for d, g in own)
+        return TensorRead(new_ops[node.tensor], idx)
 
-    return visit(e)
+    return transform(e, reread)

@@ -35,6 +35,7 @@ from aotc.ir.expr import (
     rebuild,
     reduce_identity,
     substitute,
+    transform,
     unique_name,
     walk,
     walk_distinct,
@@ -140,35 +141,20 @@ class _Lowering:
             self.infos[i] = self._infer(i)
 
     def _expand_inlined(self, body: Expr) -> Expr:
-        memo: dict[int, Expr] = {}  # by node: a shared sub-expression stays shared
+        def inline(node: Expr) -> Expr | None:
+            if not isinstance(node, TensorRead):
+                return None
+            sid = self.op_stage.get(node.tensor)
+            if sid is None:
+                raise ScheduleError(f"tensor {node.tensor.name} is read but has no stage")
+            st = self.stages[sid]
+            if st.compute_at != ComputeAtKind.INLINED:
+                return None
+            op = st.op
+            assert isinstance(op, ComputeOp)
+            return substitute(self.bodies[sid], {a.var: i for a, i in zip(op.axes, node.indices)})
 
-        def visit(node: Expr) -> Expr:
-            got = memo.get(id(node))
-            if got is not None:
-                return got
-            if isinstance(node, TensorRead):
-                idx = tuple(visit(i) for i in node.indices)
-                sid = self.op_stage.get(node.tensor)
-                if sid is None:
-                    raise ScheduleError(f"tensor {node.tensor.name} is read but has no stage")
-                st = self.stages[sid]
-                if st.compute_at == ComputeAtKind.INLINED:
-                    op = st.op
-                    assert isinstance(op, ComputeOp)
-                    inner = self.bodies[sid]
-                    out = substitute(inner, {a.var: i for a, i in zip(op.axes, idx)})
-                elif any(a is not b for a, b in zip(idx, node.indices)):
-                    out = TensorRead(node.tensor, idx)
-                else:
-                    out = node
-            else:
-                kids = children(node)
-                new = tuple(visit(k) for k in kids)
-                out = rebuild(node, new) if any(a is not b for a, b in zip(new, kids)) else node
-            memo[id(node)] = out
-            return out
-
-        return visit(body)
+        return transform(body, inline)  # a shared sub-expression stays shared
 
     def _consumers(self, sid: int) -> list[int]:
         op = self.stages[sid].op
