@@ -37,7 +37,6 @@ from aotc.ir.expr import (
     substitute,
     transform,
     unique_name,
-    walk,
     walk_distinct,
 )
 from aotc.ir.simplify import bounds, from_terms, linear_terms, simplify, simplify_node
@@ -129,7 +128,8 @@ class _Lowering:
         for i, st in enumerate(self.stages):
             if isinstance(st.op, ComputeOp):
                 self.bodies[i] = self._expand_inlined(st.op.body)
-        # each body's reads, found once: every stage computed at a loop looks for its consumers' reads
+        # each body's reads, found once: stages computed at a loop look for their consumers' reads, and
+        # GPU shared stages for what their readers read
         self.reads = {
             j: [n for n in walk_distinct(body) if isinstance(n, TensorRead)]
             for j, body in self.bodies.items()
@@ -646,7 +646,7 @@ class _Lowering:
             if s not in self.infos:
                 continue
             shared = self.infos[s].scope == "shared"
-            reads = {n.tensor for n in _walk(self.bodies[s]) if isinstance(n, TensorRead)}
+            reads = {n.tensor for n in self.reads[s]}
             if (shared and not any(isinstance(p, Barrier) for p in parts)) or reads & fresh:
                 parts.append(Barrier())
                 fresh.clear()
@@ -660,9 +660,6 @@ class _Lowering:
             if s in self.infos:
                 out = Allocate(self.infos[s].buffer, out)  # type: ignore[arg-type]
         return out
-
-
-_walk = walk
 
 
 def _aligned_strides(shape: tuple[int, ...], aligns) -> tuple[int, ...] | None:
