@@ -1,7 +1,8 @@
 from aotc.ir.expr import Const, Var, const, free_vars, walk, walk_distinct
 from aotc.ir.printer import expr_str
 from aotc.ir.simplify import affine, bounds, simplify
-from aotc.te.tensor import compute, placeholder, read_tensors
+from aotc.te.dag import read_tensors
+from aotc.te.tensor import compute, placeholder
 
 
 def test_linear_canonical_form_and_constant_folding():

@@ -31,7 +31,8 @@ from aotc.schedule.state import (
     propagate_extents,
     split_extents,
 )
-from aotc.te.tensor import ComputeOp, IterVar, Operation, read_tensors
+from aotc.te.dag import read_tensors
+from aotc.te.tensor import ComputeOp, IterVar, Operation
 
 
 class Step:

@@ -27,7 +27,7 @@ from aotc.schedule.tiling import (
 )
 from aotc.search.params import SearchParams
 from aotc.target import Target, as_target
-from aotc.te.dag import ComputeDAG, OpAnalysis, reads_at_own_axes, reads_of
+from aotc.te.dag import ComputeDAG, OpAnalysis, read_tensors, reads_at_own_axes
 from aotc.te.tensor import CONST_INDEX_AXES, ComputeOp
 
 
@@ -144,9 +144,7 @@ def elementwise_match(state: State, producer: int, consumer: int) -> bool:
 
 def _readers_of(state: State, op) -> list[int]:
     return [
-        i
-        for i, st in enumerate(state.stages)
-        if isinstance(st.op, ComputeOp) and any(r.tensor is op for r in reads_of(st.op))
+        i for i, st in enumerate(state.stages) if isinstance(st.op, ComputeOp) and op in read_tensors(st.op)
     ]
 
 
@@ -389,7 +387,7 @@ class AddCacheReadShared(SketchRule):
         for c in consumers:
             if not (is_tiled(state, c) and has_reduce_iter(state, c)) or has_cross_thread_reduction(state, c):
                 return Condition.SKIP
-            if not any(r.tensor is st.op for r in reads_of(state.stages[c].op)):
+            if st.op not in read_tensors(state.stages[c].op):
                 return Condition.SKIP  # read through an inlined stage: not a direct producer
         return Condition.APPLY_AND_SKIP_REST
 

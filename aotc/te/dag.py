@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -26,6 +27,7 @@ from aotc.ir.expr import (
     is_float,
     unique_name,
     walk,
+    walk_distinct,
 )
 from aotc.ir.simplify import affine
 from aotc.te.tensor import CONST_INDEX_AXES, ComputeOp, Operation, PlaceholderOp, TEError
@@ -55,6 +57,22 @@ def reads_of(op: Operation) -> list[TensorRead]:
     if not isinstance(op, ComputeOp):
         return []
     return [n for n in walk(op.body) if isinstance(n, TensorRead)]
+
+
+_READ_TENSORS: weakref.WeakKeyDictionary[ComputeOp, tuple[Operation, ...]] = weakref.WeakKeyDictionary()
+
+
+def read_tensors(op: ComputeOp) -> tuple[Operation, ...]:
+    """The tensors `op`'s body reads, each once, in first-read order (cached per op: a search asks this
+    of the same ops for every step it replays)."""
+    got = _READ_TENSORS.get(op)
+    if got is None:
+        seen: dict[Operation, None] = {}
+        for node in walk_distinct(op.body):
+            if isinstance(node, TensorRead):
+                seen.setdefault(node.tensor, None)
+        got = _READ_TENSORS[op] = tuple(seen)
+    return got
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import inspect
-import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,7 +17,6 @@ from aotc.ir.expr import (
     Var,
     as_expr,
     logical_and,
-    walk_distinct,
 )
 
 
@@ -99,22 +97,6 @@ class ComputeOp(Operation):
     @property
     def all_axes(self) -> tuple[IterVar, ...]:
         return self.axes + self.reduce_axes
-
-
-_READ_TENSORS: weakref.WeakKeyDictionary[ComputeOp, tuple[Operation, ...]] = weakref.WeakKeyDictionary()
-
-
-def read_tensors(op: ComputeOp) -> tuple[Operation, ...]:
-    """The tensors `op`'s body reads, each once, in first-read order (cached per op: a search asks this
-    of the same ops for every step it replays)."""
-    got = _READ_TENSORS.get(op)
-    if got is None:
-        seen: dict[Operation, None] = {}
-        for node in walk_distinct(op.body):
-            if isinstance(node, TensorRead):
-                seen.setdefault(node.tensor, None)
-        got = _READ_TENSORS[op] = tuple(seen)
-    return got
 
 
 LAYOUT_FREE = "layout_free"
