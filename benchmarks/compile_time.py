@@ -109,7 +109,9 @@ def build_timed(
     seconds: dict[str, float] = {"lower": t1 - t0, "ir": t2 - t1}
     obj = compile_to_object(ir, target, seconds=seconds)
     t3 = time.perf_counter()
-    link_shared([obj] if pool_inside else [obj, thread_pool_object(target)], path, target.isa)
+    link_shared(
+        [obj] if pool_inside else [obj, thread_pool_object(target)], path, target.isa, needs_libc=False
+    )
     seconds["link"] = time.perf_counter() - t3
     seconds["total"] = time.perf_counter() - t0
     seconds["bytes"] = len(ir)

@@ -13,22 +13,26 @@ import time
 import numpy as np
 import pytest
 
-from aotc.codegen.llvm import build_llvm_ir, compile_to_object
+from aotc.codegen.llvm import build_llvm_ir, compile_to_object, link_shared, thread_pool_object
 from aotc.codegen.threadpool import MAX_TEAM
 from aotc.ir.expr import Buffer, Load, Var, cast, const
 from aotc.ir.stmt import BufferStore, PrimFunc
 from aotc.target import parse_target
 from tests.concurrency import failures_in_threads
-from tests.test_codegen_llvm import P, build, loop
+from tests.test_codegen_llvm import HOST, P, build, loop
 
 N = 4096
 
 
-def _count_kernel(tmp_path, name="m"):
+def _count_func() -> PrimFunc:
     """`count(n, b)`: b[i] += 1 for i < n, in a parallel loop."""
     n, b, i = Buffer("N", "int64", (1,)), Buffer("B", "int32", (N,)), Var("i")
     body = BufferStore(b, Load(b, (i,)) + cast("int32", const(1)), (i,))
-    return build(tmp_path, PrimFunc("count", (n, b), loop(i, Load(n, (const(0),)), P, body, N)), name=name)
+    return PrimFunc("count", (n, b), loop(i, Load(n, (const(0),)), P, body, N))
+
+
+def _count_kernel(tmp_path, name="m"):
+    return build(tmp_path, _count_func(), name=name)
 
 
 def _check_counts(lib, threads: int, calls: int = 50) -> None:
@@ -44,13 +48,23 @@ def _threads() -> set[int]:
     return {int(t) for t in os.listdir("/proc/self/task")}
 
 
+def _needed(path: str) -> list[str]:
+    dynamic = subprocess.run(["readelf", "-d", path], capture_output=True, text=True, check=True).stdout
+    return [line.split("[")[-1].rstrip("]") for line in dynamic.splitlines() if "(NEEDED)" in line]
+
+
 def test_library_needs_no_openmp_runtime(tmp_path):
     lib = _count_kernel(tmp_path)
-    dynamic = subprocess.run(["readelf", "-d", lib.path], capture_output=True, text=True, check=True).stdout
-    needed = [line for line in dynamic.splitlines() if "(NEEDED)" in line]
-    assert needed and not any("gomp" in line or "omp" in line.split("[")[-1] for line in needed), needed
+    # a candidate library leaves libc's symbols to the Python process that loads it, and needs no OpenMP
+    assert not any("omp" in name for name in _needed(lib.path)), _needed(lib.path)
     symbols = subprocess.run(["readelf", "--dyn-syms", lib.path], capture_output=True, text=True).stdout
     assert "GOMP_" not in symbols and "omp_get" not in symbols
+    assert "sched_yield" in symbols  # the pool's system calls, undefined until the loader binds them
+    # a package's library names libc itself, for any process that loads it
+    so = str(tmp_path / "standalone.so")
+    ir = build_llvm_ir([_count_func()], HOST, thread_pool=False)
+    link_shared([compile_to_object(ir, HOST), thread_pool_object(HOST)], so)
+    assert "libc.so.6" in _needed(so) and not any("omp" in name for name in _needed(so)), _needed(so)
 
 
 def test_default_team_is_the_affinity_mask(tmp_path):

@@ -318,10 +318,16 @@ def _link_inputs(arch: str | None = None) -> tuple[tuple[str, ...], list[str], d
     return cmd, libs, {k: v for k, v in on_use.items() if os.path.exists(v)}  # type: ignore[return-value]
 
 
-def link_shared(objects: list[bytes], out_path: str, arch: str | None = None) -> None:
+def link_shared(
+    objects: list[bytes], out_path: str, arch: str | None = None, needs_libc: bool = True
+) -> None:
     """Link objects into a shared library at `out_path` (atomically replaced) needing libc and libm, for
-    `arch` (a target's `isa`; None: this host's)."""
+    `arch` (a target's `isa`; None: this host's). `needs_libc=False` (this host's arch only) leaves their
+    symbols to the process that loads it, which must have them: a tuning candidate loaded into Python.
+    """
     ld, libs, on_use = _link_inputs(arch)
+    if not needs_libc and (arch is None or arch == platform.machine()):
+        libs = []  # reading libc.so's symbol table was 15 of the linker's 19 ms per candidate (Zen 3)
     libs = libs + [lib for marker, lib in on_use.items() if any(marker in obj for obj in objects)]
     out_dir = os.path.dirname(os.path.abspath(out_path))
     with tempfile.TemporaryDirectory(dir=out_dir, prefix=".aotc-link-") as tmp:

@@ -20,9 +20,10 @@ __all__ = ["Kernel", "KernelError", "KernelLibrary", "ParamInfo", "build_module"
 
 
 def build_module(funcs: list[PrimFunc], target: Target, out_path: str) -> str:
-    """Compile PrimFuncs into the shared library `out_path` and return that path."""
+    """Compile PrimFuncs into the shared library `out_path`, for loading into this Python process or
+    another (which has libc and libm: the library does not name them), and return that path."""
     obj = compile_to_object(build_llvm_ir(funcs, target, thread_pool=False), target)
-    link_shared([obj, thread_pool_object(target)], out_path, target.isa)
+    link_shared([obj, thread_pool_object(target)], out_path, target.isa, needs_libc=False)
     return out_path
 
 
