@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Union
 
 INDEX = "int64"
@@ -41,6 +41,28 @@ def dtype_bits(dtype: str) -> int:
 
 
 ExprLike = Union["Expr", int, float, bool]
+
+
+def _hash_once(cls):
+    """Give a structurally compared node class a hash computed once per node: nodes nest deep, and hashing
+    them again at every level was a tenth of a search round. The cached value never leaves the process
+    (a pickled node takes None), because string hashes differ between processes."""
+    compared = tuple(f.name for f in fields(cls) if f.compare)
+    names = tuple(f.name for f in fields(cls))
+
+    def __hash__(self) -> int:
+        h = self._hash
+        if h is None:
+            h = hash(tuple(getattr(self, n) for n in compared))
+            object.__setattr__(self, "_hash", h)
+        return h
+
+    def __getstate__(self) -> list:
+        return [None if n == "_hash" else getattr(self, n) for n in names]
+
+    cls.__hash__ = __hash__
+    cls.__getstate__ = __getstate__
+    return cls
 
 
 class Expr:
@@ -123,31 +145,38 @@ class Var(Expr):
     __hash__ = object.__hash__
 
 
+@_hash_once
 @dataclass(frozen=True, slots=True)
 class Const(Expr):
     value: int | float | bool
     dtype: str
+    _hash: int | None = field(default=None, init=False, repr=False, compare=False)
 
 
+@_hash_once
 @dataclass(frozen=True, slots=True)
 class Binary(Expr):
     op: str
     a: Expr
     b: Expr
+    _hash: int | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def dtype(self) -> str:
         return self.a.dtype
 
 
+@_hash_once
 @dataclass(frozen=True, slots=True)
 class Compare(Expr):
     op: str
     a: Expr
     b: Expr
     dtype: str = field(default="bool", init=False)
+    _hash: int | None = field(default=None, init=False, repr=False, compare=False)
 
 
+@_hash_once
 @dataclass(frozen=True, slots=True)
 class Logical(Expr):
     """`and` / `or` of two booleans, or `not` of one (b is None)."""
@@ -156,8 +185,10 @@ class Logical(Expr):
     a: Expr
     b: Expr | None = None
     dtype: str = field(default="bool", init=False)
+    _hash: int | None = field(default=None, init=False, repr=False, compare=False)
 
 
+@_hash_once
 @dataclass(frozen=True, slots=True)
 class Select(Expr):
     """`cond ? true_value : false_value`, lazy: loads in the arm not taken are never executed."""
@@ -165,44 +196,53 @@ class Select(Expr):
     cond: Expr
     true_value: Expr
     false_value: Expr
+    _hash: int | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def dtype(self) -> str:
         return self.true_value.dtype
 
 
+@_hash_once
 @dataclass(frozen=True, slots=True)
 class Cast(Expr):
     dtype: str
     value: Expr
+    _hash: int | None = field(default=None, init=False, repr=False, compare=False)
 
 
+@_hash_once
 @dataclass(frozen=True, slots=True)
 class Reinterpret(Expr):
     """The bits of `value` read as `dtype`, a type of the same width (a bit cast, not a conversion)."""
 
     dtype: str
     value: Expr
+    _hash: int | None = field(default=None, init=False, repr=False, compare=False)
 
 
+@_hash_once
 @dataclass(frozen=True, slots=True)
 class Call(Expr):
     """A pure math function of the names in MATH_CALLS."""
 
     name: str
     args: tuple[Expr, ...]
+    _hash: int | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def dtype(self) -> str:
         return self.args[0].dtype
 
 
+@_hash_once
 @dataclass(frozen=True, slots=True)
 class TensorRead(Expr):
     """Read of a tensor-expression tensor (before lowering)."""
 
     tensor: object
     indices: tuple[Expr, ...]
+    _hash: int | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def dtype(self) -> str:
@@ -246,16 +286,19 @@ class Buffer:
     __hash__ = object.__hash__
 
 
+@_hash_once
 @dataclass(frozen=True, slots=True)
 class Load(Expr):
     buffer: Buffer
     indices: tuple[Expr, ...]
+    _hash: int | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def dtype(self) -> str:
         return self.buffer.dtype
 
 
+@_hash_once
 @dataclass(frozen=True, slots=True)
 class Reduce(Expr):
     """A commutative reduction of `source` over `axes` (IterVars), where `condition` holds."""
@@ -264,6 +307,7 @@ class Reduce(Expr):
     source: Expr
     axes: tuple
     condition: Expr | None = None
+    _hash: int | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def dtype(self) -> str:
