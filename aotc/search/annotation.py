@@ -21,6 +21,7 @@ from aotc.schedule.state import Annotation, ComputeAtKind, IterKind, ScheduleErr
 from aotc.schedule.steps import SplitStep, Step, effective_consumers, replay
 from aotc.search.lowering import DistinctStates
 from aotc.search.params import SearchParams
+from aotc.search.program_pool import prefetch
 from aotc.search.sketch import (
     SearchContext,
     has_reduce_iter,
@@ -502,7 +503,15 @@ def sample_initial_population(
     stall = 0
     stall_limit = max(50, n // 4)
     while len(out) < n and sketches and stall < stall_limit:
-        stall += 1
-        if out.add(sample_state(ctx, sketches[rng.randrange(len(sketches))], rng)):
-            stall = 0
+        # as many samples as could be added before the loop's tests next end it: drawn, lowered in the
+        # workers, then added one by one exactly as drawing and adding them in turn would
+        batch = [
+            sample_state(ctx, sketches[rng.randrange(len(sketches))], rng)
+            for _ in range(min(n - len(out), stall_limit - stall))
+        ]
+        prefetch(batch, ctx.params.workers)
+        for state in batch:
+            stall += 1
+            if out.add(state):
+                stall = 0
     return out.states

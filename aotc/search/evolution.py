@@ -37,6 +37,7 @@ from aotc.search.annotation import (
 from aotc.search.common import CostModel
 from aotc.search.lowering import DistinctStates, state_key
 from aotc.search.params import SearchParams
+from aotc.search.program_pool import prefetch
 from aotc.search.sketch import (
     SearchContext,
     generate_sketches,
@@ -378,6 +379,7 @@ def evolutionary_search(
     ctx = SearchContext(dag, target, params or SearchParams())
     generations = ctx.params.generations
     sketches = generate_sketches(dag, ctx.target, ctx.params)
+    prefetch(init_population, ctx.params.workers)
     pop = _unique_valid(init_population)
     heap: list[tuple[float, int, str, State]] = []
     in_heap = set(measured_keys)
@@ -426,18 +428,24 @@ def _next_generation(
     for i, n in enumerate(prefix):
         groups.setdefault(n, []).append(i)
     out = DistinctStates()
-    for _ in range(size * 3):
-        if len(out) >= size:
-            break
-        i = _pick(cum, rng)
-        r = rng.random()
-        if r < crossover_prob:
-            child = _crossover_with_mate(ctx, pop, cum, groups, prefix, i, rng)
-        elif r < crossover_prob + (1 - crossover_prob) * mutation_prob:
-            child = mutate(pop[i], rng, ctx)
-        else:
-            child = pop[i]
-        out.add(child)
+    attempts = size * 3
+    while attempts and len(out) < size:
+        # as many children as could be kept before the population is full: bred, lowered in the
+        # workers, then added one by one exactly as breeding and adding them in turn would
+        batch = []
+        for _ in range(min(size - len(out), attempts)):
+            i = _pick(cum, rng)
+            r = rng.random()
+            if r < crossover_prob:
+                batch.append(_crossover_with_mate(ctx, pop, cum, groups, prefix, i, rng))
+            elif r < crossover_prob + (1 - crossover_prob) * mutation_prob:
+                batch.append(mutate(pop[i], rng, ctx))
+            else:
+                batch.append(pop[i])
+        attempts -= len(batch)
+        prefetch(batch, ctx.params.workers)
+        for child in batch:
+            out.add(child)
     return out.states
 
 

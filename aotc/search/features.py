@@ -722,5 +722,18 @@ def state_features(state: State) -> np.ndarray:
     return feats
 
 
+def knows_features(state: State) -> bool:
+    """Whether `state_features(state)` is cached."""
+    return _feature_cache_key(state) in _CACHE
+
+
+def remember_features(state: State, feats: np.ndarray) -> None:
+    """Cache `state_features(state)` computed elsewhere: a worker process with the same program."""
+    feats.setflags(write=False)
+    _CACHE[_feature_cache_key(state)] = feats
+    if len(_CACHE) > CACHE_SIZE:
+        _CACHE.popitem(last=False)
+
+
 def clear_feature_cache() -> None:
     _CACHE.clear()

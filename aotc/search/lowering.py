@@ -36,10 +36,13 @@ from aotc.te.dag import ComputeDAG
 __all__ = [
     "DistinctStates",
     "bind_target",
+    "bound_target",
     "is_valid",
+    "knows_key",
     "loop_error",
     "lowered",
     "prune_invalid",
+    "remember_key",
     "state_key",
 ]
 
@@ -74,6 +77,11 @@ def bind_target(dag: ComputeDAG, target: Target) -> None:
     """The target whose limits `lowered`, `state_key` and `is_valid` check `dag`'s programs against (a GPU's
     thread limits, a CPU's dot-product instructions)."""
     _cache_of(dag).target = target
+
+
+def bound_target(dag: ComputeDAG) -> Target | None:
+    """The target `bind_target` gave `dag` (None: none yet)."""
+    return _cache_of(dag).target
 
 
 def _loop_error(s: Stmt, vec: For | None, par: bool, target: Target | None) -> str | None:
@@ -192,6 +200,16 @@ def state_key(state: State) -> str | None:
         return key  # type: ignore[return-value]
     func = lowered(state)
     return None if func is None else cache.keys[state.steps]
+
+
+def knows_key(state: State) -> bool:
+    """Whether `state_key(state)` is cached (it then lowers nothing)."""
+    return state.steps in _cache(state).keys
+
+
+def remember_key(state: State, key: str | None) -> None:
+    """Cache `state_key(state)` computed elsewhere: a worker process that lowered the same steps."""
+    _remember_key(_cache(state), state.steps, key)
 
 
 def is_valid(state: State) -> bool:

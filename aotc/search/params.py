@@ -8,7 +8,9 @@ hold those (aotc.search.model_tuning.TuningOptions).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+
+from aotc.target import host_cores
 
 STRATEGIES = ("gradient", "round-robin")
 
@@ -23,7 +25,9 @@ class SearchParams:
         (auto-unroll choices; `gpu_unroll_steps` on GPU, `dot_unroll_steps` for a dot-product stage), `parallel_per_core` (parallel iterations per core at most). Evolution:
         `population`, `generations`, `mutation_prob`, `crossover_prob`. Each round: `per_round` candidates
         measured, `eps_greedy` of them random rather than the model's best. Task scheduler: `strategy`
-        ("gradient" or "round-robin"). `seed`: every random choice (task i's search uses seed + i)."""
+        ("gradient" or "round-robin"). `seed`: every random choice (task i's search uses seed + i).
+        `workers`: processes that lower and featurize a round's candidates (aotc.search.program_pool; fewer
+        than 2: the tuner's own process); they change how fast a round is, never what it finds."""
 
     structure: str = "SSRSRS"
     fusion_levels: tuple[int, ...] = (1, 2)
@@ -47,8 +51,10 @@ class SearchParams:
     eps_greedy: float = 0.05
     strategy: str = "gradient"
     seed: int = 0
+    workers: int = field(default_factory=host_cores)
 
     def __post_init__(self) -> None:
+        _check("workers", self.workers, _is_int(self.workers) and self.workers >= 0, "an int >= 0")
         for name in ("max_innermost_split_factor", "parallel_per_core", "population", "per_round"):
             _check(
                 name,
