@@ -23,6 +23,12 @@ def test_kernel_benchmark_quick_run(capsys):
     assert "gemm 128^3" in out and "compile time" in out
 
 
+def test_search_round_benchmark_quick_run(capsys):
+    """One round alone and one with two workers: they must pick the same candidates (exit status 0)."""
+    assert _import("search_round").main(["--quick", "--workers", "2"]) == 0
+    assert "the same candidates" in capsys.readouterr().out
+
+
 def test_e2e_benchmark_quick_run(capsys):
     assert _import("e2e").main(["--quick", "--models", "mlp"]) == 0
     assert "mlp" in capsys.readouterr().out
