@@ -1,6 +1,6 @@
 """Per-candidate compile time of int8 convs, sampled as the tuner samples them, with its breakdown.
 
-    python benchmarks/compile_time.py [--candidates N] [--compare] [--kernels K] [--quick] [--direct]
+    python benchmarks/compile_time.py [--candidates N] [--compare] [--kernels K] [--quick] [--direct] [--reuse]
 
 Each workload is one qnn conv built through a build's graph passes (zero point folded into the bias,
 per-channel requantization tables), partitioned into its task; candidates come from
@@ -8,7 +8,10 @@ per-channel requantization tables), partitioned into its task; candidates come f
 rewrite, lower, LLVM IR, LLVM O3, object, link; `aotc.search.measure.build_candidate`). `--compare` also
 builds every candidate the way each library was built before (the thread pool compiled into every
 kernel module), interleaved with the current way, and times the kernels of both (best of rounds): the
-same programs, so any difference is the code generator's.
+same programs, so any difference is the code generator's. `--reuse` then builds the candidates again
+the way the tuner's builders do (`build_candidate`: each parallel region compiled on its own, its object
+kept for later candidates), followed by as many mutants of them, as the search's later rounds breed them
+from measured programs: the mutants' compile reuses the regions they did not change.
 """
 
 from __future__ import annotations
@@ -38,7 +41,11 @@ from aotc.schedule.lower import lower
 from aotc.schedule.state import State
 from aotc.schedule.steps import replay, steps_from_json, steps_to_json
 from aotc.search.annotation import sample_initial_population
-from aotc.search.sketch import generate_sketches
+from aotc.search.common import ErrorCode
+from aotc.search.evolution import mutate
+from aotc.search.lowering import is_valid
+from aotc.search.measure import build_candidate
+from aotc.search.sketch import SearchContext, generate_sketches
 from aotc.target import Target, host_target
 from aotc.te.dag import ComputeDAG
 
@@ -116,6 +123,29 @@ def build_timed(
     seconds["total"] = time.perf_counter() - t0
     seconds["bytes"] = len(ir)
     return seconds
+
+
+def reuse_rows(dag: ComputeDAG, candidates: list[list], target: Target, workdir: str, seed: int) -> str:
+    """Seconds per candidate built as the tuner's builders build them (regions' objects kept in one
+    folder): the sampled candidates, then one mutant of a random one of them for each."""
+    ctx = SearchContext(dag, target)
+    rng = random.Random(seed)
+    parents = [replay(dag, steps_from_json(c)) for c in candidates]
+    mutants: list[list] = []
+    while len(mutants) < len(candidates):
+        child = mutate(parents[rng.randrange(len(parents))], rng, ctx)
+        if child is not None and is_valid(child):
+            mutants.append(steps_to_json(child.steps))
+    lines = []
+    for label, programs in (("sampled", candidates), ("mutants", mutants)):
+        seconds = []
+        for i, steps in enumerate(programs):
+            built = build_candidate(dag, target, os.path.join(workdir, f"r{label}{i}"), ("steps", steps))
+            if built.error != ErrorCode.NO_ERROR:
+                raise RuntimeError(f"{label} {i} did not build: {built.msg}")
+            seconds.append(built.seconds)
+        lines.append(f"{label} median {statistics.median(seconds):.3f} s, max {max(seconds):.3f} s")
+    return "  reused regions: " + "; ".join(lines)
 
 
 def summary(rows: list[dict[str, float]]) -> str:
@@ -207,6 +237,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--direct", action="store_true", help="3x3 convs as direct convs where the host would take Winograd"
     )
+    ap.add_argument(
+        "--reuse", action="store_true", help="also as the tuner's builders build them, then mutants of them"
+    )
     args = ap.parse_args(argv)
     target = host_target()
     workloads = WORKLOADS[2:] if args.quick else WORKLOADS
@@ -225,6 +258,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"int8 {name}, {len(candidates)} candidates (load average {loadavg()}):")
             for way, _ in ways:
                 print(f"  {way}: {summary(rows[way])}")
+            if args.reuse:
+                print(reuse_rows(dag, candidates, target, workdir, args.seed), flush=True)
             if args.compare and args.kernels:
                 picks = [("default", default_schedule(dag, target))]
                 picks += [(f"sample {j}", replay(dag, steps_from_json(c))) for j, c in enumerate(candidates)]

@@ -85,7 +85,8 @@ def test_a_kernel_named_like_a_function_the_pool_calls_is_refused(pool_inside):
 
 
 def test_compile_time_benchmark_quick_run(capsys):
-    """benchmarks/compile_time.py keeps running, both ways, kernels timed (figures are not checked)."""
+    """benchmarks/compile_time.py keeps running, both ways, kernels timed, regions reused (figures are not
+    checked)."""
     import pathlib
     import sys
 
@@ -95,7 +96,7 @@ def test_compile_time_benchmark_quick_run(capsys):
         import compile_time
     finally:
         sys.path.remove(bench)
-    assert compile_time.main(["--quick", "--compare", "--kernels", "1", "--rounds", "1"]) == 0
+    assert compile_time.main(["--quick", "--compare", "--kernels", "1", "--rounds", "1", "--reuse"]) == 0
     out = capsys.readouterr().out
-    assert "CPU class" in out and "new: median" in out and "old: median" in out
+    assert "CPU class" in out and "new: median" in out and "old: median" in out and "mutants median" in out
     assert "OUTPUTS DIFFER" not in out and out.count("bit-exact") == 4

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 import math
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -235,6 +237,7 @@ class ModuleBuilder:
         self.metadata: list[str] = []
         self.finalizers: list[str] = []  # `void f()` functions run in order when the library is unloaded
         self.heap_slots: list[str] = []  # globals caching a heap block between calls (freed at unload)
+        self.regions: list[str] = []  # the names of the parallel regions' functions (`StmtGen._outline`)
         self._md = 0
         self._names: set[str] = set()
 
@@ -256,20 +259,52 @@ class ModuleBuilder:
         return ref
 
     def render(self, triple: str) -> str:
+        return self._render(triple, self.globals, list(self.decls.values()), self.functions, self.finalizers)
+
+    def render_split(self, triple: str) -> tuple[str, list[str]]:
+        """The module less its parallel regions that use none of its globals, and a module for each of
+        those, its region named by the module's text: a region compiled for an earlier candidate has the
+        same name and text, so that its object can be reused (`aotc.codegen.llvm.cached_object`)."""
+        declared = {m.group(0) for line in self.decls.values() for m in _SYMBOL.finditer(line)}
+        functions, decls = list(self.functions), list(self.decls.values())
+        modules: dict[str, str] = {}
+        for name in self.regions:
+            own = f'@"{name}"'
+            header = f"define internal void {own}("
+            text = next(f for f in functions if f.startswith(header))
+            if any(m.group(0) not in declared and m.group(0) != own for m in _SYMBOL.finditer(text)):
+                continue  # it uses a global of this module (a cached heap block)
+            body = text.replace(header, f"define hidden void {_REGION}(", 1)
+            module = self._render(triple, [], list(self.decls.values()), [body], [])
+            symbol = f'@"aotc.region.{hashlib.sha1(module.encode()).hexdigest()[:20]}"'
+            modules[symbol] = module.replace(_REGION, symbol)
+            functions = [f.replace(own, symbol) for f in functions if f is not text]
+            decls.append(f"declare hidden void {symbol}(ptr, i32, i32) #0")
+        main = self._render(triple, self.globals, list(dict.fromkeys(decls)), functions, self.finalizers)
+        return main, list(modules.values())
+
+    def _render(
+        self, triple: str, globals_: list[str], decls: list[str], functions: list[str], finalizers: list[str]
+    ) -> str:
         parts = [f'target triple = "{triple}"', ""]
-        parts.extend(self.globals)
-        if self.finalizers:
+        parts.extend(globals_)
+        functions = list(functions)
+        if finalizers:
             parts.append(
                 "@llvm.global_dtors = appending global [1 x { i32, ptr, ptr }] "
                 "[{ i32, ptr, ptr } { i32 65535, ptr @aotc.fini, ptr null }]"
             )
-            calls = "".join(f"  call void {f}()\n" for f in self.finalizers)
-            self.functions.append(f"define internal void @aotc.fini() nounwind {{\n{calls}  ret void\n}}")
-        parts.extend(self.decls.values())
-        for fn in self.functions:
+            calls = "".join(f"  call void {f}()\n" for f in finalizers)
+            functions.append(f"define internal void @aotc.fini() nounwind {{\n{calls}  ret void\n}}")
+        parts.extend(decls)
+        for fn in functions:
             parts.append("")
             parts.append(fn)
         parts.append("")
         parts.append("attributes #0 = { nounwind }")
         parts.extend(self.metadata)
         return "\n".join(parts) + "\n"
+
+
+_SYMBOL = re.compile(r'@(?:"[^"]*"|[-\w.$]+)')
+_REGION = '@"aotc.region"'  # a split region's name while its module's text is hashed

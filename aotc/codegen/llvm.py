@@ -11,6 +11,7 @@ JSON description of each kernel's parameters in the symbol `__aotc_meta_<name>`.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import os
 import platform
@@ -36,6 +37,8 @@ from aotc.target import Target, TargetError, check_llvm_names
 __all__ = [
     "CodegenError",
     "build_llvm_ir",
+    "build_llvm_modules",
+    "cached_object",
     "compile_to_assembly",
     "compile_to_object",
     "link_shared",
@@ -52,6 +55,17 @@ _RESERVED = ("aotc_set_num_threads", "aotc_set_call_threads", "aotc_get_max_thre
 def build_llvm_ir(funcs: list[PrimFunc], target: Target, thread_pool: bool = True) -> str:
     """Textual LLVM IR of a module holding one exported kernel per PrimFunc; without `thread_pool`, its
     kernels call the pool of `thread_pool_object(target)`, which the library must link."""
+    return _kernel_module(funcs, target, thread_pool).render(target.triple)
+
+
+def build_llvm_modules(funcs: list[PrimFunc], target: Target) -> tuple[str, list[str]]:
+    """`build_llvm_ir(funcs, target, thread_pool=False)` as the kernels' module and one module per parallel
+    region, named by its text (`ModuleBuilder.render_split`): a tuning candidate's regions that an earlier
+    candidate had are not compiled again (`cached_object`)."""
+    return _kernel_module(funcs, target, False).render_split(target.triple)
+
+
+def _kernel_module(funcs: list[PrimFunc], target: Target, thread_pool: bool) -> ModuleBuilder:
     _check_cpu(target)
     mod = ModuleBuilder(size_type="i32" if target.isa == "arm" else "i64", dot_forms=dot_forms(target))
     veclib = veclib_for(target)
@@ -67,7 +81,7 @@ def build_llvm_ir(funcs: list[PrimFunc], target: Target, thread_pool: bool = Tru
     for func in funcs:
         if func.name in mod.decls or func.name in POOL_EXTERNALS:
             raise CodegenError(f"kernel name {func.name!r} clashes with the external function it calls")
-    return mod.render(target.triple)
+    return mod
 
 
 def thread_pool_ir(target: Target) -> str:
@@ -196,6 +210,25 @@ def compile_to_object(
     """Parse and verify `ir_text`, optimize it (new pass manager) and emit an ELF object; `seconds`, if
     given, receives the time of each phase ("parse", "optimize", "emit")."""
     return _compile(ir_text, target, opt_level, False, seconds)  # type: ignore[return-value]
+
+
+def cached_object(ir_text: str, target: Target, cache_dir: str) -> bytes:
+    """`compile_to_object(ir_text, target)`, kept in `cache_dir` under a digest of the target and the text
+    (written whole, then renamed: builder processes share the folder)."""
+    digest = hashlib.sha256(f"{target}\n{ir_text}".encode()).hexdigest()[:32]
+    path = os.path.join(cache_dir, f"{digest}.o")
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        pass
+    obj = compile_to_object(ir_text, target)
+    os.makedirs(cache_dir, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=cache_dir, suffix=".tmp")
+    with os.fdopen(fd, "wb") as f:
+        f.write(obj)
+    os.replace(tmp, path)
+    return obj
 
 
 def compile_to_assembly(ir_text: str, target: Target, opt_level: int = 3) -> str:

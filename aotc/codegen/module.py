@@ -12,18 +12,35 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from aotc.codegen.llvm import META_PREFIX, build_llvm_ir, compile_to_object, link_shared, thread_pool_object
+from aotc.codegen.llvm import (
+    META_PREFIX,
+    build_llvm_ir,
+    build_llvm_modules,
+    cached_object,
+    compile_to_object,
+    link_shared,
+    thread_pool_object,
+)
 from aotc.ir.stmt import PrimFunc
 from aotc.target import Target
 
 __all__ = ["Kernel", "KernelError", "KernelLibrary", "ParamInfo", "build_module", "load_library"]
 
 
-def build_module(funcs: list[PrimFunc], target: Target, out_path: str) -> str:
+def build_module(
+    funcs: list[PrimFunc], target: Target, out_path: str, object_cache: str | None = None
+) -> str:
     """Compile PrimFuncs into the shared library `out_path`, for loading into this Python process or
-    another (which has libc and libm: the library does not name them), and return that path."""
-    obj = compile_to_object(build_llvm_ir(funcs, target, thread_pool=False), target)
-    link_shared([obj, thread_pool_object(target)], out_path, target.isa, needs_libc=False)
+    another (which has libc and libm: the library does not name them), and return that path. With an
+    `object_cache` folder, each parallel region is compiled on its own and its object kept there: a tuning
+    candidate reuses the regions that an earlier candidate of the task had."""
+    if object_cache is None:
+        objects = [compile_to_object(build_llvm_ir(funcs, target, thread_pool=False), target)]
+    else:
+        kernels, regions = build_llvm_modules(funcs, target)
+        objects = [compile_to_object(kernels, target)]
+        objects += [cached_object(region, target, object_cache) for region in regions]
+    link_shared([*objects, thread_pool_object(target)], out_path, target.isa, needs_libc=False)
     return out_path
 
 

@@ -508,6 +508,7 @@ class StmtGen(ExprGen):
         gen._claim_chunks(s.var, Val(loaded[0], "int64"), counters, lambda: gen.stmt(s.body))
         fb.ret("void")
         self.mod.functions.append(fb.render())
+        self.mod.regions.append(name)
         return f'"{name}"'
 
     def _claim_chunks(self, var: Var, ext: Val, counters: str, body: Callable[[], None]) -> None:

@@ -233,8 +233,8 @@ def _build_one(dag: ComputeDAG, target: Target, path: str, task: tuple[str, obje
     try:
         if target.is_gpu:
             _build_gpu(func, target, path)
-        else:
-            build_module([func], target, path)
+        else:  # regions that an earlier candidate had are not compiled again
+            build_module([func], target, path, object_cache=os.path.join(os.path.dirname(path), "objects"))
     except Exception as err:
         return Built(ErrorCode.COMPILE_HOST, error_text(err), seconds=time.perf_counter() - start)
     return Built(ErrorCode.NO_ERROR, path=path, seconds=time.perf_counter() - start, layouts=layouts)
