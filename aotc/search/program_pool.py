@@ -9,7 +9,8 @@ it would without workers and gives the same candidates; a state a worker could n
 pool that died) is simply done again here, where any error is raised as before.
 
 Workers start with the "spawn" method (like the builders), once per process, and keep the last few DAGs
-they were sent.
+they were sent. A DAG goes to them pickled, as multiprocessing sends any argument: between this
+process and its own children only, never to a file.
 """
 
 from __future__ import annotations
