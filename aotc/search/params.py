@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from aotc.target import host_cores
 
 STRATEGIES = ("gradient", "round-robin")
+MAX_DEFAULT_WORKERS = 8  # a round's batches are 256 programs at most: more workers would each get a few
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,7 @@ class SearchParams:
     eps_greedy: float = 0.05
     strategy: str = "gradient"
     seed: int = 0
-    workers: int = field(default_factory=host_cores)
+    workers: int = field(default_factory=lambda: min(host_cores(), MAX_DEFAULT_WORKERS))
 
     def __post_init__(self) -> None:
         _check("workers", self.workers, _is_int(self.workers) and self.workers >= 0, "an int >= 0")

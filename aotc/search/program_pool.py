@@ -54,14 +54,14 @@ def prefetch(states: Sequence[State | None], workers: int) -> None:
     batch = list(todo.values())
     if len(batch) < MIN_BATCH or any(s.dag is not batch[0].dag for s in batch):
         return
-    pool = _start(workers)
     key, payload = _payload(batch[0].dag)
     n = min(len(batch), workers * CHUNKS_PER_WORKER)
     chunks = [batch[i::n] for i in range(n)]
     try:
+        pool = _start(workers)
         futures = [pool.submit(_evaluate, key, payload, [steps_to_json(s.steps) for s in c]) for c in chunks]
         answers = [f.result() for f in futures]
-    except Exception:  # noqa: BLE001 - a dead or broken pool: this process lowers them, as without one
+    except Exception:  # noqa: BLE001 - no pool, or a dead one: this process lowers them, as without one
         shutdown()
         return
     for chunk, answer in zip(chunks, answers):
