@@ -715,11 +715,7 @@ def state_features(state: State) -> np.ndarray:
     else:
         steps = {st.op.name: st.auto_unroll_max_step for st in state.stages if not st.is_placeholder}
         feats = extract_features(func, steps)
-    feats.setflags(write=False)
-    _CACHE[key] = feats
-    if len(_CACHE) > CACHE_SIZE:
-        _CACHE.popitem(last=False)
-    return feats
+    return _store(key, feats)
 
 
 def knows_features(state: State) -> bool:
@@ -729,10 +725,15 @@ def knows_features(state: State) -> bool:
 
 def remember_features(state: State, feats: np.ndarray) -> None:
     """Cache `state_features(state)` computed elsewhere: a worker process with the same program."""
+    _store(_feature_cache_key(state), feats)
+
+
+def _store(key: str, feats: np.ndarray) -> np.ndarray:
     feats.setflags(write=False)
-    _CACHE[_feature_cache_key(state)] = feats
+    _CACHE[key] = feats
     if len(_CACHE) > CACHE_SIZE:
         _CACHE.popitem(last=False)
+    return feats
 
 
 def clear_feature_cache() -> None:
