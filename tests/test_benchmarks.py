@@ -23,6 +23,14 @@ def test_kernel_benchmark_quick_run(capsys):
     assert "gemm 128^3" in out and "compile time" in out
 
 
+def test_thread_scaling_benchmark_quick_run(capsys):
+    """Every kernel of the int8 small CNN timed at 1 and 2 threads, and built with two chunk counts (whose
+    outputs must agree)."""
+    assert _import("thread_scaling").main(["--quick", "--chunks", "8,2"]) == 0
+    out = capsys.readouterr().out
+    assert "fork and join" in out and "scaling" in out and "by chunks per thread: 8:" in out
+
+
 def test_search_round_benchmark_quick_run(capsys):
     """One round alone and one with two workers: they must pick the same candidates (exit status 0)."""
     assert _import("search_round").main(["--quick", "--workers", "2"]) == 0
