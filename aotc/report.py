@@ -2,8 +2,8 @@
 
 `report.json` is the data (per task: name, workload key, fingerprint, weight, FLOPs, trials, best and
 default-schedule latency, where the kernel came from, and what schedules transferred from other CPUs
-measured here; the tuning curve as [trials, wall seconds,
-estimated end-to-end latency] triples; the written package's measured latency, a short benchmark at the
+or twin workloads measured here; the tuning curve as [trials, wall seconds, estimated end-to-end latency]
+triples; the written package's measured latency, a short benchmark at the
 target's thread count). `report.md` is the same as tables; `curve.png` plots the
 estimated end-to-end latency against trials and against wall time. Every file is written atomically.
 """
@@ -119,7 +119,7 @@ def format_markdown(report: dict) -> str:
         lines += [""] + [f"[{n}] `{source}`  " for source, n in paths.items()]
     transferred = [t for t in report["tasks"] if t.get("transfer")]
     if transferred:
-        lines += ["", "## Schedules transferred from other CPUs (measured here)", ""]
+        lines += ["", "## Schedules transferred from other CPUs or twin workloads (measured here)", ""]
         lines += [f"- {t['id']} {t['name']}: {_transfer_line(t['transfer'])}" for t in transferred]
     if report.get("curve"):
         lines += ["", "Tuning curve: `curve.png` (estimated end-to-end latency vs trials and vs wall time)."]

@@ -20,6 +20,7 @@ from aotc.search.params import SearchParams
 from aotc.search.records import Record, load_records
 from aotc.target import parse_target
 from recipes.zoo import onnx_models as models
+from recipes.zoo import tflite_models
 
 FAST = dict(
     measure=MeasureOptions(repeat=1, min_repeat_ms=1, n_build_workers=2),
@@ -137,3 +138,47 @@ def test_transfer_seeds_the_first_round_of_a_tuned_build(tmp_path):
             if r.costs == [FOREIGN_COST] and r.fingerprint == task.dag.fingerprint
         ]
         assert json.dumps(rec.steps) in here
+
+
+def test_records_of_twin_workloads_are_measured_for_a_model_calibrated_otherwise(tmp_path):
+    """Two calibrations of one int8 CNN: layers with other zero points and scales have other fingerprints
+    but the same structure key. This CPU's records of the first model's layers are candidates for the
+    second's, measured here next to their default schedules; layers whose constants agree are exact hits."""
+
+    def int8_cnn(name: str, seed: int):
+        path = tmp_path / f"{name}.tflite"
+        path.write_bytes(tflite_models.int8_model(tflite_models.small_cnn(), seed=seed).build())
+        recipe = tmp_path / f"{name}.yaml"
+        recipe.write_text(
+            f"model: {path.name}\noutput: build/{name}.aotc\nvalidate: true\ntuning:\n  trials: 0\n"
+        )
+        return load_recipe(recipe)
+
+    first, second = int8_cnn("first", 100), int8_cnn("second", 5)
+    target = parse_target(first.target)
+    first_tasks = extract_tasks(partition(load_model(first)))
+    costs = [max(FOREIGN_COST, t.dag.flop_count / 1e12) for t in first_tasks]  # under the FLOP/s ceiling
+    records = [
+        Record.from_result(
+            t.dag, target, default_schedule(t.dag, OTHER), MeasureResult([c], ErrorCode.NO_ERROR, "")
+        )
+        for t, c in zip(first_tasks, costs)
+    ]
+    append_to_store(tmp_path / "home" / "tophub", records)
+    fingerprints = {t.dag.fingerprint for t in first_tasks}
+    structures = {t.dag.structure_key for t in first_tasks}
+    tasks = extract_tasks(partition(load_model(second)))
+    twins = [t for t in tasks if t.dag.fingerprint not in fingerprints and t.dag.structure_key in structures]
+    assert twins and all(t.dag.structure_key in structures for t in tasks)
+
+    logs: list[str] = []
+    result = build(with_overrides(second, **FAST), log=logs.append, explain_cache=True)
+    assert result.validation and all(r["ok"] for r in result.validation)
+    assert any(line.startswith("measuring ") and "twin workloads" in line for line in logs)
+    report = json.loads((tmp_path / "build" / "second.report" / "report.json").read_text())
+    for task, row in zip(tasks, report["tasks"]):
+        if task in twins:
+            assert row["transfer"]["from"] == "this CPU, a twin workload"
+            assert row["best_latency_s"] is not None and row["best_latency_s"] not in costs  # measured here
+        else:
+            assert row["transfer"] is None and row["lookup"].startswith("hit")

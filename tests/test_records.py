@@ -228,6 +228,24 @@ def test_bad_noise_field_is_a_corrupt_line(tmp_path):
         assert load_records(path) == []
 
 
+def test_structure_round_trips_old_lines_load_and_a_bad_one_is_corrupt(tmp_path):
+    dag = matmul_relu()
+    rec = make_record(dag, split_state(dag, 4), 1e-5)
+    assert rec.structure == dag.structure_key
+    path = tmp_path / "log.jsonl"
+    append_records(path, [rec])
+    line = json.loads(path.read_text())
+    assert line["structure"] == dag.structure_key and load_records(path) == [rec]
+    del line["structure"]  # written before aotc recorded it: loads, structure unknown
+    path.write_text(json.dumps(line) + "\n")
+    (old,) = load_records(path)
+    assert old.structure is None and "structure" not in json.loads(old.to_json())
+    for bad in ("xyz", dag.fingerprint, 5):
+        path.write_text(json.dumps({**line, "structure": bad}) + "\n")
+        with pytest.warns(RecordWarning, match="corrupt"):
+            assert load_records(path) == []
+
+
 def test_a_noisy_lucky_record_does_not_beat_a_quiet_better_one(tmp_path):
     """Same key: a schedule timed under interference 3% faster than a quietly timed one ranks second,
     one 20% faster ranks first; records without noise rank by cost and the spread of their repeats."""

@@ -61,6 +61,32 @@ def test_fingerprint_ignores_names_but_not_shapes_or_dtypes():
     assert te.ComputeDAG([nn.matmul(a, b)]).fingerprint != _matmul_dag().fingerprint
 
 
+def _clamped_shift_dag(shift=1.0, low=0.0, offset=1, pad=-3.0, size=10):
+    """out[i] = min(max(x[i + offset] * 2 + shift, low), 6), padded with `pad` past the end."""
+    x = te.placeholder((size,), name="x")
+    padded = te.compute(
+        (size + 1,), lambda i: te.select(i < size, x[te.minimum(i, size - 1)], te.const(pad)), name="pad"
+    )
+    out = te.compute(
+        (size,),
+        lambda i: te.minimum(te.maximum(padded[i + offset] * 2.0 + shift, te.const(low)), te.const(6.0)),
+        name="out",
+    )
+    return te.ComputeDAG([out])
+
+
+def test_structure_key_leaves_out_value_constants_only():
+    """Twins (other shift, bound, pad value) share a structure key and differ in fingerprint; a constant
+    in an index or a loop bound is structure (another offset or size is another structure)."""
+    base = _clamped_shift_dag()
+    twin = _clamped_shift_dag(shift=-4.5, low=-2.0, pad=7.0)
+    assert twin.fingerprint != base.fingerprint and twin.structure_key == base.structure_key
+    assert len(base.structure_key) == 32 and base.structure_key != base.workload_key
+    assert _clamped_shift_dag(offset=0).structure_key != base.structure_key
+    assert _clamped_shift_dag(size=11).structure_key != base.structure_key
+    assert _matmul_dag().structure_key == _matmul_dag(a_name="X").structure_key
+
+
 def test_nested_reduction_is_rejected():
     x = te.placeholder((4, 4), name="x")
     k = te.reduce_axis(4, "k")

@@ -169,15 +169,15 @@ class RecordSources:
         key = TargetKey.of(target)
         return [e.record for e in self._load() if e.record.ok and _key(e.record) == key]
 
-    def records_across(self, target: Target) -> list[tuple[Record, str, TargetKey]]:
+    def records_across(self, target: Target, own: bool = False) -> list[tuple[Record, str, TargetKey]]:
         """Valid records measured for another CPU of the target's ISA (another -mcpu, -mattr features or
         core count, same kind and architecture), each with its origin and key: candidates to measure
-        here, never applied for their foreign cost."""
+        here, never applied for their foreign cost. `own`: the target's own records too."""
         key = TargetKey.of(target)
         out = []
         for e in self._load():
             other = _key(e.record)
-            if e.record.ok and other != key and same_isa(other, key):
+            if e.record.ok and (other != key or own) and same_isa(other, key):
                 out.append((e.record, e.where, other))
         return out
 

@@ -1,4 +1,5 @@
-"""Records across CPU classes: candidates for a task that has no record for its exact target.
+"""Records across CPU classes and twin workloads: candidates for a task that has no record for its
+exact target.
 
 A record tuned on another CPU of the same ISA (another `-mcpu`, other `-mattr` features or core count)
 is never applied for its foreign cost. Its schedule is a candidate: the build replays it, measures it
@@ -6,6 +7,11 @@ here next to the default schedule, and the faster one wins (the search's first r
 measurement of about a second per task without a budget). Candidates come from the closest CPU class
 first (same CPU model before another one, then the fewest differing features), fastest first there
 (by rank_cost: a noisy measurement ranks behind a steady one).
+
+A task's twin is a workload with the same loops that computes with other constants (the DAGs'
+`structure_key` agree, their fingerprints do not): the same layer of another int8 model, calibrated to
+other zero points and scales. Records of twins, on this CPU or another of its ISA, are candidates the
+same way, after those of the task itself.
 """
 
 from __future__ import annotations
@@ -67,7 +73,10 @@ class Transfer:
 
 
 def origin_label(key: TargetKey, wanted: TargetKey) -> str:
-    """`znver4`, or for the same CPU model what else differs (`znver4, other -mattr features`)."""
+    """`znver4`, or for the same CPU model what else differs (`znver4, other -mattr features`); `this
+    CPU` for the target itself (a twin workload's record)."""
+    if key == wanted:
+        return "this CPU"
     if key.cpu != wanted.cpu:
         return key.cpu or key.arch
     what = "other -mattr features" if key.features != wanted.features else "another core count"
@@ -81,18 +90,24 @@ def find_transfers(
     limit: int = MAX_CANDIDATES,
     defaults: list[State] | None = None,
 ) -> list[Transfer | None]:
-    """Per DAG, the best `limit` schedules of other CPUs of the target's ISA that replay and lower on it
-    (None where the store holds no such record). A record that does not replay is skipped with a reason;
-    one that lowers to the DAG's default schedule (`defaults[i]`) is marked so."""
+    """Per DAG, the best `limit` schedules of other CPUs of the target's ISA, then of its twins on any CPU
+    of the ISA, that replay and lower on it (None where the store holds no such record). A record that
+    does not replay is skipped with a reason; one that lowers to the DAG's default schedule
+    (`defaults[i]`) is marked so."""
     wanted = TargetKey.of(target)
     by_fingerprint: dict[str, list[tuple[Record, str, TargetKey]]] = {}
-    for rec, where, key in sources.records_across(target):
-        by_fingerprint.setdefault(rec.fingerprint, []).append((rec, where, key))
+    by_structure: dict[str, list[tuple[Record, str, TargetKey]]] = {}
+    for rec, where, key in sources.records_across(target, own=True):
+        if key != wanted:
+            by_fingerprint.setdefault(rec.fingerprint, []).append((rec, where, key))
+        if rec.structure is not None:
+            by_structure.setdefault(rec.structure, []).append((rec, where, key))
     out: list[Transfer | None] = []
     for i, dag in enumerate(dags):
-        found = by_fingerprint.get(dag.fingerprint)
+        found = by_fingerprint.get(dag.fingerprint, [])
+        twins = [f for f in by_structure.get(dag.structure_key, []) if f[0].fingerprint != dag.fingerprint]
         default = defaults[i] if defaults else None
-        out.append(None if not found else _candidates(dag, found, wanted, limit, default))
+        out.append(_candidates(dag, found, twins, wanted, limit, default) if found or twins else None)
     return out
 
 
@@ -103,18 +118,24 @@ def _closeness(key: TargetKey, wanted: TargetKey) -> tuple:
 def _candidates(
     dag: ComputeDAG,
     found: list[tuple[Record, str, TargetKey]],
+    twins: list[tuple[Record, str, TargetKey]],
     wanted: TargetKey,
     limit: int,
     default: State | None,
 ) -> Transfer:
+    """The best `limit` schedules that replay on `dag`: the task's own records of other CPUs first, then
+    its twins' (this CPU before others), each group closest CPU class and fastest first."""
     from aotc.schedule.lower import lower
     from aotc.search.lowering import state_key
 
     default_key = None if default is None else state_key(default)
 
+    def ranked(group: list[tuple[Record, str, TargetKey]]) -> list[tuple[Record, str, TargetKey]]:
+        return sorted(group, key=lambda f: (_closeness(f[2], wanted), rank_cost(f[0])))
+
     transfer = Transfer()
     tried: set[str] = set()
-    for rec, where, key in sorted(found, key=lambda f: (_closeness(f[2], wanted), rank_cost(f[0]))):
+    for rec, where, key in ranked(found) + ranked(twins):
         if len(transfer.candidates) == limit:
             break
         steps = json.dumps(rec.steps)
@@ -122,6 +143,8 @@ def _candidates(
             continue
         tried.add(steps)
         origin = origin_label(key, wanted)
+        if rec.fingerprint != dag.fingerprint:
+            origin = f"{origin}, a twin workload"
         try:
             state = rec.state(dag)
             lower(state, "check")

@@ -252,7 +252,7 @@ def tune_tasks(
             trials = sum(scheduler.baseline_trials[i] for i in scheduler.live())
             log(
                 f"measuring {sum(len(seeds[i]) for i in scheduler.live())} schedule(s) transferred from other "
-                f"CPUs next to the default schedules of {todo} of {len(tasks)} tasks"
+                f"CPUs or twin workloads next to the default schedules of {todo} of {len(tasks)} tasks"
             )
         else:
             if warm_start is not None:

@@ -2,7 +2,8 @@
 
 A line is `{"v", "workload_key", "fingerprint", "target", "hw", "steps", "costs", "error",
 "error_msg", "timestamp", "aotc_version", "host"}`, and, for a candidate timed since aotc measures
-interference, `"noise": {"interference", "spread", "retries"}` (aotc.search.interference). Loading
+interference, `"noise": {"interference", "spread", "retries"}` (aotc.search.interference); records
+written since aotc recorded them carry `"flops"` and `"structure"` (the DAG's `structure_key`). Loading
 never fails on a bad line: lines of an unknown (newer) format version and corrupt lines are skipped
 with a warning. Records are applied only to the exact target string and the exact DAG fingerprint,
 and only after their steps replay and lower on the DAG (docs/records.md#validation-on-the-way-in).
@@ -33,6 +34,7 @@ import json
 import math
 import os
 import platform
+import re
 import warnings
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
@@ -110,6 +112,8 @@ class Record:
     version: int = RECORD_VERSION
     noise: Noise | None = None  # None: measured before aotc recorded noise, or not timed
     flops: int | None = None  # the DAG's FLOPs; None in records written before aotc recorded it
+    # the DAG's structure_key (its fingerprint without value constants): None in older records
+    structure: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -137,6 +141,7 @@ class Record:
             host=result.host or measuring_host(target),
             noise=result.noise,
             flops=int(dag.flop_count),
+            structure=dag.structure_key,
         )
 
     def to_json(self) -> str:
@@ -163,6 +168,8 @@ class Record:
             }
         if self.flops is not None:
             obj["flops"] = self.flops
+        if self.structure is not None:
+            obj["structure"] = self.structure
         return json.dumps(obj, separators=(",", ":"), allow_nan=False)
 
     @staticmethod
@@ -188,6 +195,7 @@ class Record:
                 version=_typed(obj, "v", int),
                 noise=_noise(obj["noise"]) if obj.get("noise") is not None else None,
                 flops=_typed(obj, "flops", int) if obj.get("flops") is not None else None,
+                structure=_typed(obj, "structure", str) if obj.get("structure") is not None else None,
             )
         except (TypeError, OverflowError) as err:
             raise ValueError(str(err)) from None
@@ -221,6 +229,9 @@ def _noise(obj) -> Noise:
     return Noise(interference, spread_, retries)
 
 
+_STRUCTURE_KEY = re.compile(r"[0-9a-f]{32}")
+
+
 def record_problem(rec: Record) -> str:
     """Why `rec` is not a record to store or use, or "" when it is valid (module docstring)."""
     if not rec.workload_key or not rec.fingerprint.startswith(rec.workload_key):
@@ -245,6 +256,8 @@ def record_problem(rec: Record) -> str:
         value = rec.hw.get(name)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
             return f"hw.{name} {value!r} is not a count"
+    if rec.structure is not None and not _STRUCTURE_KEY.fullmatch(rec.structure):
+        return f"structure {rec.structure[:40]!r} is not 32 hex digits"
     if rec.flops is not None:
         if rec.flops < 0:
             return f"flops {rec.flops} is negative"

@@ -181,7 +181,16 @@ class ComputeDAG:
     def workload_key(self) -> str:
         return self.fingerprint[:32]
 
-    def canonical_text(self) -> str:
+    @cached_property
+    def structure_key(self) -> str:
+        """The first 32 hex digits of the sha256 of the DAG with its value constants left out: the same
+        for workloads that differ only in the numbers they compute with (an int8 layer's zero points, clamp
+        bounds and per-tensor scales; a float layer's epsilon), whose schedules replay on each other. A
+        constant in an index, a bound or a condition on the loop variables stays in: it shapes the loops."""
+        return hashlib.sha256(self.canonical_text(values=False).encode()).hexdigest()[:32]
+
+    def canonical_text(self, values: bool = True) -> str:
+        """The DAG as canonical JSON text; without `values`, value constants are written as their dtype."""
         entries = []
         for op in self.ops:
             if isinstance(op, PlaceholderOp):
@@ -194,7 +203,7 @@ class ComputeDAG:
                     [a.extent for a in op.axes],
                     [a.extent for a in op.reduce_axes],
                     op.tag,
-                    _canonical_expr(op.body, var_ids, self.index),
+                    _canonical_expr(op.body, var_ids, self.index, None if values else True),
                     sorted((k, str(v)) for k, v in op.attrs.items()),
                 ]
             )
@@ -310,20 +319,30 @@ def _count_flops(e: Expr) -> int:
     return own + sum(_count_flops(c) for c in children(e))
 
 
-def _canonical_expr(e: Expr, var_ids: dict[Var, str], op_index: dict[Operation, int]):
+def _canonical_expr(
+    e: Expr, var_ids: dict[Var, str], op_index: dict[Operation, int], value: bool | None = None
+):
+    """`e` as canonical JSON. `value` None writes every constant; True (a value is being computed) writes
+    a constant as its dtype alone, unless the expression around it involves the loop variables outside
+    tensor reads (an index, a bound, a condition), where `value` turns False for good."""
+
+    def sub(c: Expr, v: bool | None = value):
+        return _canonical_expr(c, var_ids, op_index, v)
+
     if isinstance(e, Var):
         return var_ids.get(e, "free")
     if isinstance(e, Const):
-        return ["c", e.dtype, e.value]
+        return ["c", e.dtype] if value else ["c", e.dtype, e.value]
+    index = None if value is None else False
     if isinstance(e, TensorRead):
-        return ["read", op_index[e.tensor], [_canonical_expr(i, var_ids, op_index) for i in e.indices]]
+        return ["read", op_index[e.tensor], [sub(i, index) for i in e.indices]]
     if isinstance(e, Reduce):
         return [
             "reduce",
             e.combiner,
             [var_ids[a.var] for a in e.axes],
-            _canonical_expr(e.source, var_ids, op_index),
-            None if e.condition is None else _canonical_expr(e.condition, var_ids, op_index),
+            sub(e.source),
+            None if e.condition is None else sub(e.condition, index),
         ]
     head: list = [type(e).__name__]
     if isinstance(e, (Binary, Compare, Logical)):
@@ -332,4 +351,19 @@ def _canonical_expr(e: Expr, var_ids: dict[Var, str], op_index: dict[Operation, 
         head.append(e.name)
     elif isinstance(e, (Cast, Reinterpret)):
         head.append(e.dtype)
-    return head + [_canonical_expr(c, var_ids, op_index) for c in children(e)]
+    if isinstance(e, Select):  # the condition is about the loops; the arms are values
+        return head + [sub(e.cond, index), sub(e.true_value), sub(e.false_value)]
+    if value and _uses_loop_vars(e):
+        value = False
+    return head + [sub(c, value) for c in children(e)]
+
+
+def _uses_loop_vars(e: Expr) -> bool:
+    """Whether a variable occurs in `e` outside the indices of its tensor reads."""
+    if isinstance(e, Var):
+        return True
+    if isinstance(e, TensorRead):
+        return False
+    if isinstance(e, Reduce):
+        return _uses_loop_vars(e.source)
+    return any(_uses_loop_vars(c) for c in children(e))
