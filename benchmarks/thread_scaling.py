@@ -23,20 +23,21 @@ from pathlib import Path
 import numpy as np
 from compile_time import kernel_feed, loadavg
 from timing import cpu_class, median_seconds
+from zoo import tflite_models
 
 from aotc.build import load_variants
 from aotc.codegen import stmtgen
-from aotc.codegen.llvm import build_llvm_ir, compile_to_object, link_shared, thread_pool_object
 from aotc.codegen.module import build_module, load_library
 from aotc.graph.partition import extract_tasks
 from aotc.ir.expr import Buffer, Load, Var, const
 from aotc.ir.stmt import BufferStore, For, ForKind, PrimFunc
 from aotc.recipe import load_recipe
 from aotc.schedule.default import default_schedule
-from aotc.schedule.layout import rewrite_layout
-from aotc.schedule.lower import lower
-from aotc.schedule.steps import replay, steps_from_json, steps_to_json
-from aotc.search.records import load_records, rank_cost
+from aotc.schedule.steps import steps_to_json
+from aotc.search.common import ErrorCode
+from aotc.search.measure import build_candidate
+from aotc.search.records import apply_best, load_records
+from aotc.search.timing import KERNEL_NAME
 from aotc.target import Target, host_target
 
 
@@ -59,30 +60,15 @@ def fork_join_us(workdir: str, threads: int) -> tuple[float, float]:
     return best[1] * 1e6, best[threads] * 1e6
 
 
-def best_steps(records: Path | None) -> dict[str, list]:
-    """The best record's steps per workload key (rank_cost: a noisy timing ranks behind a steady one)."""
-    if records is None:
-        return {}
-    best: dict[str, tuple[float, list]] = {}
-    for rec in load_records(records):
-        cost = rank_cost(rec)
-        if rec.ok and (rec.workload_key not in best or cost < best[rec.workload_key][0]):
-            best[rec.workload_key] = (cost, rec.steps)
-    return {key: steps for key, (_, steps) in best.items()}
-
-
-def kernel_call(task, steps: list, target: Target, path: str, pool: bytes):
-    """The task's kernel built from `steps` as the tuner builds a candidate, ready to call on random data."""
-    state, _ = rewrite_layout(replay(task.dag, steps_from_json(steps)))
-    link_shared(
-        [compile_to_object(build_llvm_ir([lower(state, "k")], target, thread_pool=False), target), pool],
-        path,
-        target.isa,
-        needs_libc=False,
-    )
-    library = load_library(path)
+def kernel_call(task, steps: list, target: Target, name: str):
+    """The task's kernel built from `steps` as the tuner's builders build a candidate, ready to call on
+    random data: (library, call, output array)."""
+    built = build_candidate(task.dag, target, name, ("steps", steps))
+    if built.error != ErrorCode.NO_ERROR:
+        raise RuntimeError(f"{task.name}: the kernel did not build: {built.msg}")
+    library = load_library(built.path)
     arrays = [a.copy() for a in kernel_feed(task.dag, steps)]
-    return library, library.kernel("k").prepare(*arrays), arrays[-1]
+    return library, library.kernel(KERNEL_NAME).prepare(*arrays), arrays[-1]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -100,25 +86,23 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as workdir:
         model = args.model
         if args.quick or model is None:
-            sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-            from recipes.zoo import tflite_models
-
             model = Path(workdir) / "small_cnn_int8.tflite"
             model.write_bytes(tflite_models.int8_model(tflite_models.small_cnn()).build())
         recipe = Path(workdir) / "model.yaml"
         recipe.write_text(f"model: {model}\noutput: {Path(workdir) / 'model.aotc'}\n")
         (_, groups), *_ = load_variants(load_recipe(recipe))
         tasks = extract_tasks(groups)
-        known = best_steps(args.records)
-        pool = thread_pool_object(target)
+        records = load_records(args.records) if args.records else []
         one, many = fork_join_us(workdir, args.threads)
         print(f"CPU class: {cpu_class()}; load average {loadavg()}; {len(tasks)} tasks of {model.name}")
         print(f"fork and join: {one:.2f} us a call at 1 thread, {many:.2f} us at {args.threads}")
         sums = {1: 0.0, args.threads: 0.0}
         chunk_sums = dict.fromkeys(chunks, 0.0)
         for i, task in enumerate(tasks):
-            steps = known.get(task.workload_key) or steps_to_json(default_schedule(task.dag, target).steps)
-            library, call, _ = kernel_call(task, steps, target, os.path.join(workdir, f"k{i}.so"), pool)
+            found = apply_best(records, task.dag, target) if records else None
+            state = found[0] if found else default_schedule(task.dag, target)
+            steps = steps_to_json(state.steps)
+            library, call, _ = kernel_call(task, steps, target, os.path.join(workdir, f"k{i}"))
             best = dict.fromkeys(sums, math.inf)
             for _ in range(rounds):
                 for t in best:
@@ -127,13 +111,13 @@ def main(argv: list[str] | None = None) -> int:
             for t in sums:
                 sums[t] += best[t]
             line = (
-                f"{i:3} {task.name:<30} {'record' if task.workload_key in known else 'default':<7} "
+                f"{i:3} {task.name:<30} {'record' if found else 'default':<7} "
                 f"1t {best[1] * 1e6:8.1f} us  {args.threads}t {best[args.threads] * 1e6:8.1f} us  "
                 f"scaling {best[1] / best[args.threads]:5.2f}"
             )
             if chunks:
                 line += "  " + chunk_columns(
-                    task, steps, target, workdir, pool, chunks, args.threads, rounds, chunk_sums
+                    task, steps, target, workdir, chunks, args.threads, rounds, chunk_sums
                 )
             print(line, flush=True)
         print(
@@ -149,14 +133,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def chunk_columns(task, steps, target, workdir, pool, chunks, threads, rounds, sums) -> str:
+def chunk_columns(task, steps, target, workdir, chunks, threads, rounds, sums) -> str:
     """Times at `threads` of the kernel built with each chunk count, in turns; outputs must agree."""
     saved = stmtgen.CHUNKS_PER_THREAD
     calls, outputs, libraries = [], [], []  # the libraries stay loaded while their kernels are timed
     try:
         for c in chunks:
             stmtgen.CHUNKS_PER_THREAD = c
-            library, call, out = kernel_call(task, steps, target, os.path.join(workdir, f"c{c}.so"), pool)
+            library, call, out = kernel_call(task, steps, target, os.path.join(workdir, f"c{c}"))
             library.set_num_threads(threads)
             call()
             libraries.append(library)
