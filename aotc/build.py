@@ -105,7 +105,7 @@ def build(
         require_reference(recipe.model)
     with timed(timings, "import+partition"):
         variants = load_variants(recipe)
-        tasks = merge_tasks([extract_tasks(groups) for _, groups in variants])
+        tasks = variant_tasks(variants)
     graph = variants[0][0]
     for g, groups in variants:
         check_memory(g, groups, recipe.memory_limit)
@@ -176,6 +176,11 @@ def load_variants(recipe: Recipe) -> list[tuple[Graph, list[FusedGroup]]]:
     """The model at each input shape set the recipe lists (one per batch size), partitioned."""
     graphs = [load_model(recipe, inputs) for inputs in recipe.input_variants()]
     return [(graph, partition(graph)) for graph in graphs]
+
+
+def variant_tasks(variants: list[tuple[Graph, list[FusedGroup]]]) -> list[Task]:
+    """The distinct tasks of the model's variants (`load_variants`), as a build tunes and compiles them."""
+    return merge_tasks([extract_tasks(groups) for _, groups in variants])
 
 
 def load_model(recipe: Recipe, inputs: dict[str, InputSpec] | None = None) -> Graph:

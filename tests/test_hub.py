@@ -622,3 +622,64 @@ def test_export_by_cpu_name_finds_the_full_target_of_its_records(tmp_path, home,
         == 1
     )
     assert "name one with its -mattr" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- annotate
+
+
+def test_annotate_gives_older_records_their_structure_key_and_keeps_every_other_line(tmp_path, home):
+    from aotc.hub.store import HubError, annotate_records
+
+    mm, dn = matmul(), dense()
+    old = [
+        dataclasses.replace(record(mm, split_state(mm, 4), 2e-5), structure=None),
+        dataclasses.replace(record(dn, split_state(dn, 4), 3e-5), structure=None),
+        dataclasses.replace(record(mm, split_state(mm, 8), 4e-5), structure="0" * 32),
+    ]
+    path = store(home / "tophub", old)
+    file = store_files(path)[0]
+    others = [
+        "# a comment\n",
+        json.dumps(json.loads(old[0].to_json()) | {"v": 0}) + "\n",
+        '{"v": 1, "workload_key": "cut off\n',
+    ]
+    with open(file, "a") as f:
+        f.writelines(others)
+    report = annotate_records(path, {mm.fingerprint: mm.structure_key})
+    assert (report.annotated, report.had, report.differs, report.files) == (1, 0, 1, 1)
+    lines = file.read_text().splitlines(keepends=True)
+    assert lines[3:] == others  # comments, other versions and corrupt lines stay as they were
+    first, second, third = (Record.from_json(line) for line in lines[:3])
+    assert first == dataclasses.replace(old[0], structure=mm.structure_key)
+    assert second == old[1] and third == old[2]  # not a task named, and a key of its own
+    again = annotate_records(path, {mm.fingerprint: mm.structure_key})
+    assert (again.annotated, again.had, again.files) == (0, 1, 0)
+    log = tmp_path / "build.records.jsonl"  # a build's record log is annotated in place
+    append_records(log, [old[1]])
+    assert annotate_records(log, {dn.fingerprint: dn.structure_key}).annotated == 1
+    assert read_record_file(log).records[0].structure == dn.structure_key
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "a.txt").write_text("x")
+    with pytest.raises(HubError, match="not a tophub store"):
+        annotate_records(tmp_path / "notes", {})
+
+
+def test_annotate_command_takes_the_tasks_of_a_recipe(tmp_path, home, capsys):
+    from aotc.build import load_variants, variant_tasks
+    from aotc.recipe import load_recipe
+
+    recipe_path = Path(__file__).resolve().parents[1] / "recipes" / "mlp.yaml"
+    tasks = variant_tasks(load_variants(load_recipe(recipe_path)))
+    recs = [dataclasses.replace(record(t.dag, State.initial(t.dag), 1e-5), structure=None) for t in tasks]
+    path = store(tmp_path / "team", recs)
+    assert hub("annotate", str(recipe_path), str(path), "--target", str(SKX)) == 0
+    assert f"{len(tasks)} record(s) annotated in 1 file(s)" in capsys.readouterr().out
+    by_fingerprint = {r.fingerprint: r.structure for r in read_record_file(store_files(path)[0]).records}
+    assert by_fingerprint == {t.dag.fingerprint: t.dag.structure_key for t in tasks}
+    assert hub("annotate", str(tmp_path / "missing.onnx"), str(path)) == 1
+    assert "missing.onnx: no such file" in capsys.readouterr().err
+    assert hub("annotate", str(recipe_path.with_suffix(".txt")), str(path)) == 2
+    broken = tmp_path / "broken.onnx"
+    broken.write_bytes(b"not a model")
+    assert hub("annotate", str(broken), str(path)) == 1
+    assert "broken.onnx" in capsys.readouterr().err

@@ -1,4 +1,4 @@
-"""`aotc hub ...`: list, verify, prune, export, import and explain tuned records.
+"""`aotc hub ...`: list, verify, prune, export, import, explain and annotate tuned records.
 
 Exit codes: 0 ok, 1 bad input (a corrupt bundle or store, an unreadable package, nothing to export),
 2 usage.
@@ -18,6 +18,7 @@ from aotc.hub.lookup import RecordSources, explain_package, open_sources, source
 from aotc.hub.store import (
     HubError,
     TargetKey,
+    annotate_records,
     check_store_dir,
     merge_into_store,
     prune_store,
@@ -33,7 +34,7 @@ def add_hub_parser(subparsers) -> None:
     """Add `hub` and its subcommands to the CLI's subparsers."""
     hub = subparsers.add_parser(
         "hub",
-        help="the tophub record store: ls, verify, prune, export, import, explain",
+        help="the tophub record store: ls, verify, prune, export, import, explain, annotate",
         formatter_class=HelpFormatter,
     )
     sub = hub.add_subparsers(dest="hub_command", metavar="COMMAND")
@@ -91,6 +92,22 @@ def add_hub_parser(subparsers) -> None:
     explain.add_argument("--records", help="the recipe's records file, first in the chain")
     add_json_argument(explain)
 
+    annotate = command(
+        "annotate",
+        help="give records written before structure keys existed their tasks' keys (twin transfer)",
+    )
+    annotate.add_argument(
+        "model", type=Path, help="the recipe (.yaml) or model (.onnx, .tflite) whose tasks the records tuned"
+    )
+    annotate.add_argument(
+        "path", nargs="?", help="store directory or record file to annotate (default: the user store)"
+    )
+    annotate.add_argument(
+        "--target",
+        help="the target whose graph passes make the tasks (default: the recipe's); "
+        "use the records' own target string",
+    )
+
     hub.set_defaults(hub_parser=hub)
 
 
@@ -114,6 +131,7 @@ def cmd_hub(args: argparse.Namespace) -> int:
         "export": _export,
         "import": _import,
         "explain": _explain,
+        "annotate": _annotate,
     }
     if command not in handlers:
         parser = getattr(args, "hub_parser", None)
@@ -350,4 +368,34 @@ def _explain(args) -> int:
     listing = render_text(table(["Task", "Result"], [[task, str(result)] for task, result in rows]))
     print("\n".join("  " + line for line in listing.splitlines()))
     print(f"{counts['hit']} hit, {counts['miss']} miss, {counts['stale']} stale")
+    return 0
+
+
+def _annotate(args) -> int:
+    from dataclasses import replace
+
+    from aotc.build import load_variants, variant_tasks
+    from aotc.recipe import MODEL_SUFFIXES, Recipe, load_recipe
+
+    source: Path = args.model
+    suffix = source.suffix.lower()
+    if suffix not in (".yaml", ".yml", *MODEL_SUFFIXES):
+        print(
+            f"aotc hub annotate: {source}: expected a recipe (.yaml) or a model (.onnx, .tflite)",
+            file=sys.stderr,
+        )
+        return 2
+    if not source.is_file():
+        raise HubError(f"{source}: no such file")
+    try:  # a recipe, frontend or graph error names the file, key, operator or value
+        recipe = load_recipe(source) if suffix in (".yaml", ".yml") else Recipe(model=source)
+        if args.target:
+            recipe = replace(recipe, target=str(parse_target(args.target)))
+        tasks = variant_tasks(load_variants(recipe))
+    except ValueError as err:
+        print(f"aotc hub annotate: {source}: {err}", file=sys.stderr)
+        return 1
+    path = Path(args.path) if args.path else user_store_dir()
+    report = annotate_records(path, {task.dag.fingerprint: task.dag.structure_key for task in tasks})
+    print(f"{path}: {report} ({len(tasks)} task(s) of {source}, target {short_target(recipe.target)})")
     return 0

@@ -27,12 +27,13 @@ import logging
 import os
 import platform
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from aotc.files import write_all_atomic, write_atomic
 from aotc.search.records import (
+    RECORD_VERSION,
     Record,
     append_records,
     is_emulated,
@@ -360,3 +361,62 @@ def merge_into_store(directory: str | os.PathLike, records: Iterable[Record]) ->
             files[path] = old + "".join(r.to_json() + "\n" for r in recs).encode()
         write_all_atomic(files)
     return len(new), len(incoming) - len(new)
+
+
+@dataclass
+class AnnotateReport:
+    annotated: int = 0  # records given their structure key
+    had: int = 0  # records of the tasks that already carried it
+    differs: int = 0  # records whose structure key is not the one their task has now (left as they are)
+    files: int = 0  # files rewritten
+
+    def __str__(self) -> str:
+        text = f"{self.annotated} record(s) annotated in {self.files} file(s), {self.had} had their structure key"
+        if self.differs:
+            text += f"; {self.differs} carry another one (left as they are)"
+        return text
+
+
+def annotate_records(path: str | os.PathLike, structures: Mapping[str, str]) -> AnnotateReport:
+    """Give each record without a `structure` field whose fingerprint `structures` maps (a model's tasks:
+    fingerprint -> `ComputeDAG.structure_key`) that key, so that builds take it as a twin's record
+    (docs/records.md#twin-workloads). `path` is a store directory (its files rewritten atomically while no
+    one appends) or one record file (a build's log). Every other line stays as it was."""
+    path = Path(path)
+    report = AnnotateReport()
+    if path.is_dir():
+        check_store_dir(path)
+        with store_lock(path, exclusive=True):
+            for file in store_files(path):
+                _annotate_file(file, structures, report)
+    elif path.is_file():
+        _annotate_file(path, structures, report)
+    else:
+        raise HubError(f"{path}: no such store directory or record file")
+    return report
+
+
+def _annotate_file(path: Path, structures: Mapping[str, str], report: AnnotateReport) -> None:
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True)
+    changed = 0
+    for i, line in enumerate(lines):
+        text = line.strip()
+        try:
+            obj = json.loads(text) if text and not text.startswith("#") else None
+            rec = Record.from_json(text) if isinstance(obj, dict) and obj.get("v") == RECORD_VERSION else None
+        except ValueError:  # a corrupt line is left for `prune` to drop
+            continue
+        key = None if rec is None else structures.get(rec.fingerprint)
+        if key is None:
+            continue
+        if rec.structure is not None:
+            report.had += rec.structure == key
+            report.differs += rec.structure != key
+            continue
+        obj["structure"] = key  # the line's own fields, any this version does not know included
+        lines[i] = json.dumps(obj, separators=(",", ":"), allow_nan=False) + "\n"
+        changed += 1
+    if changed:
+        write_atomic(path, "".join(lines).encode())
+        report.annotated += changed
+        report.files += 1
