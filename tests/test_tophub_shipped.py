@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from aotc.build import load_model
+from aotc.build import load_model, load_variants, variant_tasks
 from aotc.graph.partition import extract_tasks, partition
 from aotc.hub import open_sources
 from aotc.hub.store import shipped_store_dir, store_files
-from aotc.recipe import load_recipe
+from aotc.recipe import Recipe, load_recipe
 from aotc.search.records import read_record_file
 from aotc.target import parse_target
 from recipes.zoo import onnx_models as models
@@ -61,3 +61,25 @@ def test_every_recipe_is_a_full_hit_on_the_shipped_cpu_class(name, tmp_path, mon
     looked = [sources.lookup(task.dag, target) for task in tasks]
     assert [x.status for x in looked] == ["hit"] * len(tasks), [str(x) for x in looked]
     assert all(x.source.startswith("tophub:") for x in looked)
+    # structure keys let a model of the same layers with other constants take them as twins' records
+    assert [x.record.structure for x in looked] == [task.dag.structure_key for task in tasks]
+
+
+def test_int8_mobilenet_v2_is_a_full_hit_where_its_records_ship(tmp_path, monkeypatch):
+    """The int8 MobileNetV2 224 of the benchmarks (`benchmarks/e2e.py --tflite`, `tflite_models`) ships
+    tuned for znver3 only: a full hit there, with structure keys for other calibrations' twins."""
+    from recipes.zoo import tflite_models
+
+    monkeypatch.delenv("AOTC_TOPHUB", raising=False)
+    monkeypatch.delenv("AOTC_SHIPPED_TOPHUB", raising=False)
+    path = tmp_path / "mobilenet_v2_int8.tflite"
+    path.write_bytes(tflite_models.int8_model(tflite_models.mobilenet_v2()).build())
+    recipe = Recipe(model=path)
+    target = parse_target(recipe.target)
+    sources = open_sources(None, None, user_store=tmp_path / "empty-user-store")
+    if target.mcpu != "znver3" or not sources.records_for(target):
+        pytest.skip(f"its records ship for znver3 only, this target is {target.mcpu}")
+    tasks = variant_tasks(load_variants(recipe))
+    looked = [sources.lookup(task.dag, target) for task in tasks]
+    assert [x.status for x in looked] == ["hit"] * len(tasks), [str(x) for x in looked]
+    assert [x.record.structure for x in looked] == [task.dag.structure_key for task in tasks]
