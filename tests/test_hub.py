@@ -676,6 +676,10 @@ def test_annotate_command_takes_the_tasks_of_a_recipe(tmp_path, home, capsys):
     assert f"{len(tasks)} record(s) annotated in 1 file(s)" in capsys.readouterr().out
     by_fingerprint = {r.fingerprint: r.structure for r in read_record_file(store_files(path)[0]).records}
     assert by_fingerprint == {t.dag.fingerprint: t.dag.structure_key for t in tasks}
+    bundle = tmp_path / "team.tophub"
+    assert hub("export", "--target", str(SKX), "-o", str(bundle), "--from", str(path)) == 0
+    assert hub("annotate", str(recipe_path), str(bundle)) == 1
+    assert "is a bundle: import it into a store" in capsys.readouterr().err
     assert hub("annotate", str(tmp_path / "missing.onnx"), str(path)) == 1
     assert "missing.onnx: no such file" in capsys.readouterr().err
     assert hub("annotate", str(recipe_path.with_suffix(".txt")), str(path)) == 2

@@ -396,6 +396,10 @@ def _annotate(args) -> int:
         print(f"aotc hub annotate: {source}: {err}", file=sys.stderr)
         return 1
     path = Path(args.path) if args.path else user_store_dir()
+    if is_bundle(path):  # its records are covered by its manifest's digests (and signature)
+        raise HubError(
+            f"{path} is a bundle: import it into a store (aotc hub import), then annotate the store"
+        )
     report = annotate_records(path, {task.dag.fingerprint: task.dag.structure_key for task in tasks})
     print(f"{path}: {report} ({len(tasks)} task(s) of {source}, target {short_target(recipe.target)})")
     return 0
