@@ -152,3 +152,34 @@ def test_qdq_benchmark_model_is_qdq_with_batch_norms_folded(tmp_path):
     path = qdq.quantized_model("small_cnn", qdq.QUICK["small_cnn"], tmp_path, "int8", calibration=2)
     ops = {n.op_type for n in onnx.load(str(path)).graph.node}
     assert {"QuantizeLinear", "DequantizeLinear", "Conv"} <= ops and "BatchNormalization" not in ops
+
+
+def test_quietness_probes_compute_what_they_say(tmp_path):
+    """The probes are real work the optimizer cannot fold: checked against numpy on small counts."""
+    import numpy as np
+
+    lib = _import("quietness").build_probes(str(tmp_path))
+    chains = [np.arange(c + 1, c + 9, dtype=np.uint32) for c in range(8)]
+    for _ in range(5):
+        chains = [(x * np.uint32(7)) ^ x for x in chains]
+    expected = chains[0]
+    for x in chains[1:]:
+        expected = expected ^ x
+    assert lib.probe_multiply(5, 7) == int(expected[0].astype(np.int32))
+    data = np.random.default_rng(0).integers(0, 256, 32 * 10, dtype=np.uint8)
+    sums = (data.reshape(10, 32).sum(axis=0, dtype=np.uint64) * 3 % 256).astype(np.uint8)
+    assert lib.probe_loads(data.ctypes.data, 10, 3) == int(sums[:4].view(np.int32)[0])
+
+
+def test_quietness_benchmark_quick_run(tmp_path, capsys):
+    """The probes timed in turns with a package (the MLP, untuned) and onnxruntime running its model."""
+    import aotc
+
+    model = pathlib.Path(__file__).parent.parent / "recipes" / "models" / "mlp.onnx"
+    package = aotc.compile(model, output=tmp_path / "mlp.aotc", validate=False)
+    args = ["--quick", "--package", str(package.path), "--compare", str(model)]
+    assert _import("quietness").main(args) == 0
+    out = capsys.readouterr().out
+    assert "slow rounds: the slowest 40% of mlp.aotc's" in out
+    for name in ("multiply chains", "256 KB buffer", "128 MB streamed", "mlp.aotc", "onnxruntime"):
+        assert name in out
