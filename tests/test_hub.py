@@ -642,13 +642,14 @@ def test_annotate_gives_older_records_their_structure_key_and_keeps_every_other_
         "# a comment\n",
         json.dumps(json.loads(old[0].to_json()) | {"v": 0}) + "\n",
         '{"v": 1, "workload_key": "cut off\n',
+        '{"v": 1, "workload_key": "\xff\xfe not UTF-8"}\n',
     ]
-    with open(file, "a") as f:
-        f.writelines(others)
+    with open(file, "ab") as f:
+        f.writelines(line.encode("latin-1") if "\xff" in line else line.encode() for line in others)
     report = annotate_records(path, {mm.fingerprint: mm.structure_key})
     assert (report.annotated, report.had, report.differs, report.files) == (1, 0, 1, 1)
-    lines = file.read_text().splitlines(keepends=True)
-    assert lines[3:] == others  # comments, other versions and corrupt lines stay as they were
+    lines = file.read_bytes().decode("latin-1").splitlines(keepends=True)
+    assert lines[3:] == others  # comments, other versions and corrupt lines stay byte for byte
     first, second, third = (Record.from_json(line) for line in lines[:3])
     assert first == dataclasses.replace(old[0], structure=mm.structure_key)
     assert second == old[1] and third == old[2]  # not a task named, and a key of its own

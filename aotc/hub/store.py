@@ -397,10 +397,10 @@ def annotate_records(path: str | os.PathLike, structures: Mapping[str, str]) -> 
 
 
 def _annotate_file(path: Path, structures: Mapping[str, str], report: AnnotateReport) -> None:
-    lines = path.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True)
+    lines = path.read_bytes().splitlines(keepends=True)  # bytes: a line not touched is kept byte for byte
     changed = 0
     for i, line in enumerate(lines):
-        text = line.strip()
+        text = line.decode("utf-8", errors="replace").strip()
         try:
             obj = json.loads(text) if text and not text.startswith("#") else None
             rec = Record.from_json(text) if isinstance(obj, dict) and obj.get("v") == RECORD_VERSION else None
@@ -414,9 +414,9 @@ def _annotate_file(path: Path, structures: Mapping[str, str], report: AnnotateRe
             report.differs += rec.structure != key
             continue
         obj["structure"] = key  # the line's own fields, any this version does not know included
-        lines[i] = json.dumps(obj, separators=(",", ":"), allow_nan=False) + "\n"
+        lines[i] = json.dumps(obj, separators=(",", ":"), allow_nan=False).encode() + b"\n"
         changed += 1
     if changed:
-        write_atomic(path, "".join(lines).encode())
+        write_atomic(path, b"".join(lines))
         report.annotated += changed
         report.files += 1
