@@ -59,7 +59,7 @@ loop:
   %i = phi i64 [ 0, %rep ], [ %i1, %loop ]
   %s = phi <32 x i8> [ %s0, %rep ], [ %s1, %loop ]
   %a = getelementptr <32 x i8>, ptr %p, i64 %i
-  %v = load <32 x i8>, ptr %a, align 32
+  %v = load <32 x i8>, ptr %a, align 1
   %s1 = add <32 x i8> %s, %v
   %i1 = add i64 %i, 1
   %more = icmp slt i64 %i1, %vectors
