@@ -219,15 +219,22 @@ def _tile_lengths(
         # 7x7 ResNet stage of int8 dot products: 6 rows). Blocks that divide instead, with the vector
         # count (one that divides too) that fills the most accumulators, where they fill at least half
         # as many: a prime axis (a matmul of 197 rows) would leave one row of 2 accumulators.
-        def filled(v: int) -> tuple[int, int, dict[str, int]]:
-            b = _pixel_blocks(others, accumulators // (v * per_vector), _divisor_block)
-            return v * per_vector * math.prod(b.values()), v, b
+        # A plain vector tile of two registers may also give way to one: a 7x7 stage of float convs on
+        # AVX2 (12 accumulators) then takes 7 rows of one register, not 6 partial rows of two.
+        def filled(v: int, pv: int) -> tuple[int, int, int, dict[str, int]]:
+            b = _pixel_blocks(others, accumulators // (v * pv), _divisor_block)
+            return v * pv * math.prod(b.values()), v, pv, b
 
         dividing = [v for v in vector_counts if vec_axis is None or (vec_axis.extent // vec) % v == 0]
-        best = max((filled(v) for v in dividing or [1]), key=lambda f: f[0])
+        options = [(v, per_vector) for v in dividing or [1]]
+        if dot is None and per_vector > 1 and vec % lanes == 0:
+            options.append((1, 1))
+        best = max((filled(v, pv) for v, pv in options), key=lambda f: f[0])
         partial = vectors * per_vector * math.prod(blocks.values())
         if 2 * best[0] >= partial:
-            _, vectors, blocks = best
+            _, vectors, pv, blocks = best
+            if pv != per_vector:
+                vec, per_vector = lanes, pv
     if dot is not None:
         lengths[vec_axis.name] = [1, 1, vectors]
     elif vec_axis is not None:
