@@ -79,6 +79,17 @@ def test_register_block_divides_the_axes_it_blocks(dag, cpu):
     assert math.prod(blocks.values()) >= 4, blocks
 
 
+def test_a_smaller_block_of_rows_gives_its_accumulators_to_the_columns():
+    """A 3x3 stride-2 conv onto 28x28 tiles its padded input by rows split evenly over the cores: on AVX2
+    its 4-row block became 2 rows of 2 columns, not 2 rows alone (4 of 12 accumulators; 1.4x slower)."""
+    data = placeholder((1, 56, 56, 64), "float32", "data")
+    weight = placeholder((128, 3, 3, 64), "float32", "weight", tag=LAYOUT_FREE)
+    dag = ComputeDAG([conv2d_nhwc(data, weight, ((2, 2), (1, 1, 1, 1), (1, 1)))])
+    for cpu in ("znver3", "znver4"):
+        target = parse_target(f"llvm -mcpu={cpu} -num-cores=2")
+        assert 8 <= _accumulators(dag, target) <= target.hw.vector_registers - 4, cpu
+
+
 def test_row_reductions_run_in_parallel():
     """Softmax's row max and row sum (512 rows of 128) are worth a parallel loop though each has fewer
     than MIN_PARALLEL_POINTS outputs: their threads' work includes the reduction."""
