@@ -90,6 +90,24 @@ def test_a_smaller_block_of_rows_gives_its_accumulators_to_the_columns():
         assert 8 <= _accumulators(dag, target) <= target.hw.vector_registers - 4, cpu
 
 
+@pytest.mark.parametrize(("hw", "channels"), [(112, 96), (14, 576)])
+def test_a_depthwise_conv_pads_per_tile_of_channels_where_rows_alone_do_not_fit(hw, channels):
+    """MobileNetV2's stride-2 depthwise convs on AVX2: 4 output rows of the whole 112x112x96 input took a
+    390 KB scratch, and 7 rows of 14x14 do not split over 2 cores; both padded the whole input in a
+    separate pass (2.4-2.6x slower). Tiles of one vector of channels pad their own slice."""
+    from aotc.schedule.default import MAX_TILE_SCRATCH_BYTES
+    from aotc.schedule.state import ComputeAtKind
+    from aotc.topi.nhwc import depthwise_conv2d_nhwc
+
+    data = placeholder((1, hw, hw, channels), "float32", "data")
+    weight = placeholder((1, 3, 3, channels), "float32", "weight", tag=LAYOUT_FREE)
+    dag = ComputeDAG([depthwise_conv2d_nhwc(data, weight, ((2, 2), (0, 0, 1, 1), (1, 1)))])
+    s = infer_bound(default_schedule(dag, parse_target("llvm -mcpu=znver3 -num-cores=2")))
+    pad = next(st for st in s.stages if st.name.endswith("_pad"))
+    assert pad.compute_at == ComputeAtKind.ITER
+    assert 4 * math.prod(it.extent for it in pad.iters) <= MAX_TILE_SCRATCH_BYTES
+
+
 def test_row_reductions_run_in_parallel():
     """Softmax's row max and row sum (512 rows of 128) are worth a parallel loop though each has fewer
     than MIN_PARALLEL_POINTS outputs: their threads' work includes the reduction."""
