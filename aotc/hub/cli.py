@@ -12,7 +12,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from aotc.cli import HelpFormatter, add_json_argument, add_trust_arguments, print_json
+from aotc.cli import RECIPE_SUFFIXES, HelpFormatter, add_json_argument, add_trust_arguments, print_json
 from aotc.hub.bundle import BundleError, export_bundle, is_bundle, read_bundle
 from aotc.hub.lookup import RecordSources, explain_package, open_sources, sources_from_paths
 from aotc.hub.store import (
@@ -379,7 +379,7 @@ def _annotate(args) -> int:
 
     source: Path = args.model
     suffix = source.suffix.lower()
-    if suffix not in (".yaml", ".yml", *MODEL_SUFFIXES):
+    if suffix not in (*RECIPE_SUFFIXES, *MODEL_SUFFIXES):
         print(
             f"aotc hub annotate: {source}: expected a recipe (.yaml) or a model (.onnx, .tflite)",
             file=sys.stderr,
@@ -388,7 +388,7 @@ def _annotate(args) -> int:
     if not source.is_file():
         raise HubError(f"{source}: no such file")
     try:  # a recipe, frontend or graph error names the file, key, operator or value
-        recipe = load_recipe(source) if suffix in (".yaml", ".yml") else Recipe(model=source)
+        recipe = load_recipe(source) if suffix in RECIPE_SUFFIXES else Recipe(model=source)
         if args.target:
             recipe = replace(recipe, target=str(parse_target(args.target)))
         tasks = variant_tasks(load_variants(recipe))
