@@ -328,6 +328,109 @@ def test_pow_min_max_int_abs(tmp_path):
     np.testing.assert_array_equal(iout, np.abs(i))
 
 
+# ----------------------------------------------------------------------------- rounded clamps
+
+# int(clamp(round(x * s) + zp, lo, hi)): every float requantization's copy-out (exprgen.RoundedClamp).
+# Inputs: ties both ways, values next to every bound, beyond int16 and int32, and infinities.
+CLAMP_X = np.array(
+    [0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 126.5, 127.5, -127.5, -128.5, -129.5, 254.5, 255.5, 0.49999997]
+    + [1e4, -1e4, 40000.0, -40000.0, 3e9, -3e9, 1e30, -1e30, np.inf, -np.inf, 0.0, -0.0],
+    np.float32,
+)
+CLAMPS = [  # (dtype, zero point, lo, hi)
+    ("int8", -128, -128, 127),
+    ("int8", 0, -128, 127),
+    ("int8", 5, -100, 37),  # a ReLU6-like range with a positive zero point
+    ("uint8", 128, 0, 255),
+    ("uint8", 3, 3, 200),
+    ("int16", -7, -32768, 32767),
+]
+
+
+def is_x86_host() -> bool:
+    return HOST.isa == "x86_64"
+
+
+def _clamp_input(n: int) -> np.ndarray:
+    x = np.concatenate([CLAMP_X, RNG.uniform(-400, 400, n - len(CLAMP_X)).astype(np.float32)])
+    return RNG.permutation(x)
+
+
+@pytest.mark.parametrize(
+    "mcpu, lanes",
+    [("", 0), ("", 3), ("", 4), ("", 8), ("", 16), ("", 32), ("", 24), ("x86-64", 4), ("x86-64", 16)],
+)
+def test_rounded_clamp_matches_numpy_on_ties_bounds_and_overflow(tmp_path, mcpu, lanes):
+    """Bit-exact with numpy on every path: x86's cvtps2dq with saturating packs (AVX's on 8, 16 and 32
+    lanes, SSE2's on a plain x86-64), the portable lrint between float bounds (scalar, 3, 4 and 24
+    lanes with AVX), for int8, uint8 and int16 outputs; NaN is left out (its conversion is undefined
+    either way)."""
+    if mcpu and not is_x86_host():
+        pytest.skip("an x86 CPU runs on x86 hosts only")
+    n = 96
+    funcs, cases = [], []
+    for k, (dtype, zp, lo, hi) in enumerate(CLAMPS):
+        name = f"q{k}"
+        fn = lambda a, d=dtype, z=zp, lo=lo, hi=hi: cast(  # noqa: E731
+            d, minimum(maximum(Call("round", (a * 1.0,)) + float(z), float(lo)), float(hi))
+        )
+        funcs.append(pointwise(name, n, lanes, ["float32"], dtype, fn))
+        x = _clamp_input(n)
+        ref = np.clip(np.round(x.astype(np.float64)) + zp, lo, hi).astype(dtype)
+        cases.append((name, x, ref))
+    path = str(tmp_path / "q.so")
+    build_module(funcs, parse_target(f"llvm -mcpu={mcpu}") if mcpu else HOST, path)
+    lib = load_library(path)
+    for name, x, ref in cases:
+        out = np.zeros(n, ref.dtype)
+        lib.kernel(name)(x, out)
+        np.testing.assert_array_equal(out, ref, err_msg=f"{name} ({ref.dtype}), lanes {lanes} {mcpu}")
+
+
+def test_rounded_clamp_takes_one_conversion_per_target():
+    """znver3: cvtps2dq on ymm chunks and saturating int16 steps, no roundeven; aarch64 (no such
+    conversion) rounds with lrint between float bounds."""
+    f = elementwise(
+        "q",
+        64,
+        16,
+        ["float32"],
+        "int8",
+        lambda a: cast("int8", minimum(maximum(Call("round", (a,)) + -128.0, -128.0), 127.0)),
+    )
+    x86 = build_llvm_ir([f], parse_target("llvm -mcpu=znver3"))
+    assert "@llvm.x86.avx.cvt.ps2dq.256" in x86 and "@llvm.sadd.sat.v16i16" in x86
+    assert "roundeven" not in x86 and "llvm.maximum" not in x86
+    arm = build_llvm_ir([f], parse_target("llvm -mtriple=aarch64-linux-gnu -mcpu=cortex-a76"))
+    assert "@llvm.lrint.v16i32.v16f32" in arm and "x86" not in arm and "roundeven" not in arm
+
+
+def test_rounded_clamp_pattern():
+    from aotc.codegen.exprgen import RoundedClamp, rounded_clamp
+
+    x = Var("x", "float32")
+    r = Call("round", (x,))
+    assert rounded_clamp(cast("int8", minimum(maximum(r + 3.0, -50.0), 60.0))) == RoundedClamp(
+        x, 3, -50, 60, "int8"
+    )
+    # bounds in either order and side, a subtracted zero point, bounds clipped to the type
+    assert rounded_clamp(cast("uint8", maximum(0.0, minimum(300.0, r - 7.0)))) == RoundedClamp(
+        x, -7, 0, 255, "uint8"
+    )
+    assert rounded_clamp(cast("int8", r)) == RoundedClamp(x, 0, -128, 127, "int8")
+    # a min then a max with crossing constants is the constant
+    assert rounded_clamp(cast("int8", maximum(minimum(r, 5.0), 9.0))) == RoundedClamp(x, 0, 9, 9, "int8")
+    for other in (
+        cast("int8", minimum(maximum(x + 3.0, -50.0), 60.0)),  # no round
+        cast("int8", minimum(maximum(r + 0.5, -50.0), 60.0)),  # a fractional zero point
+        cast("int8", minimum(maximum(r, -50.5), 60.0)),  # a fractional bound
+        cast("int8", minimum(r, x)),  # a bound that is not a constant
+        cast("int32", r),  # no saturating type
+        cast("float32", r),
+    ):
+        assert rounded_clamp(other) is None
+
+
 # ----------------------------------------------------------------------------- select / logic
 
 

@@ -7,6 +7,7 @@ variable, kept symbolic so that loads and stores can pick contiguous, broadcast 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from aotc.codegen.irbuilder import (
@@ -435,7 +436,81 @@ class ExprGen:
         return self.emit(f"phi {tv.ty} [ {tv.ref}, %{tl} ], [ {fv.ref}, %{fl} ]", tv.dtype, tv.lanes)
 
     def _cast(self, e: Cast) -> Val:
+        clamp = rounded_clamp(e)
+        if clamp is not None:
+            return self._rounded_clamp(clamp)
         return self.cast_val(self.value(e.value), e.dtype)
+
+    def _rounded_clamp(self, c: RoundedClamp) -> Val:
+        """`int(clamp(round(x) + zp, lo, hi))`, every float requantization's copy-out, in fewer
+        instructions: x is clamped in float at hi - zp only, the float -> int32 conversion rounds it, and
+        the zero point and the lower bound are applied with saturating integer steps
+        (docs/int8.md#float-or-fixed-point-requantization).
+
+        The conversion rounds in the current rounding mode: to nearest even, as `round` does, unless the
+        process changed it (XNNPACK's requantization relies on the same).
+        """
+        x = self.value(c.x)
+        lanes, to = x.lanes, c.dtype
+        x = self._fmin(x, self.const_like(float(c.hi - c.zero_point), x))
+        step = self.mod.convert_lanes
+        chunks = lanes // step if step and lanes % step == 0 else 0
+        packs = to in ("int8", "uint8") and x.dtype == "float32"
+        if packs and chunks and chunks & (chunks - 1) == 0:
+            # x86 cvtps2dq gives INT_MIN where x is below the int32 range: int16 saturation, the zero
+            # point's saturating add and the final clamp (vpackssdw, vpaddsw, vpacksswb) still give lo
+            r = self._convert_chunks(x, step)
+            r = self._clamp_int(r, -(1 << 15), (1 << 15) - 1)
+            half = self.cast_val(r, "int16")
+            zp = self.const(c.zero_point, "int16", lanes)
+            y = self.intrinsic("sadd.sat", [half, zp])
+            # saturated to the type (a pack), then raised to lo; the float min already held it at hi
+            out = self.cast_val(self._clamp_int(y, *INT_RANGES[to]), to)
+            if c.lo == INT_RANGES[to][0]:
+                return out
+            raise_to = "umax" if to == "uint8" else "smax"
+            return self.intrinsic(raise_to, [out, self.const(c.lo, to, lanes)])
+        # elsewhere the conversion of a value outside int32 is undefined: clamp below too
+        x = self._fmax(x, self.const_like(float(c.lo - c.zero_point), x))
+        ity = vtype("i32", lanes)
+        name = f"llvm.lrint.{_suffix('int32', lanes)}.{_suffix(x.dtype, lanes)}"
+        self.mod.intrinsic(name, ity, [x.ty])
+        r = self.emit(f"call {ity} @{name}({x.typed})", "int32", lanes)
+        r = self.inst("add nsw", r, self.const(c.zero_point, "int32", lanes))
+        return self.cast_val(self._clamp_int(r, c.lo, c.hi), to)
+
+    def _convert_chunks(self, x: Val, step: int) -> Val:
+        """x86 cvtps2dq on each `step` lanes of `x`, concatenated."""
+        name = "llvm.x86.avx.cvt.ps2dq.256" if step == 8 else "llvm.x86.sse2.cvtps2dq"
+        cty, ity = vtype("float", step), vtype("i32", step)
+        self.mod.intrinsic(name, ity, [cty])
+        parts = []
+        for k in range(0, x.lanes, step):
+            picks = ", ".join(f"i32 {k + i}" for i in range(step))
+            chunk = self.fb.op(f"shufflevector {x.typed}, {x.ty} poison, <{step} x i32> <{picks}>")
+            parts.append(self.fb.op(f"call {ity} @{name}({cty} {chunk})"))
+        width = step
+        while len(parts) > 1:  # concatenate pairwise
+            picks = ", ".join(f"i32 {i}" for i in range(2 * width))
+            wide = vtype("i32", width)
+            parts = [
+                self.fb.op(f"shufflevector {wide} {a}, {wide} {b}, <{2 * width} x i32> <{picks}>")
+                for a, b in zip(parts[::2], parts[1::2])
+            ]
+            width *= 2
+        return Val(parts[0], "int32", x.lanes)
+
+    def _clamp_int(self, v: Val, lo: int, hi: int) -> Val:
+        """smin(smax(v, lo), hi): LLVM turns it and a following truncation into saturating packs."""
+        v = self.intrinsic("smax", [v, self.const(lo, v.dtype, v.lanes)])
+        return self.intrinsic("smin", [v, self.const(hi, v.dtype, v.lanes)])
+
+    def _fmin(self, a: Val, b: Val) -> Val:
+        """a < b ? a : b, the target's own min (x86 minps: b where either is NaN)."""
+        return self.select_val(self.fcmp("olt", a, b), a, b)
+
+    def _fmax(self, a: Val, b: Val) -> Val:
+        return self.select_val(self.fcmp("ogt", a, b), a, b)
 
     def cast_val(self, v: Val, to: str) -> Val:
         src = v.dtype
@@ -754,3 +829,52 @@ _EXPR = {
     Call: ExprGen._call,
     Load: ExprGen._load,
 }
+
+
+INT_RANGES = {"int8": (-128, 127), "uint8": (0, 255), "int16": (-32768, 32767), "uint16": (0, 65535)}
+
+
+@dataclass(frozen=True)
+class RoundedClamp:
+    """`dtype(clamp(round(x) + zero_point, lo, hi))`, with lo and hi within dtype's range."""
+
+    x: Expr
+    zero_point: int
+    lo: int
+    hi: int
+    dtype: str
+
+
+def rounded_clamp(e: Cast) -> RoundedClamp | None:
+    """`e` as a RoundedClamp: a cast to an integer type of min/max with constants (in any nesting) of
+    `round(x)` plus or minus an integer constant, all integers small enough that float arithmetic on
+    them is exact. Bounds beyond the integer type's range are moved into it: the cast of a value
+    outside it is undefined."""
+    if e.dtype not in INT_RANGES or e.value.dtype not in ("float32", "float64"):
+        return None
+    node, steps = e.value, []
+    while isinstance(node, Binary) and node.op in ("min", "max"):
+        if isinstance(node.b, Const):
+            steps.append((node.op, node.b.value))
+            node = node.a
+        elif isinstance(node.a, Const):
+            steps.append((node.op, node.a.value))
+            node = node.b
+        else:
+            return None
+    lo, hi = -math.inf, math.inf
+    for op, bound in reversed(steps):  # innermost first: f = clamp(., lo, hi), then op(f, bound)
+        lo, hi = (min(lo, bound), min(hi, bound)) if op == "min" else (max(lo, bound), max(hi, bound))
+    zero_point = 0.0
+    if isinstance(node, Binary) and node.op in ("add", "sub") and isinstance(node.b, Const):
+        zero_point = node.b.value if node.op == "add" else -node.b.value
+        node = node.a
+    if not (isinstance(node, Call) and node.name == "round"):
+        return None
+    dlo, dhi = INT_RANGES[e.dtype]
+    lo, hi = max(lo, dlo), min(hi, dhi)
+    if not (lo <= hi and all(float(v).is_integer() for v in (lo, hi, zero_point))):
+        return None
+    if abs(zero_point) > 1 << 15:  # the x86 path adds it in int16
+        return None
+    return RoundedClamp(node.args[0], int(zero_point), int(lo), int(hi), e.dtype)

@@ -228,9 +228,12 @@ class FunctionBuilder:
 class ModuleBuilder:
     """Collects declarations, globals, functions and metadata of one module."""
 
-    def __init__(self, size_type: str = "i64", dot_forms: tuple = ()) -> None:
+    def __init__(self, size_type: str = "i64", dot_forms: tuple = (), convert_lanes: int = 0) -> None:
         self.size_type = size_type  # C's size_t on the target
         self.dot_forms = dot_forms  # the target's dot-product instructions (ir/dot.py's DotForm)
+        # lanes of the target's float -> int32 conversion in the current rounding mode that gives a fixed
+        # value where the result does not fit (x86 cvtps2dq: INT_MIN): 8 with AVX, 4 with SSE2, else 0
+        self.convert_lanes = convert_lanes
         self.decls: dict[str, str] = {}
         self.globals: list[str] = []
         self.functions: list[str] = []

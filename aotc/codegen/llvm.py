@@ -32,7 +32,7 @@ from aotc.codegen.vecmath import LIBMVEC_PATH, VecLib, veclib_for
 from aotc.ir.dot import dot_forms
 from aotc.ir.expr import Buffer
 from aotc.ir.stmt import PrimFunc
-from aotc.target import Target, TargetError, check_llvm_names
+from aotc.target import Target, TargetError, check_llvm_names, cpu_features
 
 __all__ = [
     "CodegenError",
@@ -67,7 +67,11 @@ def build_llvm_modules(funcs: list[PrimFunc], target: Target) -> tuple[str, list
 
 def _kernel_module(funcs: list[PrimFunc], target: Target, thread_pool: bool) -> ModuleBuilder:
     _check_cpu(target)
-    mod = ModuleBuilder(size_type="i32" if target.isa == "arm" else "i64", dot_forms=dot_forms(target))
+    mod = ModuleBuilder(
+        size_type="i32" if target.isa == "arm" else "i64",
+        dot_forms=dot_forms(target),
+        convert_lanes=_convert_lanes(target),
+    )
     veclib = veclib_for(target)
     for func in funcs:
         _check_name(func.name, mod)
@@ -82,6 +86,13 @@ def _kernel_module(funcs: list[PrimFunc], target: Target, thread_pool: bool) -> 
         if func.name in mod.decls or func.name in POOL_EXTERNALS:
             raise CodegenError(f"kernel name {func.name!r} clashes with the external function it calls")
     return mod
+
+
+def _convert_lanes(target: Target) -> int:
+    """`ModuleBuilder.convert_lanes` of `target`: its widest cvtps2dq (x86-64 has SSE2's at least)."""
+    if target.isa != "x86_64":
+        return 0
+    return 8 if "avx" in cpu_features(target) else 4
 
 
 def thread_pool_ir(target: Target) -> str:
