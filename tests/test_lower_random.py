@@ -5,6 +5,7 @@ import pytest
 
 from aotc import te
 from aotc.codegen.module import build_module, load_library
+from aotc.ir.expr import cast
 from aotc.ir.printer import func_str
 from aotc.schedule.layout import apply_layouts, rewrite_layout
 from aotc.schedule.lower import lower
@@ -32,6 +33,18 @@ def _dense_bias_relu():
     w = te.placeholder((18, 24), name="w", tag=LAYOUT_FREE)
     b = te.placeholder((18,), name="b")
     return te.ComputeDAG([nn.relu(nn.bias_add(nn.dense(x, w), b))])
+
+
+def _int_dense_bias():
+    """An int8 dense layer whose bias the lowering moves into the sum's first value."""
+    x = te.placeholder((7, 24), "int8", name="x")
+    w = te.placeholder((18, 24), "int8", name="w", tag=LAYOUT_FREE)
+    b = te.placeholder((18,), "int32", name="b")
+    k = te.reduce_axis(24, "k")
+    acc = te.compute(
+        (7, 18), lambda i, j: te.sum(cast("int32", x[i, k.var]) * cast("int32", w[j, k.var]), k), "acc"
+    )
+    return te.ComputeDAG([te.compute((7, 18), lambda i, j: (acc[i, j] + b[j]) * 3, "out")])
 
 
 def _conv2d():
@@ -80,6 +93,7 @@ def _reduce_max():
 WORKLOADS = {
     "matmul": _matmul,
     "dense_bias_relu": _dense_bias_relu,
+    "int_dense_bias": _int_dense_bias,
     "conv2d_groups": _conv2d,
     "conv2d": _conv2d_plain,
     "depthwise": _depthwise,
@@ -105,7 +119,13 @@ def run_state(state, dag, tmp_path, inputs):
 
 def random_inputs(dag, seed):
     rng = np.random.default_rng(seed)
-    return {p.name: rng.uniform(-1, 1, p.shape).astype(p.dtype) for p in dag.placeholders}
+
+    def draw(p):
+        if p.dtype.startswith("int"):
+            return rng.integers(-128, 128, p.shape).astype(p.dtype)
+        return rng.uniform(-1, 1, p.shape).astype(p.dtype)
+
+    return {p.name: draw(p) for p in dag.placeholders}
 
 
 def check_random_schedule(workload, state_seed, input_seed, tmp_path):
@@ -234,3 +254,14 @@ def test_default_schedule_pads_per_parallel_tile(depthwise, tmp_path):
     (got,), func = run_state(state, dag, tmp_path, inputs)
     assert " local" in func_str(func).split("_pad:")[1].splitlines()[0]
     np.testing.assert_allclose(got, evaluate(dag, inputs)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_an_integer_sum_starts_from_its_bias_and_a_float_one_does_not():
+    """`acc[i, j] + b[j]` read once: the int32 sum starts from b[j] and the reader loses the add; the
+    float dense layer's bias add stays where the graph put it (a different rounding order)."""
+    for make, folded in ((_int_dense_bias, True), (_dense_bias_relu, False)):
+        dag = make()
+        text = func_str(lower(State.initial(dag), "k"))
+        init = next(line for line in text.splitlines() if line.strip().startswith(("acc[", "dense[")))
+        assert ("b[" in init) is folded, text
+        assert ("+ b[" in text) is not folded, text

@@ -31,6 +31,7 @@ from aotc.ir.expr import (
     const,
     eq,
     free_vars,
+    is_float,
     logical_and,
     rebuild,
     reduce_identity,
@@ -128,6 +129,9 @@ class _Lowering:
         for i, st in enumerate(self.stages):
             if isinstance(st.op, ComputeOp):
                 self.bodies[i] = self._expand_inlined(st.op.body)
+        self.starts: dict[int, Expr] = {}  # integer sums that start from a bias instead of 0
+        for i in self.bodies:
+            self._start_sum_from_bias(i)
         # each body's reads, found once: stages computed at a loop look for their consumers' reads, and
         # GPU shared stages for what their readers read
         self.reads = {
@@ -155,6 +159,40 @@ class _Lowering:
             return substitute(self.bodies[sid], {a.var: i for a, i in zip(op.axes, node.indices)})
 
         return transform(body, inline)  # a shared sub-expression stays shared
+
+    def _start_sum_from_bias(self, sid: int) -> None:
+        """An integer sum whose one reader adds a per-element constant to it, `acc[..., c, ...] + bias[c]`,
+        starts from `bias[c]` instead (docs/loop-ir.md#lowering): XNNPACK's bias in the accumulators'
+        first value, one load and add less per output in every int8 layer's copy-out. Integer sums wrap,
+        so the order does not change the result; float sums keep the add where the graph put it."""
+        st = self.stages[sid]
+        body = self.bodies[sid]
+        if not (isinstance(body, Reduce) and body.combiner == "sum" and body.condition is None):
+            return
+        if is_float(body.dtype) or self._thread_reduce_position(st) is not None:
+            return
+        op = st.op
+        readers = [
+            j
+            for j, b in self.bodies.items()
+            if j != sid
+            and self.stages[j].compute_at != ComputeAtKind.INLINED
+            and any(isinstance(n, TensorRead) and n.tensor is op for n in walk_distinct(b))
+        ]
+        if len(readers) != 1 or op in self.state.outputs:
+            return
+        reader = readers[0]
+        nodes = list(walk_distinct(self.bodies[reader]))
+        reads = [n for n in nodes if isinstance(n, TensorRead) and n.tensor is op]
+        sums = [n for n in nodes if _bias_of(n, op) is not None]
+        if len(reads) != 1 or len(sums) != 1:
+            return
+        parents = [n for n in nodes if any(k is reads[0] for k in children(n))]
+        if parents != sums or _bias_of(sums[0], op)[0] is not reads[0]:
+            return  # the sum is read once, only by that add
+        read, bias, axis = _bias_of(sums[0], op)
+        self.starts[sid] = TensorRead(bias, (op.axes[axis].var,))
+        self.bodies[reader] = transform(self.bodies[reader], lambda n: read if n is sums[0] else None)
 
     def _consumers(self, sid: int) -> list[int]:
         op = self.stages[sid].op
@@ -418,7 +456,9 @@ class _Lowering:
             update: Stmt = BufferStore(info.buffer, simplify(_combine(body.combiner, cur, src)), store_idx)
             if body.condition is not None:
                 update = IfThenElse(self._value(body.condition, vmap), update)
-            init = BufferStore(info.buffer, reduce_identity(body.combiner, op.dtype), store_idx)
+            start = self.starts.get(sid)
+            first = reduce_identity(body.combiner, op.dtype) if start is None else self._value(start, vmap)
+            init = BufferStore(info.buffer, first, store_idx)
             if any(it.kind == IterKind.MIXED for it in iters):
                 # No loop separates the spatial and reduce parts: initialize on the first visit of each
                 # element, which is the iteration where every reduce index is 0.
@@ -693,6 +733,23 @@ def _loop_order_strides(shape: tuple[int, ...], positions: list[int]) -> tuple[i
         strides[d] = acc
         acc *= shape[d]
     return tuple(strides)
+
+
+def _bias_of(e: Expr, op: ComputeOp) -> tuple[TensorRead, PlaceholderOp, int] | None:
+    """`e` as `op[i] + bias[i[axis]]` (either order): (the read of op, bias, axis), where bias is a 1-D
+    placeholder of op's dtype as long as that axis."""
+    if not (isinstance(e, Binary) and e.op == "add"):
+        return None
+    for read, other in ((e.a, e.b), (e.b, e.a)):
+        if not (isinstance(read, TensorRead) and read.tensor is op and isinstance(other, TensorRead)):
+            continue
+        bias = other.tensor
+        if not isinstance(bias, PlaceholderOp) or bias.dtype != op.dtype or len(other.indices) != 1:
+            continue
+        for axis, index in enumerate(read.indices):
+            if index == other.indices[0] and tuple(bias.shape) == (op.shape[axis],):
+                return read, bias, axis
+    return None
 
 
 def _combine(combiner: str, cur: Expr, value: Expr) -> Expr:
