@@ -423,6 +423,7 @@ def test_rounded_clamp_pattern():
     for other in (
         cast("int8", minimum(maximum(x + 3.0, -50.0), 60.0)),  # no round
         cast("int8", minimum(maximum(r + 0.5, -50.0), 60.0)),  # a fractional zero point
+        cast("int16", r + float(1 << 24)),  # a zero point float arithmetic would round
         cast("int8", minimum(maximum(r, -50.5), 60.0)),  # a fractional bound
         cast("int8", minimum(r, x)),  # a bound that is not a constant
         cast("int32", r),  # no saturating type

@@ -455,7 +455,7 @@ class ExprGen:
         x = self._fmin(x, self.const_like(float(c.hi - c.zero_point), x))
         step = self.mod.convert_lanes
         chunks = lanes // step if step and lanes % step == 0 else 0
-        packs = to in ("int8", "uint8") and x.dtype == "float32"
+        packs = to in ("int8", "uint8") and x.dtype == "float32" and -(1 << 15) <= c.zero_point < 1 << 15
         if packs and chunks and chunks & (chunks - 1) == 0:
             # x86 cvtps2dq gives INT_MIN where x is below the int32 range: int16 saturation, the zero
             # point's saturating add and the final clamp (vpackssdw, vpaddsw, vpacksswb) still give lo
@@ -847,8 +847,7 @@ class RoundedClamp:
 
 def rounded_clamp(e: Cast) -> RoundedClamp | None:
     """`e` as a RoundedClamp: a cast to an integer type of min/max with constants (in any nesting) of
-    `round(x)` plus or minus an integer constant, all integers small enough that float arithmetic on
-    them is exact. Bounds beyond the integer type's range are moved into it: the cast of a value
+    `round(x)` plus or minus an integer constant below 2^24 (float arithmetic on it is exact). Bounds beyond the integer type's range are moved into it: the cast of a value
     outside it is undefined."""
     if e.dtype not in INT_RANGES or e.value.dtype not in ("float32", "float64"):
         return None
@@ -875,6 +874,6 @@ def rounded_clamp(e: Cast) -> RoundedClamp | None:
     lo, hi = max(lo, dlo), min(hi, dhi)
     if not (lo <= hi and all(float(v).is_integer() for v in (lo, hi, zero_point))):
         return None
-    if abs(zero_point) > 1 << 15:  # the x86 path adds it in int16
+    if abs(zero_point) >= 1 << 24:  # beyond that float32 arithmetic on it would round
         return None
     return RoundedClamp(node.args[0], int(zero_point), int(lo), int(hi), e.dtype)
