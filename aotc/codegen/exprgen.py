@@ -38,6 +38,8 @@ from aotc.ir.expr import (
     Reinterpret,
     Select,
     Var,
+    dtype_max,
+    dtype_min,
     is_float,
     walk,
 )
@@ -465,8 +467,8 @@ class ExprGen:
             zp = self.const(c.zero_point, "int16", lanes)
             y = self.intrinsic("sadd.sat", [half, zp])
             # saturated to the type (a pack), then raised to lo; the float min already held it at hi
-            out = self.cast_val(self._clamp_int(y, *INT_RANGES[to]), to)
-            if c.lo == INT_RANGES[to][0]:
+            out = self.cast_val(self._clamp_int(y, dtype_min(to), dtype_max(to)), to)
+            if c.lo == dtype_min(to):
                 return out
             raise_to = "umax" if to == "uint8" else "smax"
             return self.intrinsic(raise_to, [out, self.const(c.lo, to, lanes)])
@@ -831,7 +833,7 @@ _EXPR = {
 }
 
 
-INT_RANGES = {"int8": (-128, 127), "uint8": (0, 255), "int16": (-32768, 32767), "uint16": (0, 65535)}
+SATURATING_DTYPES = ("int8", "uint8", "int16", "uint16")  # a RoundedClamp's results
 
 
 @dataclass(frozen=True)
@@ -849,7 +851,7 @@ def rounded_clamp(e: Cast) -> RoundedClamp | None:
     """`e` as a RoundedClamp: a cast to an integer type of min/max with constants (in any nesting) of
     `round(x)` plus or minus an integer constant below 2^24 (float arithmetic on it is exact). Bounds beyond the integer type's range are moved into it: the cast of a value
     outside it is undefined."""
-    if e.dtype not in INT_RANGES or e.value.dtype not in ("float32", "float64"):
+    if e.dtype not in SATURATING_DTYPES or e.value.dtype not in ("float32", "float64"):
         return None
     node, steps = e.value, []
     while isinstance(node, Binary) and node.op in ("min", "max"):
@@ -870,8 +872,7 @@ def rounded_clamp(e: Cast) -> RoundedClamp | None:
         node = node.a
     if not (isinstance(node, Call) and node.name == "round"):
         return None
-    dlo, dhi = INT_RANGES[e.dtype]
-    lo, hi = max(lo, dlo), min(hi, dhi)
+    lo, hi = max(lo, dtype_min(e.dtype)), min(hi, dtype_max(e.dtype))
     if not (lo <= hi and all(float(v).is_integer() for v in (lo, hi, zero_point))):
         return None
     if abs(zero_point) >= 1 << 24:  # beyond that float32 arithmetic on it would round

@@ -184,15 +184,15 @@ class _Lowering:
         reader = readers[0]
         nodes = list(walk_distinct(self.bodies[reader]))
         reads = [n for n in nodes if isinstance(n, TensorRead) and n.tensor is op]
-        sums = [n for n in nodes if _bias_of(n, op) is not None]
+        sums = [(n, found) for n in nodes if (found := _bias_of(n, op)) is not None]
         if len(reads) != 1 or len(sums) != 1:
             return
-        parents = [n for n in nodes if any(k is reads[0] for k in children(n))]
-        if parents != sums or _bias_of(sums[0], op)[0] is not reads[0]:
+        add, (read, bias, axis) = sums[0]
+        parents = [n for n in nodes if any(k is read for k in children(n))]
+        if read is not reads[0] or parents != [add]:
             return  # the sum is read once, only by that add
-        read, bias, axis = _bias_of(sums[0], op)
         self.starts[sid] = TensorRead(bias, (op.axes[axis].var,))
-        self.bodies[reader] = transform(self.bodies[reader], lambda n: read if n is sums[0] else None)
+        self.bodies[reader] = transform(self.bodies[reader], lambda n: read if n is add else None)
 
     def _consumers(self, sid: int) -> list[int]:
         op = self.stages[sid].op
