@@ -10,7 +10,9 @@ wrong kernel (a shifted tap, a missed channel) is wrong by about 1e-2 of it or m
 an infinity the same infinity.
 
 int8/uint8 (quantized) outputs are compared in units of the last place: within 1 LSB on at least 99.9% of
-the values and never more than 2 LSB.
+the values and never more than 2 LSB. So is an ONNX model's float output that a DequantizeLinear writes (a
+QDQ model's usual last node), in units of that node's scale: its values lie on that grid, and one rounding
+of a requantization that falls the other way moves them a whole step, far beyond the float tolerance.
 """
 
 from __future__ import annotations
@@ -242,10 +244,48 @@ def litert_outputs(model: Path, inputs: Mapping[str, np.ndarray], xnnpack: bool)
     return run_by_sample(run, inputs, declared)
 
 
-def lsb_histogram(got: np.ndarray, ref: np.ndarray) -> dict[int, int]:
-    """How many values differ by 0, 1, 2... units in the last place."""
-    diff = np.abs(got.astype(np.int64) - ref.astype(np.int64)).reshape(-1)
-    return {k: int(n) for k, n in enumerate(np.bincount(diff)) if n}
+def lsb_histogram(got: np.ndarray, ref: np.ndarray, step: float | None = None) -> dict[int, int]:
+    """How many values differ by 0, 1, 2... units in the last place (`step`: of float values on that grid)."""
+    if step is None:
+        diff = np.abs(got.astype(np.int64) - ref.astype(np.int64)).reshape(-1)
+    else:
+        diff = np.rint(np.abs(got.astype(np.float64) - ref.astype(np.float64)) / step).astype(np.int64)
+    return {k: int(n) for k, n in enumerate(np.bincount(diff.reshape(-1))) if n}
+
+
+def lsb_row(name: str, hist: dict[int, int], size: int) -> dict:
+    """The LSB rule's verdict on an output's histogram."""
+    within_one = hist.get(0, 0) + hist.get(1, 0)
+    max_lsb = max(hist, default=0)
+    ok = max_lsb <= LSB_MAX and within_one >= LSB_SHARE * size
+    return {"output": name, "ok": ok, "max_lsb": max_lsb, "lsb_histogram": hist}
+
+
+def dequantized_outputs(model: str | Path) -> dict[str, float]:
+    """The outputs of an ONNX model that a DequantizeLinear writes, with the step of their grid: the
+    node's scale (the largest, where it has one per channel). Other models: none."""
+    if Path(model).suffix.lower() != ".onnx":
+        return {}
+    import onnx
+    from onnx import numpy_helper
+
+    graph = onnx.load(str(model), load_external_data=False).graph
+    consts = {t.name: t for t in graph.initializer if t.data_location != onnx.TensorProto.EXTERNAL}
+    for node in graph.node:
+        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
+            consts[node.output[0]] = node.attribute[0].t
+    steps = {}
+    writers = {out: node for node in graph.node for out in node.output}
+    for out in graph.output:
+        node = writers.get(out.name)
+        if node is None or node.op_type != "DequantizeLinear" or node.domain not in ("", "ai.onnx"):
+            continue
+        if len(node.input) < 2 or node.input[1] not in consts:
+            continue
+        scale = numpy_helper.to_array(consts[node.input[1]]).astype(np.float64)
+        if scale.size and np.all(np.isfinite(scale)) and scale.max() > 0:
+            steps[out.name] = float(scale.max())
+    return steps
 
 
 def compare(
@@ -254,8 +294,11 @@ def compare(
     rtol: float,
     atol: float,
     scale_rtol: float = SCALE_RTOL,
+    steps: Mapping[str, float] | None = None,
 ) -> list[dict]:
-    """One row per output: quantized ones in LSB, float ones by the rule in the module docstring."""
+    """One row per output: quantized ones in LSB, float ones by the rule in the module docstring; `steps`
+    names the float outputs compared in LSB of that step (`dequantized_outputs`)."""
+    steps = steps or {}
     report = []
     for name, ref in expected.items():
         got = np.asarray(actual[name])
@@ -266,11 +309,12 @@ def compare(
             )
             continue
         if ref.dtype.name in QUANTIZED_DTYPES and got.dtype == ref.dtype:
-            hist = lsb_histogram(got, ref)
-            within_one = hist.get(0, 0) + hist.get(1, 0)
-            max_lsb = max(hist, default=0)
-            ok = max_lsb <= LSB_MAX and within_one >= LSB_SHARE * ref.size
-            report.append({"output": name, "ok": ok, "max_lsb": max_lsb, "lsb_histogram": hist})
+            report.append(lsb_row(name, lsb_histogram(got, ref), ref.size))
+            continue
+        step = steps.get(name)
+        if step is not None and np.isfinite(got).all() and np.isfinite(ref).all():
+            row = lsb_row(name, lsb_histogram(got, ref, step), ref.size)
+            report.append({**row, "step": step})
             continue
         report.append({"output": name, **compare_float(got, ref, rtol, atol, scale_rtol)})
     return report
@@ -331,14 +375,16 @@ def validate_package(
     if compiled is None:
         compiled = aotc_runtime.load(str(package))
     actual = compiled.run(inputs)
-    report = compare(actual, reference_outputs(Path(model), inputs, requantize), rtol, atol, scale_rtol)
+    expected = reference_outputs(Path(model), inputs, requantize)
+    report = compare(actual, expected, rtol, atol, scale_rtol, dequantized_outputs(model))
     bad = [r for r in report if not r["ok"]]
     if bad:
         lines = [format_report_row(r) for r in bad]
         raise ValidationError(
             f"{package} differs from {model} on random inputs (seed {seed}). Float outputs: "
-            f"|got - ref| <= {atol:g} + {rtol:g}*|ref| + {scale_rtol:g}*rms(ref) per element; quantized: "
-            f"within 1 LSB on {LSB_SHARE:.1%}, never over {LSB_MAX} LSB:\n" + "\n".join(lines),
+            f"|got - ref| <= {atol:g} + {rtol:g}*|ref| + {scale_rtol:g}*rms(ref) per element; quantized "
+            f"(and dequantized, in units of their scale): within 1 LSB on {LSB_SHARE:.1%}, never over "
+            f"{LSB_MAX} LSB:\n" + "\n".join(lines),
             report,
         )
     return report
@@ -354,7 +400,8 @@ def format_report_row(r: dict) -> str:
     status = "ok" if r["ok"] else "MISMATCH"
     if "max_lsb" in r:
         hist = ", ".join(f"{k} LSB: {n}" for k, n in sorted(r["lsb_histogram"].items()))
-        return f"  {r['output']}: max |diff| {r['max_lsb']} LSB ({hist})  {status}"
+        unit = f" of its DequantizeLinear scale {r['step']:.4g}" if "step" in r else ""
+        return f"  {r['output']}: max |diff| {r['max_lsb']} LSB{unit} ({hist})  {status}"
     line = (
         f"  {r['output']}: max abs {r['max_abs']:.3g}, max rel {r['max_rel']:.3g}, "
         f"rms(ref) {r['rms']:.3g}  {status}"

@@ -15,6 +15,7 @@ from aotc.validate import (
     RTOL,
     ValidationError,
     compare,
+    dequantized_outputs,
     format_report_row,
     onnxruntime_saturates,
     validate_package,
@@ -227,3 +228,51 @@ def test_quantized_operators_take_the_reference_evaluator_where_onnxruntime_satu
     monkeypatch.setattr("aotc.validate.onnxruntime_saturates", lambda graph: "qoperator")
     x = {"x": rng.integers(200, 256, (1, 4, 5, 5)).astype(np.uint8)}  # large pairs: 255 * 127 * 2 > 2**15
     np.testing.assert_array_equal(reference_outputs(path, x)["y"], run_graph(load_onnx(str(path)), x)["y"])
+
+
+def _dequantize_model(path, scale: np.ndarray) -> None:
+    """x -> QuantizeLinear -> DequantizeLinear (per tensor, or per channel along axis 1) -> y; also z = Relu(x)."""
+    zero = np.full(scale.shape, 128, np.uint8)
+    inits = [numpy_helper.from_array(scale.astype(np.float32), "s"), numpy_helper.from_array(zero, "zp")]
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "s", "zp"], ["q"], axis=1),
+        helper.make_node("DequantizeLinear", ["q", "s", "zp"], ["y"], axis=1),
+        helper.make_node("Relu", ["x"], ["z"]),
+    ]
+    value = helper.make_tensor_value_info
+    graph = helper.make_graph(
+        nodes,
+        "qdq",
+        [value("x", TensorProto.FLOAT, [1, 2, 4])],
+        [value("y", TensorProto.FLOAT, [1, 2, 4]), value("z", TensorProto.FLOAT, [1, 2, 4])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=IR_VERSION)
+    onnx.save(model, path)
+
+
+def test_a_dequantized_output_is_compared_in_steps_of_its_scale(tmp_path):
+    """A QDQ model's float output lies on its DequantizeLinear's grid: a requantization that rounds the
+    other way somewhere upstream moves values by a whole step, which the float rule refuses (a QDQ
+    ResNet-18 failed its build on Zen 3 so); within 1 step on 99.9% and never 3 steps off passes."""
+    per_tensor, per_channel = tmp_path / "t.onnx", tmp_path / "c.onnx"
+    _dequantize_model(per_tensor, np.array(0.05))
+    _dequantize_model(per_channel, np.array([0.01, 0.04]))
+    assert dequantized_outputs(per_tensor) == {"y": pytest.approx(0.05)}
+    assert dequantized_outputs(per_channel) == {"y": pytest.approx(0.04)}
+    assert dequantized_outputs(tmp_path / "m.tflite") == {}
+
+    steps = dequantized_outputs(per_tensor)
+    ref = np.round(np.random.default_rng(0).uniform(-5, 5, 4000) / 0.05).astype(np.float32) * np.float32(0.05)
+    got = ref.copy()
+    got[::7] += np.float32(0.05)  # one step off on 1 in 7
+    (row,) = compare({"y": got}, {"y": ref}, RTOL, ATOL, steps=steps)
+    assert row["ok"] and row["max_lsb"] == 1 and row["lsb_histogram"][1] == len(got[::7]), row
+    assert "1 LSB of its DequantizeLinear scale 0.05" in format_report_row(row)
+    assert not compare({"y": got}, {"y": ref}, RTOL, ATOL)[0]["ok"]  # the float rule would refuse it
+    got[7] += np.float32(0.1)  # one value 3 steps off
+    (row,) = compare({"y": got}, {"y": ref}, RTOL, ATOL, steps=steps)
+    assert not row["ok"] and row["max_lsb"] == 3
+    nan = ref.copy()
+    nan[0] = np.nan  # not on any grid: the float rule decides
+    assert "max_abs" in compare({"y": nan}, {"y": ref}, RTOL, ATOL, steps=steps)[0]
