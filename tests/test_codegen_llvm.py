@@ -731,6 +731,50 @@ def test_unrolled_loops(tmp_path):
     np.testing.assert_array_equal(b, np.concatenate([a[:8] + 1, a[8:] * 2]))
 
 
+def test_index_values_are_computed_once_where_they_dominate(tmp_path):
+    """The copies of an unrolled loop share their row index (one sdiv by 3, not one per load and store);
+    a value first computed in a branch's arm or a loop's body is computed again after it, where the
+    first one would not dominate (the LLVM verifier refuses such IR)."""
+    rows, n = 6, 8
+    A, B = Buffer("A", "int32", (rows, n)), Buffer("B", "int32", (rows, n))
+    C, D = Buffer("C", "int32", (rows + 1,)), Buffer("D", "int32", (rows + 1,))
+    i, j, k = Var("i"), Var("j"), Var("k")
+    row, late, mid = i // 3, (i + 5) // 7, (i + 3) // 5
+    body = loop(
+        i,
+        3 * rows,
+        S,
+        seq(
+            loop(j, n, U, BufferStore(B, Load(A, (row, j)) + cast("int32", j), (row, j))),
+            IfThenElse(eq(i % 2, 0), BufferStore(C, Load(A, (late, const(1))), (late,))),
+            BufferStore(D, Load(A, (late, const(2))), (late,)),
+            loop(k, 2, S, BufferStore(D, Load(D, (mid,)) + cast("int32", k), (mid,))),
+            BufferStore(C, Load(C, (mid,)) + cast("int32", mid), (mid,)),
+        ),
+    )
+    func = PrimFunc("reuse", (A, B, C, D), body)
+    unrolled_only = PrimFunc(
+        "rows", (A, B), loop(i, 3 * rows, S, loop(j, n, U, BufferStore(B, Load(A, (row, j)) + 1, (row, j))))
+    )
+    ir = build_llvm_ir([unrolled_only], HOST, thread_pool=False)
+    assert ir.count("sdiv i64") == 1, ir
+    a = RNG.integers(-100, 100, (rows, n)).astype(np.int32)
+    b, c, d = np.zeros((rows, n), np.int32), np.zeros(rows + 1, np.int32), np.zeros(rows + 1, np.int32)
+    run1(tmp_path, func, a, b, c, d)
+    want_b, want_c, want_d = np.zeros_like(b), np.zeros_like(c), np.zeros_like(d)
+    for iv in range(3 * rows):
+        r, t, m = iv // 3, (iv + 5) // 7, (iv + 3) // 5
+        want_b[r] = a[r] + np.arange(n)
+        if iv % 2 == 0:
+            want_c[t] = a[t, 1]
+        want_d[t] = a[t, 2]
+        want_d[m] += 1
+        want_c[m] += m
+    np.testing.assert_array_equal(b, want_b)
+    np.testing.assert_array_equal(c, want_c)
+    np.testing.assert_array_equal(d, want_d)
+
+
 # ----------------------------------------------------------------------------- errors
 
 

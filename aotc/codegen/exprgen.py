@@ -8,6 +8,8 @@ variable, kept symbolic so that loads and stores can pick contiguous, broadcast 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from aotc.codegen.irbuilder import (
@@ -38,12 +40,14 @@ from aotc.ir.expr import (
     Reinterpret,
     Select,
     Var,
+    children,
     dtype_max,
     dtype_min,
     is_float,
     walk,
 )
 from aotc.ir.printer import expr_str
+from aotc.ir.simplify import affine_parts, from_terms
 
 MAX_DEINTERLEAVE = 4
 # A local buffer lives in registers once LLVM promotes it, so a strided read of it (a transposing
@@ -122,8 +126,25 @@ class ExprGen:
         self.env: dict[Var, Val | Ramp] = {}
         self.bufs: dict[Buffer, BufInfo] = {}
         self.vec: VecCtx | None = None
+        # Values of load-free expressions already emitted where they dominate the insertion point, keyed
+        # by the expression and its variables' values, so that an index that unrolled copies share is
+        # computed once (LLVM would merge the copies, but its passes take time in proportion to the IR).
+        self.reused: dict[tuple, Val | Ramp] = {}
+        self.reuse_scopes: list[list[tuple]] = [[]]
+        self.reuse_vars: dict[Expr, tuple[Var, ...] | None] = {}
 
     # ----------------------------------------------------------------- helpers
+
+    @contextmanager
+    def scope(self) -> Iterator[None]:
+        """Code that does not dominate what follows it (a branch's arm, a loop's body): the values it
+        emits are reused only inside it."""
+        self.reuse_scopes.append([])
+        try:
+            yield
+        finally:
+            for key in self.reuse_scopes.pop():
+                del self.reused[key]
 
     def emit(self, text: str, dtype: str, lanes: int) -> Val:
         return Val(self.fb.op(text), dtype, lanes)
@@ -217,7 +238,36 @@ class ExprGen:
             raise CodegenError(
                 f"cannot generate code for {type(e).__name__} expression {expr_str(e)} (lower it first)"
             )
-        return fn(self, e)
+        fv = self._reuse_vars(e) if type(e) in _REUSABLE else None
+        if fv is None:
+            return fn(self, e)
+        key = (e, *(self.env.get(v) for v in fv))
+        v = self.reused.get(key)
+        if v is None:
+            v = self.reused[key] = fn(self, e)
+            self.reuse_scopes[-1].append(key)
+        return v
+
+    def _reuse_vars(self, e: Expr) -> tuple[Var, ...] | None:
+        """The variables `e`'s value depends on, or None where it reads memory (a load or a call)."""
+        if e in self.reuse_vars:
+            return self.reuse_vars[e]
+        found: tuple[Var, ...] | None
+        if isinstance(e, Var):
+            found = (e,)
+        elif isinstance(e, (Load, Call)):
+            found = None
+        else:
+            names: dict[Var, None] = {}
+            for c in children(e):
+                sub = self._reuse_vars(c)
+                if sub is None:
+                    names = None  # type: ignore[assignment]
+                    break
+                names.update(dict.fromkeys(sub))
+            found = None if names is None else tuple(names)
+        self.reuse_vars[e] = found
+        return found
 
     def _var(self, e: Var) -> Val | Ramp:
         try:
@@ -428,7 +478,8 @@ class ExprGen:
         arms = []
         for label, arm in ((then_l, e.true_value), (else_l, e.false_value)):
             fb.start_block(label)
-            v = self.bcast(self.value(arm), lanes) if lanes else self.value(arm)
+            with self.scope():
+                v = self.bcast(self.value(arm), lanes) if lanes else self.value(arm)
             arms.append((v, fb.cur_label))
             fb.br(join_l)
         fb.start_block(join_l)
@@ -653,7 +704,26 @@ class ExprGen:
             raise CodegenError(f"buffer {buf.name!r} has {len(buf.shape)} dims, indexed with {len(indices)}")
         if not indices:
             return const_val(0, "int64")
-        return self.expr(buf.flat_index(tuple(_as_index(i, buf) for i in indices)))
+        flat = buf.flat_index(tuple(_as_index(i, buf) for i in indices))
+        terms, offset = affine_parts(flat)
+        if any(self._reuse_vars(atom) is None for atom in terms):
+            return self.expr(flat)
+        # The terms that vary, summed alone, then the constant: the copies of an unrolled loop share the
+        # sum (one value, see `expr`) and differ in the constant, which the address modes fold.
+        varying: dict[Expr, int] = {}
+        for atom, coef in terms.items():
+            v = self.expr(atom)
+            if isinstance(v, Val) and v.const is not None:
+                offset += coef * int(v.const)
+            else:
+                varying[atom] = coef
+        if not varying:
+            return const_val(offset, "int64")
+        base = self.expr(from_terms(varying, 0))
+        step = const_val(offset, "int64")
+        return (
+            self._ramp_binary("add", base, step) if isinstance(base, Ramp) else self.binop("add", base, step)
+        )
 
     def _load(self, e: Load) -> Val:
         return self.load(e.buffer, self.flat_offset(e.buffer, e.indices))
@@ -819,6 +889,7 @@ def _mem_suffix(dtype: str) -> str:
 
 _FLOAT_RANK = {"float16": 0, "float32": 1, "float64": 2}
 
+_REUSABLE = (Binary, Compare, Logical, Select, Cast)
 _EXPR = {
     Var: ExprGen._var,
     Const: ExprGen._const,

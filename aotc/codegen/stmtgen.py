@@ -168,11 +168,13 @@ class StmtGen(ExprGen):
         else_l = fb.label("else") if s.else_case is not None else end_l
         fb.cond_br(c.ref, then_l, else_l)
         fb.start_block(then_l)
-        self.stmt(s.then_case)
+        with self.scope():
+            self.stmt(s.then_case)
         fb.br(end_l)
         if s.else_case is not None:
             fb.start_block(else_l)
-            self.stmt(s.else_case)
+            with self.scope():
+                self.stmt(s.else_case)
             fb.br(end_l)
         fb.start_block(end_l)
 
@@ -202,10 +204,12 @@ class StmtGen(ExprGen):
         then_l, else_l, end_l = fb.label("full"), fb.label("partial"), fb.label("vers_end")
         fb.cond_br(cond.ref, then_l, else_l)
         fb.start_block(then_l)
-        then()
+        with self.scope():
+            then()
         fb.br(end_l)
         fb.start_block(else_l)
-        otherwise()
+        with self.scope():
+            otherwise()
         fb.br(end_l)
         fb.start_block(end_l)
 
@@ -214,7 +218,8 @@ class StmtGen(ExprGen):
         body_l, end_l = fb.label("guard"), fb.label("guard_end")
         fb.cond_br(cond.ref, body_l, end_l)
         fb.start_block(body_l)
-        body()
+        with self.scope():
+            body()
         fb.br(end_l)
         fb.start_block(end_l)
 
@@ -256,7 +261,7 @@ class StmtGen(ExprGen):
         fb.emit(f"{i} = phi i64 [ {begin.ref}, %{pre} ], [ {nxt}, %{latch} ]")
         fb.cond_br(fb.op(f"icmp slt i64 {i}, {end.ref}"), body_l, exit_l)
         fb.start_block(body_l)
-        with self.bind(var, Val(i, "int64")):
+        with self.scope(), self.bind(var, Val(i, "int64")):
             body()
         fb.br(latch)
         fb.start_block(latch)
@@ -280,7 +285,7 @@ class StmtGen(ExprGen):
             next_l = fb.label("unroll")
             fb.cond_br(fb.op(f"icmp sgt i64 {ext.ref}, {k}"), next_l, end_l)
             fb.start_block(next_l)
-            with self.bind(s.var, const_val(k, "int64")):
+            with self.scope(), self.bind(s.var, const_val(k, "int64")):
                 self.stmt(s.body)
         fb.br(end_l)
         fb.start_block(end_l)

@@ -370,5 +370,12 @@ def linear_terms(e: Expr) -> tuple[dict[Expr, int], int]:
     return dict(lin.terms), lin.const
 
 
+def affine_parts(e: Expr) -> tuple[dict[Expr, int], int]:
+    """An already simplified integer expression as {atom: coef} + const (`linear_terms` without
+    simplifying first); atoms are non-linear sub-expressions, in first-seen order."""
+    lin = _linear(e)
+    return dict(lin.terms), lin.const
+
+
 def from_terms(terms: Mapping[Expr, int], c: int, dtype: str = "int64") -> Expr:
     return _build(_Linear(dict(terms), c), dtype)
