@@ -775,6 +775,25 @@ def test_index_values_are_computed_once_where_they_dominate(tmp_path):
     np.testing.assert_array_equal(d, want_d)
 
 
+def test_a_region_of_more_memory_operations_than_the_schedulers_keep_apart_computes_the_same(tmp_path):
+    """Beyond `SCHEDULER_REGION_MEMORY_OPS` loads and stores in one block LLVM's schedulers order the rest
+    more conservatively (their dependence maps cut down): the unrolled block below has 4x that many, each
+    store reading the one before it, and must still give numpy's prefix sums."""
+    from aotc.codegen.llvm import SCHEDULER_REGION_MEMORY_OPS
+
+    n = 2 * SCHEDULER_REGION_MEMORY_OPS
+    A, B = Buffer("A", "int32", (n,)), Buffer("B", "int32", (n,))
+    i = Var("i")
+    body = seq(
+        BufferStore(B, Load(A, (const(0),)), (const(0),)),
+        loop(i, n - 1, U, BufferStore(B, Load(B, (i,)) + Load(A, (i + 1,)), (i + 1,))),
+    )
+    a = RNG.integers(-1000, 1000, n).astype(np.int32)
+    b = np.zeros(n, np.int32)
+    run1(tmp_path, PrimFunc("prefix", (A, B), body), a, b)
+    np.testing.assert_array_equal(b, np.cumsum(a, dtype=np.int32))
+
+
 # ----------------------------------------------------------------------------- errors
 
 

@@ -188,10 +188,19 @@ _LOCK = threading.Lock()
 _MACHINES: dict[tuple[str, str, str, int], llvm.TargetMachine] = {}
 
 
+# The most loads and stores the machine schedulers keep apart in one scheduling region; beyond it LLVM cuts
+# its dependence maps down as it builds them (a more conservative order for the rest). LLVM's default,
+# 1000, let the schedulers take 1-3 s on one region that a tuning candidate had unrolled; smaller regions,
+# every kernel's loops among them, are scheduled as before.
+SCHEDULER_REGION_MEMORY_OPS = 200
+
+
 @functools.cache
 def _init_llvm() -> None:
     llvm.initialize_all_targets()
     llvm.initialize_all_asmprinters()
+    # A process-wide option (LLVM's command line): set once, as the first compilation starts.
+    llvm.set_option("aotc", f"-dag-maps-huge-region={SCHEDULER_REGION_MEMORY_OPS}")
 
 
 def _target_machine(target: Target, opt_level: int) -> llvm.TargetMachine:
