@@ -366,8 +366,7 @@ def affine(e: Expr) -> tuple[dict[Var, int], int] | None:
 
 def linear_terms(e: Expr) -> tuple[dict[Expr, int], int]:
     """`e` simplified and split into {atom: coef} + const; atoms are non-linear sub-expressions."""
-    lin = _linear(simplify(e))
-    return dict(lin.terms), lin.const
+    return affine_parts(simplify(e))
 
 
 def affine_parts(e: Expr) -> tuple[dict[Expr, int], int]:
