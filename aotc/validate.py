@@ -10,9 +10,10 @@ wrong kernel (a shifted tap, a missed channel) is wrong by about 1e-2 of it or m
 an infinity the same infinity.
 
 int8/uint8 (quantized) outputs are compared in units of the last place: within 1 LSB on at least 99.9% of
-the values and never more than 2 LSB. So is an ONNX model's float output that a DequantizeLinear writes (a
-QDQ model's usual last node), in units of that node's scale: its values lie on that grid, and one rounding
-of a requantization that falls the other way moves them a whole step, far beyond the float tolerance.
+the values and never more than 2 LSB. So is a float output that a dequantization writes (an ONNX
+DequantizeLinear, a QDQ model's usual last node, or a TFLite DEQUANTIZE), in units of that node's scale:
+its values lie on that grid, and one rounding of a requantization that falls the other way moves them a
+whole step, far beyond the float tolerance.
 """
 
 from __future__ import annotations
@@ -262,9 +263,12 @@ def lsb_row(name: str, hist: dict[int, int], size: int) -> dict:
 
 
 def dequantized_outputs(model: str | Path) -> dict[str, float]:
-    """The outputs of an ONNX model that a DequantizeLinear writes, with the step of their grid: the
-    node's scale (the largest, where it has one per channel). Other models: none."""
-    if Path(model).suffix.lower() != ".onnx":
+    """The outputs that a dequantization writes (an ONNX DequantizeLinear, a TFLite DEQUANTIZE), with the
+    step of their grid: the scale (the largest, where there is one per channel)."""
+    suffix = Path(model).suffix.lower()
+    if suffix == ".tflite":
+        return _tflite_dequantized_outputs(model)
+    if suffix != ".onnx":
         return {}
     import onnx
     from onnx import numpy_helper
@@ -274,17 +278,39 @@ def dequantized_outputs(model: str | Path) -> dict[str, float]:
     for node in graph.node:
         if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
             consts[node.output[0]] = node.attribute[0].t
-    steps = {}
     writers = {out: node for node in graph.node for out in node.output}
+    scales = {}
     for out in graph.output:
         node = writers.get(out.name)
         if node is None or node.op_type != "DequantizeLinear" or node.domain not in ("", "ai.onnx"):
             continue
-        if len(node.input) < 2 or node.input[1] not in consts:
+        if len(node.input) >= 2 and node.input[1] in consts:
+            scales[out.name] = numpy_helper.to_array(consts[node.input[1]])
+    return _grid_steps(scales)
+
+
+def _tflite_dequantized_outputs(model: str | Path) -> dict[str, float]:
+    from aotc.frontend.tflite import read_tflite
+
+    graph = read_tflite(model)
+    writers = {out: op for op in graph.operators for out in op.outputs}
+    scales = {}
+    for index in graph.outputs:
+        op = writers.get(index)
+        if op is None or op.code != "DEQUANTIZE":
             continue
-        scale = numpy_helper.to_array(consts[node.input[1]]).astype(np.float64)
+        quant = graph.tensors[op.inputs[0]].quant
+        if quant is not None:
+            scales[graph.tensors[index].name] = np.asarray(quant.scales)
+    return _grid_steps(scales)
+
+
+def _grid_steps(scales: Mapping[str, np.ndarray]) -> dict[str, float]:
+    steps = {}
+    for name, scale in scales.items():
+        scale = np.asarray(scale, np.float64)
         if scale.size and np.all(np.isfinite(scale)) and scale.max() > 0:
-            steps[out.name] = float(scale.max())
+            steps[name] = float(scale.max())
     return steps
 
 
@@ -400,7 +426,7 @@ def format_report_row(r: dict) -> str:
     status = "ok" if r["ok"] else "MISMATCH"
     if "max_lsb" in r:
         hist = ", ".join(f"{k} LSB: {n}" for k, n in sorted(r["lsb_histogram"].items()))
-        unit = f" of its DequantizeLinear scale {r['step']:.4g}" if "step" in r else ""
+        unit = f" of its dequantization scale {r['step']:.4g}" if "step" in r else ""
         return f"  {r['output']}: max |diff| {r['max_lsb']} LSB{unit} ({hist})  {status}"
     line = (
         f"  {r['output']}: max abs {r['max_abs']:.3g}, max rel {r['max_rel']:.3g}, "

@@ -260,7 +260,7 @@ def test_a_dequantized_output_is_compared_in_steps_of_its_scale(tmp_path):
     _dequantize_model(per_channel, np.array([0.01, 0.04]))
     assert dequantized_outputs(per_tensor) == {"y": pytest.approx(0.05)}
     assert dequantized_outputs(per_channel) == {"y": pytest.approx(0.04)}
-    assert dequantized_outputs(tmp_path / "m.tflite") == {}
+    assert dequantized_outputs(tmp_path / "m.pb") == {}
 
     steps = dequantized_outputs(per_tensor)
     ref = np.round(np.random.default_rng(0).uniform(-5, 5, 4000) / 0.05).astype(np.float32) * np.float32(0.05)
@@ -268,7 +268,7 @@ def test_a_dequantized_output_is_compared_in_steps_of_its_scale(tmp_path):
     got[::7] += np.float32(0.05)  # one step off on 1 in 7
     (row,) = compare({"y": got}, {"y": ref}, RTOL, ATOL, steps=steps)
     assert row["ok"] and row["max_lsb"] == 1 and row["lsb_histogram"][1] == len(got[::7]), row
-    assert "1 LSB of its DequantizeLinear scale 0.05" in format_report_row(row)
+    assert "1 LSB of its dequantization scale 0.05" in format_report_row(row)
     assert not compare({"y": got}, {"y": ref}, RTOL, ATOL)[0]["ok"]  # the float rule would refuse it
     got[7] += np.float32(0.1)  # one value 3 steps off
     (row,) = compare({"y": got}, {"y": ref}, RTOL, ATOL, steps=steps)
@@ -276,3 +276,21 @@ def test_a_dequantized_output_is_compared_in_steps_of_its_scale(tmp_path):
     nan = ref.copy()
     nan[0] = np.nan  # not on any grid: the float rule decides
     assert "max_abs" in compare({"y": nan}, {"y": ref}, RTOL, ATOL, steps=steps)[0]
+
+
+def test_a_tflite_dequantize_output_is_compared_in_steps_of_its_scale(tmp_path):
+    """An int8 TFLite model with float outputs ends in DEQUANTIZE: its output's step is the scale of the
+    int8 tensor it reads, and the build's validation uses it."""
+    import aotc
+    from recipes.zoo import tflite_models as zoo
+
+    q = zoo.int8_model(zoo.small_cnn(), io="float")
+    path = tmp_path / "float_io.tflite"
+    path.write_bytes(q.build())
+    (output,) = (q.tensors[t].name for t in q.outputs)
+    (read,) = (t for t in q.tensors if t.name + "_float" == output)  # the int8 tensor DEQUANTIZE reads
+    scale = read.quant.scale[0]
+    assert dequantized_outputs(path) == {output: pytest.approx(scale)}
+    package = aotc.compile(str(path), output=tmp_path / "float_io.aotc", validate=True, log=lambda _: None)
+    rows = package.result.validation
+    assert [r.get("step") for r in rows] == [pytest.approx(scale)] and all(r["ok"] for r in rows), rows
