@@ -258,14 +258,8 @@ class ExprGen:
         elif isinstance(e, (Load, Call)):
             found = None
         else:
-            names: dict[Var, None] = {}
-            for c in children(e):
-                sub = self._reuse_vars(c)
-                if sub is None:
-                    names = None  # type: ignore[assignment]
-                    break
-                names.update(dict.fromkeys(sub))
-            found = None if names is None else tuple(names)
+            subs = [self._reuse_vars(c) for c in children(e)]
+            found = None if None in subs else tuple(dict.fromkeys(v for sub in subs for v in sub))
         self.reuse_vars[e] = found
         return found
 
