@@ -279,13 +279,16 @@ def dequantized_outputs(model: str | Path) -> dict[str, float]:
         if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
             consts[node.output[0]] = node.attribute[0].t
     writers = {out: node for node in graph.node for out in node.output}
+    # scales numpy_helper reads as their values (a bfloat16 one would come back as its raw bits)
+    float_scales = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE)
     scales = {}
     for out in graph.output:
         node = writers.get(out.name)
         if node is None or node.op_type != "DequantizeLinear" or node.domain not in ("", "ai.onnx"):
             continue
-        if len(node.input) >= 2 and node.input[1] in consts:
-            scales[out.name] = numpy_helper.to_array(consts[node.input[1]])
+        scale = consts.get(node.input[1]) if len(node.input) >= 2 else None
+        if scale is not None and scale.data_type in float_scales:
+            scales[out.name] = numpy_helper.to_array(scale)
     return _grid_steps(scales)
 
 
