@@ -7,6 +7,7 @@ import random
 import numpy as np
 import pytest
 
+from aotc import te
 from aotc.ir.printer import func_str
 from aotc.schedule.lower import lower
 from aotc.schedule.state import Annotation
@@ -26,7 +27,9 @@ from aotc.search.evolution import (
 )
 from aotc.search.lowering import state_key
 from aotc.search.params import SearchParams
-from aotc.search.sketch import SearchContext, generate_sketches
+from aotc.search.sketch import SearchContext, generate_sketches, period_split_ids, step_stage_names
+from aotc.te.tensor import LAYOUT_FREE
+from aotc.topi import winograd
 
 from .test_annotation import TARGET, WORKLOADS, check_compiles, conv_bias_relu, matmul, population, softmax
 
@@ -249,3 +252,24 @@ def test_same_seed_same_search_round():
     assert len(first) == 16 and len(set(first)) == 16
     assert run(3) == first
     assert run(4) != first
+
+
+@pytest.mark.parametrize("free_prob", [0.0, 1.0])
+def test_tile_size_mutation_keeps_a_winograd_output_tile(monkeypatch, free_prob):
+    """The output transform's rows and columns are split by the tile m = 4 so that its coefficients are
+    literals: a mutation that changed that split made them vary again, or unrolled the transform 112
+    times over (28-row tiles: 79 s of LLVM for one candidate)."""
+    monkeypatch.setattr(evolution, "FREE_TILE_PROB", free_prob)
+    data = te.placeholder((1, 12, 12, 16), name="data")
+    u = te.placeholder((6, 6, 16, 16), name="u", tag=LAYOUT_FREE)
+    dag = te.ComputeDAG([winograd.conv2d_winograd(data, u, 4, layout="NHWC", name="wc")])
+    states = population(dag, 12)
+    for state in states:
+        fixed = period_split_ids(state)
+        names = step_stage_names(dag, state.steps)
+        assert {names[i] for i in fixed} == {"wc"}, state.steps
+        assert sorted(state.steps[i].lengths for i in fixed) == [(4,), (4,)]
+    pairs = _mutants(mutate_tile_size, states, SearchContext(dag, TARGET), 30)
+    assert len(pairs) >= 10
+    for parent, child in pairs:
+        assert all(child.steps[i] == parent.steps[i] for i in period_split_ids(parent))

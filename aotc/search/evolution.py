@@ -41,6 +41,7 @@ from aotc.search.program_pool import prefetch
 from aotc.search.sketch import (
     SearchContext,
     generate_sketches,
+    period_split_ids,
     sketch_signature,
     step_stage_names,
 )
@@ -64,12 +65,15 @@ def _replay(dag: ComputeDAG, steps: Sequence[Step]) -> State | None:
 
 def mutate_tile_size(state: State, rng: random.Random, ctx: SearchContext) -> State | None:
     """Move a random divisor between two levels of a split (the product stays), or rarely set one
-    inner length to any value (non-dividing splits are legal)."""
+    inner length to any value (non-dividing splits are legal). A constant-coefficient axis's split by its
+    period stays (`period_split_ids`)."""
     max_inner = ctx.params.max_innermost_split_factor
+    fixed = period_split_ids(state)
     ids = [
         i
         for i, s in enumerate(state.steps)
         if isinstance(s, SplitStep)
+        and i not in fixed
         and (s.extent or 0) > 1
         and None not in s.lengths
         and s.lengths[-1] <= max_inner

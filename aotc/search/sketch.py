@@ -546,6 +546,26 @@ def step_stage_names(dag: ComputeDAG, steps) -> list[str]:
     return out
 
 
+def period_split_ids(state: State) -> set[int]:
+    """The indices of the steps that split a constant-coefficient axis by its period
+    (`unroll_const_indices`: a Winograd output tile's rows and columns), which no mutation may change:
+    another length makes the coefficients' index vary again, and a larger one unrolls the transform
+    many times over (a 28-row output tile: 112 copies, 79 s of LLVM)."""
+    names = step_stage_names(state.dag, state.steps)
+    ops = {st.name: st.op for st in state.stages}
+    touched: set[str] = set()
+    out: set[int] = set()
+    for i, (step, name) in enumerate(zip(state.steps, names)):
+        op = ops.get(name)
+        periods = dict(op.attrs.get(CONST_INDEX_AXES, ())) if op is not None else {}
+        # the period splits are the stage's first steps, on its axes' own positions
+        if name not in touched and isinstance(step, SplitStep) and periods.get(step.iter_id, 1) > 1:
+            out.add(i)
+            continue
+        touched.add(name)
+    return out
+
+
 _SKETCH_CACHE: dict[tuple[str, str], tuple[ComputeDAG, list[State]]] = {}
 
 
