@@ -65,9 +65,12 @@ def test_every_recipe_is_a_full_hit_on_the_shipped_cpu_class(name, tmp_path, mon
     assert [x.record.structure for x in looked] == [task.dag.structure_key for task in tasks]
 
 
+INT8_MOBILENET_V2_CPUS = ("znver3", "znver5")
+
+
 def test_int8_mobilenet_v2_is_a_full_hit_where_its_records_ship(tmp_path, monkeypatch):
     """The int8 MobileNetV2 224 of the benchmarks (`benchmarks/e2e.py --tflite`, `tflite_models`) ships
-    tuned for znver3 only: a full hit there, with structure keys for other calibrations' twins."""
+    tuned for znver3 and znver5 only: a full hit there, with structure keys for other calibrations' twins."""
     from recipes.zoo import tflite_models
 
     monkeypatch.delenv("AOTC_TOPHUB", raising=False)
@@ -77,8 +80,10 @@ def test_int8_mobilenet_v2_is_a_full_hit_where_its_records_ship(tmp_path, monkey
     recipe = Recipe(model=path)
     target = parse_target(recipe.target)
     sources = open_sources(None, None, user_store=tmp_path / "empty-user-store")
-    if target.mcpu != "znver3" or not sources.records_for(target):
-        pytest.skip(f"its records ship for znver3 only, this target is {target.mcpu}")
+    if target.mcpu not in INT8_MOBILENET_V2_CPUS or not sources.records_for(target):
+        pytest.skip(
+            f"its records ship for {', '.join(INT8_MOBILENET_V2_CPUS)} only, this target is {target.mcpu}"
+        )
     tasks = variant_tasks(load_variants(recipe))
     looked = [sources.lookup(task.dag, target) for task in tasks]
     assert [x.status for x in looked] == ["hit"] * len(tasks), [str(x) for x in looked]
