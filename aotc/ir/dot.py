@@ -147,8 +147,9 @@ def integer_winograd_pays(forms: Sequence[DotForm]) -> bool:
     its int16 operands and no form does more byte products per multiply instruction than it does int16
     ones (AVX2: vpmaddubsw + vpmaddwd by ones, 32 products in 2), so F(4, 3)'s 36 products per 16 outputs
     (F(2, 3): 16 per 4), where the direct conv does 144 (36), cost 4x (2.25x) fewer multiplies. VNNI's
-    vpdpbusd does twice vpmaddwd's products per instruction; no Zen 4 measured F(4, 3) on its int16
-    twin vpdpwssd (no form emits it), so VNNI targets keep the direct conv."""
+    vpdpbusd does twice vpmaddwd's products per instruction, so F(4, 3) saves half of them at most, and its
+    8x larger int16 weights made whole models slower on Zen 5 (docs/int8.md#integer-winograd): VNNI
+    targets keep the direct conv."""
     words = [f for f in forms if f.widens and f.signs == "any"]
     return bool(words) and not any(f.name == "vnni" for f in forms)
 
