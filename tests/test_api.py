@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -38,6 +41,26 @@ def test_readme_first_example_runs_as_written(tmp_path, monkeypatch):
     got = next(iter(scope["y"].values()))
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
     assert (tmp_path / "resnet18.aotc").is_file() and (tmp_path / "r18.jsonl").is_file()
+
+
+def test_tuning_at_a_scripts_top_level_fails_and_says_why(tmp_path, isolated_home):
+    """The tuner's builders are spawned processes that import the main script again; a script that tunes at
+    its top level (the README's example pasted as it is) then cannot start them. The build must stop with
+    an error that names the fix, not write an untuned package and exit 0 as it did."""
+    package = tmp_path / "mlp.aotc"
+    script = tmp_path / "tune_mlp.py"
+    script.write_text(
+        "import aotc\n"
+        f"aotc.compile({str(MLP)!r}, tuning=aotc.TuningOptions(trials=4), output={str(package)!r})\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=300, env=dict(os.environ)
+    )
+    assert proc.returncode != 0, proc.stdout[-2000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("aotc.search.measure.BuildersCannotStart: a builder process died while starting")
+    assert f'if {script} calls aotc.compile or aotc.tune, call it under `if __name__ == "__main__":`' in last
+    assert not package.exists()
 
 
 def test_compile_without_output_writes_a_temporary_package(tmp_path):

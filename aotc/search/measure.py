@@ -19,6 +19,7 @@ import contextlib
 import itertools
 import multiprocessing as mp
 import os
+import sys
 import tempfile
 import time
 import weakref
@@ -56,6 +57,7 @@ __all__ = [
     "KERNEL_NAME",
     "BatchStats",
     "Built",
+    "BuildersCannotStart",
     "MeasureError",
     "MeasureOptions",
     "Measurer",
@@ -67,6 +69,25 @@ __all__ = [
 
 class MeasureError(RuntimeError):
     """The measurer itself cannot work: the naive schedule does not build or run, or a worker won't start."""
+
+
+class BuildersCannotStart(MeasureError):
+    """The builder processes did not start: no candidate of any task can be built on this machine."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(f"{what}{_spawn_hint()}")
+
+
+def _spawn_hint() -> str:
+    """Builders are spawned: each imports the parent's main module again, and a script that tunes at its
+    top level then tries to tune again in each of them, which Python refuses (they exit at once)."""
+    main = sys.modules.get("__main__")
+    if main is None or getattr(main, "__spec__", None) is not None or not getattr(main, "__file__", None):
+        return ""
+    return (
+        f"; if {main.__file__} calls aotc.compile or aotc.tune, call it under"
+        ' `if __name__ == "__main__":` (builders are spawned processes that import it again)'
+    )
 
 
 @dataclass
@@ -420,7 +441,7 @@ class Measurer:
                 self._builder_died(w, out)
                 continue
             if kind == "failed":
-                raise MeasureError(f"a builder process failed to start:\n{payload}")
+                raise BuildersCannotStart(f"a builder process failed to start:\n{payload}")
             if kind == "result":
                 t, built = payload
                 out[t] = built
@@ -436,13 +457,13 @@ class Measurer:
     def _builder_died(self, w: Worker, out: list[Built | None]) -> None:
         reason = w.death_reason()
         if w.task is None:
-            raise MeasureError(f"a builder process died while starting ({reason})")
+            raise BuildersCannotStart(f"a builder process died while starting ({reason})")
         out[w.task] = Built(ErrorCode.COMPILE_HOST, f"the builder process died ({reason})")
         w.restart()
 
     def _builder_timed_out(self, w: Worker, out: list[Built | None]) -> None:
         if w.task is None:
-            raise MeasureError(f"a builder process did not start within {STARTUP_TIMEOUT:.0f} s")
+            raise BuildersCannotStart(f"a builder process did not start within {STARTUP_TIMEOUT:.0f} s")
         limit = self.options.build_timeout
         out[w.task] = Built(ErrorCode.BUILD_TIMEOUT, f"building took longer than {limit:g} s")
         w.restart()

@@ -28,7 +28,7 @@ import numpy as np
 
 from aotc.schedule.state import State
 from aotc.search.common import CostModel
-from aotc.search.measure import MeasureError, MeasureOptions, Measurer
+from aotc.search.measure import BuildersCannotStart, MeasureError, MeasureOptions, Measurer
 from aotc.search.params import STRATEGIES, SearchParams
 from aotc.search.task import SearchTask, TaskSearch
 from aotc.target import Target, as_target
@@ -552,6 +552,7 @@ class MeasurerPool:
         self.target, self.options, self.capacity = as_target(target), options, capacity
         self.open_measurer = open_measurer
         self._open: OrderedDict[int, Measurer] = OrderedDict()
+        self.opened = 0  # measurers opened so far
 
     def get(self, i: int, dag: ComputeDAG) -> Measurer:
         if i in self._open:
@@ -562,6 +563,7 @@ class MeasurerPool:
             old.close()
         measurer = self.open_measurer(dag, self.target, self.options)
         self._open[i] = measurer
+        self.opened += 1
         return measurer
 
     def drop(self, i: int) -> None:
@@ -624,6 +626,8 @@ class SearchRounds:
         try:
             measurer = self.pool.get(i, self.tasks[i].dag)
         except MeasureError as err:
+            if isinstance(err, BuildersCannotStart) and not self.pool.opened:
+                raise  # not this task's fault and no task could be tuned: the build stops and says why
             return RoundOutcome([], time.perf_counter() - t0, f"cannot be measured: {err}")
         search = self.searches[i]
         states = search.propose(n)
