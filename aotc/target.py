@@ -525,6 +525,16 @@ def cpu_features(target: Target) -> tuple[str, ...]:
     return _enabled_features(target.triple, cpu, target.features)
 
 
+def code_features(target: Target) -> frozenset[str]:
+    """What a CPU target's generated code depends on besides its CPU model: its resolved features
+    (`cpu_features`, as `+name`) and the tuning flags its `-mattr` names. Two spellings of one CPU
+    (`-mcpu=native` with the host's feature list, `-mcpu=znver5` alone) give one set."""
+    if not target.is_cpu:
+        return frozenset()
+    tuning = {a for a in target.mattr if a[1:].startswith(_TUNING_PREFIXES)}
+    return frozenset({f"+{f}" for f in cpu_features(target)} | tuning)
+
+
 @functools.cache
 def _known_candidates(triple: str) -> list[str]:
     """The extensions of `CPU_FEATURES` this LLVM knows (it would ignore others, so they seem on)."""

@@ -24,7 +24,7 @@ from aotc.schedule.state import State
 from aotc.search.common import ErrorCode, MeasureResult
 from aotc.search.params import SearchParams
 from aotc.search.records import RECORD_VERSION, Record, append_records, read_record_file
-from aotc.target import parse_target
+from aotc.target import cpu_features, parse_target
 from aotc.topi.workloads import make_workload
 
 SKX = parse_target("llvm -mcpu=skylake-avx512 -num-cores=4")
@@ -123,8 +123,11 @@ def test_record_for_another_cpu_is_stale_and_not_applied(tmp_path, home):
     assert sources.lookup(dag, SKX).status == "hit"
     assert sources.records_for(ZEN) == []
 
-    features = parse_target("llvm -mcpu=skylake-avx512 -mattr=+avx2 -num-cores=4")
-    assert "this target has +avx2 that the record has not" in sources.lookup(dag, features).reason
+    features = parse_target("llvm -mcpu=skylake-avx512 -mattr=+avx512vnni -num-cores=4")
+    assert "this target has +avx512vnni that the record has not" in sources.lookup(dag, features).reason
+    # the key holds the features as the code sees them: +avx2, which skylake-avx512 has, changes nothing
+    same = parse_target("llvm -mcpu=skylake-avx512 -mattr=+avx2,+avx512f -num-cores=4")
+    assert sources.lookup(dag, same).status == "hit"
     cores = parse_target("llvm -mcpu=skylake-avx512 -num-cores=8")
     assert sources.lookup(dag, cores).reason == "record for -num-cores=4, this target is -num-cores=8"
     assert (
@@ -133,6 +136,13 @@ def test_record_for_another_cpu_is_stale_and_not_applied(tmp_path, home):
     )
     miss = sources.lookup(dense(), SKX)
     assert miss.status == "miss" and miss.state is None and "no record for workload" in miss.reason
+    # a record of `-mcpu=native` (stored with the host's whole feature list) is the plain CPU name's too
+    listed = ",".join(f"+{f}" for f in cpu_features(SKX))
+    store(
+        home / "tophub",
+        [record(dense(), split_state(dense(), 4), 1e-5, parse_target(f"{SKX} -mattr={listed}"))],
+    )
+    assert chain(tmp_path).lookup(dense(), SKX).status == "hit"
 
 
 def test_records_of_another_cpu_of_the_isa_are_candidates_never_hits(tmp_path, home):

@@ -41,7 +41,7 @@ from aotc.search.records import (
     read_record_file,
     record_problem,
 )
-from aotc.target import Target, TargetError, parse_target
+from aotc.target import Target, TargetError, code_features, parse_target
 
 STORE_SUFFIX = ".jsonl"
 STORE_FILE_NAME = re.compile(r"[A-Za-z0-9_.-]+-[0-9a-f]{12}" + re.escape(STORE_SUFFIX))
@@ -101,7 +101,8 @@ def record_target_key(target_text: str) -> TargetKey | None:
 
 @dataclass(frozen=True)
 class TargetKey:
-    """The part of a target a record is tied to: kind, architecture, CPU model, features, core count."""
+    """The part of a target a record is tied to: kind, architecture, CPU model, features (as the code sees
+    them: `code_features`), core count."""
 
     kind: str
     arch: str
@@ -115,7 +116,7 @@ class TargetKey:
         if target.is_gpu:
             return TargetKey(target.kind, target.arch, "", frozenset(), 0, str(target))
         arch = target.mtriple.split("-")[0] if target.mtriple else platform.machine()
-        return TargetKey("llvm", arch, target.mcpu, frozenset(target.mattr), target.num_cores, str(target))
+        return TargetKey("llvm", arch, target.mcpu, code_features(target), target.num_cores, str(target))
 
     @staticmethod
     def of_record(target_text: str, host: dict | None = None) -> TargetKey:
