@@ -183,3 +183,33 @@ def test_quietness_benchmark_quick_run(tmp_path, capsys):
     assert "slow rounds: the slowest 40% of mlp.aotc's" in out
     for name in ("multiply chains", "256 KB buffer", "128 MB streamed", "mlp.aotc", "onnxruntime"):
         assert name in out
+
+
+def test_dot_peak_loop_computes_the_instruction(capsys):
+    """The peak loop runs the host's widest int8 form on its factors (checked against numpy where that is
+    vpdpbusd, whose accumulator is its own operand), and the script prints its rates and a model's bound."""
+    import ctypes
+
+    import numpy as np
+
+    from aotc.ir.dot import dot_forms
+    from aotc.target import host_target
+
+    dot_peak = _import("dot_peak")
+    forms = dot_forms(host_target())
+    if not forms:
+        pytest.skip("this host has no int8 dot-product form")
+    assert dot_peak.main(["--macs", "1.85"]) == 0
+    out = capsys.readouterr().out
+    assert f"form {forms[0].name}" in out and "G multiply-adds/s" in out and "take at least" in out
+    vnni = next((f for f in forms if f.name == "vnni"), None)
+    if vnni is None:
+        return
+    engine, run = dot_peak.compiled_loop(dot_peak.loop_ir(vnni))
+    rng = np.random.default_rng(0)
+    a = rng.integers(0, 256, 4 * vnni.lanes, dtype=np.uint8)
+    b = rng.integers(-128, 128, 4 * vnni.lanes, dtype=np.int8)
+    ctypes.memmove(engine.get_global_value_address("a"), a.ctypes.data, a.nbytes)
+    ctypes.memmove(engine.get_global_value_address("b"), b.ctypes.data, b.nbytes)
+    lane0 = int(a[:4].astype(np.int64) @ b[:4].astype(np.int64))
+    assert run(5) == dot_peak.CHAINS * 5 * lane0
