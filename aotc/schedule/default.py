@@ -292,6 +292,8 @@ def _tile_anchor(
         s = s.reorder(a_id, [p for p in range(n) if p != inner] + [inner])
     o_id = s.stage_id(out)
     s, at = follow_tiling(s, o_id, spatial, 2)
+    if window is None:
+        s = _weight_blocks_outer(s, o_id, op, target.hw.num_cores)
     s = s.compute_at(a_id, o_id, at)
     n_axes = len(spatial)
     if window is not None:
@@ -316,6 +318,36 @@ def _tile_anchor(
             return _tile_anchor(start, dag, op, target, channel_tiles=True)
         return _tile_anchor(start, dag, op, target, pad_per_tile=False)
     return _vectorize_innermost(s, window.name, extents[-1], target), {anchor, out, window.name}
+
+
+def _weight_blocks_outer(s: State, o_id: int, op: ComputeOp, cores: int) -> State:
+    """On several cores, order the outer tiles weight blocks first where the weights outweigh the input:
+    the parallel loop then hands each core its share of the weights, where with pixel blocks first every
+    core read all of them (a 7x7x512 int8 conv's 2.4 MB, its 3x3 convs 1.13-1.2x faster at 2 threads on
+    Zen 5; on one core the order did not pay)."""
+    n = len(op.axes)
+    reads = reads_of(op)
+    weights = {r.tensor for r in reads if r.tensor.tag == LAYOUT_FREE}
+    weight_bytes = sum(_bytes(t) for t in weights)
+    input_bytes = sum(_bytes(t) for t in {r.tensor for r in reads} - weights)
+    if cores < 2 or weight_bytes <= input_bytes:
+        return s
+    weight_vars = {v for r in reads if r.tensor in weights for i in r.indices for v in free_vars(i)}
+    weight_axes = [k for k, a in enumerate(op.axes) if a.var in weight_vars]
+    other_axes = [k for k in range(n) if k not in weight_axes]
+    extents = [it.extent or 1 for it in infer_bound(s).stages[o_id].iters[:n]]
+    weight_blocks = math.prod(extents[k] for k in weight_axes)
+    pixel_blocks = math.prod(extents[k] for k in other_axes)
+    # with weight blocks outermost every core reads the whole input once per weight block of its own
+    if min(weight_blocks, pixel_blocks) <= 1 or weight_bytes * pixel_blocks <= input_bytes * weight_blocks:
+        return s
+    if weight_axes == list(range(len(weight_axes))):
+        return s
+    return s.reorder(o_id, weight_axes + other_axes + list(range(n, len(s.stages[o_id].iters))))
+
+
+def _bytes(t) -> int:
+    return int(np.prod([int(d) for d in t.shape])) * np.dtype(t.dtype).itemsize
 
 
 def _window_producer(s: State, dag: ComputeDAG, op: ComputeOp) -> ComputeOp | None:
