@@ -76,17 +76,18 @@ def write_model(name: str, make: Callable, workdir: Path) -> Path:
 
 
 def build_package(
-    name: str, model_path: Path, workdir: Path, trials: int = 0, validate: bool = True
+    name: str, model_path: Path, workdir: Path, trials: int = 0, validate: bool = True, target: str = ""
 ) -> BuildResult:
     """Build `model_path` into `workdir/<name>.aotc`: untuned (as a fresh install would: the shipped tophub
     and default schedules, not this machine's user store), or tuned from scratch with `trials` trials
     (records in `workdir/<name>.jsonl`; neither store, whose records would leave nothing to tune);
-    `validate` checks the package against the model's runtime at build time."""
+    `validate` checks the package against the model's runtime at build time; `target` (default: the
+    host's) e.g. names the cores the package is tuned for."""
     recipe_path = workdir / f"{name}.yaml"
     tuning = f"tuning: {{trials: {trials}, records: {workdir / (name + '.jsonl')}}}\n" if trials else ""
     recipe_path.write_text(
         f"model: {model_path}\noutput: {workdir / (name + '.aotc')}\n"
-        f"validate: {str(validate).lower()}\n{tuning}"
+        f"validate: {str(validate).lower()}\n{tuning}" + (f"target: {target}\n" if target else "")
     )
     with private_store(workdir / "home", shipped="none" if trials else None):
         return build(load_recipe(recipe_path), log=lambda _: None)

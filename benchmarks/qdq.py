@@ -1,6 +1,6 @@
 """QDQ-quantized ONNX models: aotc packages next to onnxruntime running the same QDQ model, same run.
 
-    python benchmarks/qdq.py [--models resnet18,mobilenet_v2] [--quick] [--trials N]
+    python benchmarks/qdq.py [--models resnet18,mobilenet_v2] [--quick] [--trials N [--per-thread-tuning]]
                              [--activations uint8|int8] [--calibration N] [--samples N] [--no-preprocess]
 
 The float models come from the zoo (recipes/zoo/onnx_models.py, fixed seeds): ResNet-18 and MobileNetV2
@@ -15,7 +15,10 @@ int8` for QInt8), calibrated on `--calibration` seeded standard-normal inputs (t
 pairs of products in int16 with saturation, so with 8-bit weights its outputs there are not the model's;
 the speed of either side does not depend on it).
 
-The package is built untuned (default schedules; `--trials N`: tuned with N trials, as e2e.py). Its
+The package is built untuned (default schedules; `--trials N`: tuned with N trials, as e2e.py, for this
+machine's cores; with `--per-thread-tuning` one package per thread count, each tuned with N trials for
+that many cores, `-num-cores=t`, as a deployment at t threads would be: records tuned for 2 cores ran
+QDQ ResNet-18's last stage 1.5x slower at 1 thread than its default schedules on Zen 5). Its
 outputs on `--samples` other seeded standard-normal inputs are checked against onnxruntime's run of the
 same QDQ model: the largest absolute difference (also in units of the final DequantizeLinear's scale,
 LSB) and how many argmaxes agree. Latency: aotc vs onnxruntime (the QDQ model, graph optimizations all on,
@@ -143,16 +146,32 @@ def bench_qdq(
     model_path = quantized_model(
         name, make, workdir, args.activations, args.calibration, not args.no_preprocess
     )
-    result = build_package(f"{name}_qdq", model_path, workdir, args.trials, validate=False)
-    compiled = aotc_runtime.load(str(result.package))
+    # tuned per thread count: a package for t cores each (the records' key holds the core count), as a
+    # deployment at t threads would tune; otherwise one package, tuned for this machine's cores
+    per_threads = args.trials and args.per_thread_tuning
+    builds = {
+        t: build_package(
+            f"{name}_qdq_{t}" if per_threads else f"{name}_qdq",
+            model_path,
+            workdir,
+            args.trials,
+            validate=False,
+            target=f"llvm -num-cores={t}" if per_threads else "",
+        )
+        for t in (args.threads if per_threads else args.threads[:1])
+    }
+    packages = {t: aotc_runtime.load(str(b.package)) for t, b in builds.items()}
+    compiled = next(iter(packages.values()))
     acc = check_outputs(compiled, model_path, args.samples)
     lsb = "-" if acc.max_lsb is None else f"{acc.max_lsb:.1f}"
     inputs = seeded_inputs({t.name: (tuple(t.shape), t.dtype) for t in compiled.inputs}, seed=0)
     rows = []
     for t in args.threads:
         _, (run_peer,) = peer_calls(model_path, inputs, 1, t)
-        compiled.num_threads = t
-        ours, peer = best_of_turns(lambda: compiled.run(inputs), run_peer, rounds)
+        package = packages.get(t, compiled)
+        result = builds.get(t, next(iter(builds.values())))
+        package.num_threads = t
+        ours, peer = best_of_turns(lambda p=package: p.run(inputs), run_peer, rounds)
         rows.append(
             f"{name:<14} {args.activations:<5} {t:>2}  {ours * 1e3:9.3f}  {peer * 1e3:9.3f}  {peer / ours:6.2f}x  "
             f"{result.seconds:7.1f} s  {len(result.tasks):>3}  {acc.max_abs:9.3g}  {lsb:>5}  "
@@ -183,6 +202,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="quantize the zoo's model as built, batch norms unfolded (default: quant_pre_process first)",
     )
+    ap.add_argument(
+        "--per-thread-tuning",
+        action="store_true",
+        help="with --trials: tune a package for each thread count (-num-cores=t), not one for this machine",
+    )
     ap.add_argument("--calibration", type=int, default=4, help="seeded calibration inputs (default: 4)")
     ap.add_argument(
         "--samples", type=int, default=4, help="seeded inputs for the accuracy check (default: 4)"
@@ -212,6 +236,8 @@ def main(argv: list[str] | None = None) -> int:
             for row in rows:
                 print(row, flush=True)
     how = f"tuned with {args.trials} trials per model" if args.trials else "untuned default schedules"
+    if args.trials and args.per_thread_tuning:
+        how += " and thread count, each package tuned for the cores it runs on"
     print(
         f"ratio = onnxruntime latency / aotc latency ({how}); onnxruntime runs the same QDQ model "
         f"(per-channel int8 weights, {args.activations} activations); max|diff| and argmax over "

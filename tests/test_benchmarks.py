@@ -213,3 +213,25 @@ def test_dot_peak_loop_computes_the_instruction(capsys):
     ctypes.memmove(engine.get_global_value_address("b"), b.ctypes.data, b.nbytes)
     lane0 = int(a[:4].astype(np.int64) @ b[:4].astype(np.int64))
     assert run(5) == dot_peak.CHAINS * 5 * lane0
+
+
+def test_qdq_benchmark_tunes_a_package_per_thread_count(capsys, tmp_path, monkeypatch):
+    """--per-thread-tuning: one package tuned for each thread count's cores (-num-cores=t), each row timed
+    with its own."""
+    monkeypatch.setenv("AOTC_HOME", str(tmp_path / "home"))
+    qdq = _import("qdq")
+    built = []
+    build = qdq.build_package
+
+    def recording(name, model_path, workdir, trials=0, validate=True, target=""):
+        built.append((trials, target))
+        return build(name, model_path, workdir, trials, validate, target)
+
+    monkeypatch.setattr(qdq, "build_package", recording)
+    args = ["--quick", "--models", "small_cnn", "--samples", "1", "--trials", "4", "--per-thread-tuning"]
+    assert qdq.main(args) == 0
+    out = capsys.readouterr().out
+    assert built == [(4, "llvm -num-cores=1"), (4, "llvm -num-cores=2")]
+    assert "each package tuned for the cores it runs on" in out
+    rows = [line.split() for line in out.splitlines() if line.startswith("small_cnn ")]
+    assert [r[2] for r in rows] == ["1", "2"] and all(r[-1] == "1/1" for r in rows)
