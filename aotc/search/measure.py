@@ -27,6 +27,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from multiprocessing.connection import wait as wait_for_connections
+from pathlib import Path
 
 from aotc.emulator import EMULATORS, kernel_emulation_unavailable
 from aotc.ir.stmt import PrimFunc
@@ -84,6 +85,11 @@ def _spawn_hint() -> str:
     main = sys.modules.get("__main__")
     if main is None or getattr(main, "__spec__", None) is not None or not getattr(main, "__file__", None):
         return ""
+    try:  # a script that has the guard (the `aotc` command's own) died of something else
+        if "__main__" in Path(main.__file__).read_text(errors="replace"):
+            return ""
+    except OSError:
+        pass
     return (
         f"; if {main.__file__} calls aotc.compile or aotc.tune, call it under"
         ' `if __name__ == "__main__":` (builders are spawned processes that import it again)'
