@@ -46,6 +46,22 @@ ONE_CORE = "llvm -num-cores=1"  # the key of the two extra device nodes: this CP
 NODE_START_S = 90.0
 
 
+def test_a_device_key_names_the_cpu_however_the_target_spells_it():
+    """A device started for `llvm -mcpu=<its CPU>` serves a build for `llvm -mcpu=native` on a machine of
+    that class: the key hashes the features the code sees, not the target string; cores and qemu differ."""
+    from aotc.target import cpu_features
+
+    host = host_target()
+    named = parse_target(f"llvm -mcpu={host.mcpu} -num-cores={host.hw.num_cores}")
+    if set(cpu_features(named)) != set(cpu_features(host)):
+        pytest.skip(f"this host's features are not {host.mcpu}'s (a VM that hides some)")
+    assert device_key(named) == device_key(host) == device_key(parse_target("llvm -mcpu=native"))
+    assert device_key(named) != device_key(parse_target(f"llvm -mcpu={host.mcpu} -num-cores=64"))
+    emulated = device_key(named, emulated=True)
+    assert emulated != device_key(named) and emulated.what.endswith("| emulated")
+    assert device_key(named).what == f"{named} | {host.hw.num_cores} cores"
+
+
 @dataclass
 class Node:
     proc: subprocess.Popen
