@@ -148,28 +148,27 @@ def bench_qdq(
     )
     # tuned per thread count: a package for t cores each (the records' key holds the core count), as a
     # deployment at t threads would tune; otherwise one package, tuned for this machine's cores
-    per_threads = args.trials and args.per_thread_tuning
-    builds = {
-        t: build_package(
-            f"{name}_qdq_{t}" if per_threads else f"{name}_qdq",
-            model_path,
-            workdir,
-            args.trials,
-            validate=False,
-            target=f"llvm -num-cores={t}" if per_threads else "",
+    if args.trials and args.per_thread_tuning:
+        builds = {
+            t: build_package(
+                f"{name}_qdq_{t}", model_path, workdir, args.trials, False, target=f"llvm -num-cores={t}"
+            )
+            for t in args.threads
+        }
+    else:
+        builds = dict.fromkeys(
+            args.threads, build_package(f"{name}_qdq", model_path, workdir, args.trials, False)
         )
-        for t in (args.threads if per_threads else args.threads[:1])
-    }
-    packages = {t: aotc_runtime.load(str(b.package)) for t, b in builds.items()}
-    compiled = next(iter(packages.values()))
+    loaded = {b.package: aotc_runtime.load(str(b.package)) for b in builds.values()}
+    compiled = loaded[builds[args.threads[0]].package]
     acc = check_outputs(compiled, model_path, args.samples)
     lsb = "-" if acc.max_lsb is None else f"{acc.max_lsb:.1f}"
     inputs = seeded_inputs({t.name: (tuple(t.shape), t.dtype) for t in compiled.inputs}, seed=0)
     rows = []
     for t in args.threads:
         _, (run_peer,) = peer_calls(model_path, inputs, 1, t)
-        package = packages.get(t, compiled)
-        result = builds.get(t, next(iter(builds.values())))
+        result = builds[t]
+        package = loaded[result.package]
         package.num_threads = t
         ours, peer = best_of_turns(lambda p=package: p.run(inputs), run_peer, rounds)
         rows.append(
