@@ -81,6 +81,7 @@ class ModelRun:
     store_seconds: float
     store_found: int  # tasks the build from the store took from it
     same_kernels: bool  # those tasks' kernels (all of them: the whole library) are the tuned build's
+    kernel_differences: list[str]  # where they are not: per kernel, the schedule each build took
     unmeasured: list[int]  # tasks the tuned build left without a valid measurement (nothing to store)
 
 
@@ -113,19 +114,26 @@ def task_rows(result: BuildResult) -> list[dict]:
     return json.loads((result.report / "report.json").read_text())["tasks"]
 
 
-def compare_store_build(tuned: BuildResult, again: BuildResult) -> tuple[int, bool, list[int]]:
-    """How many tasks the build from the store found there, whether their kernels are the tuned build's
-    (the whole kernel library when it found every task), and which tasks the tuned build left without a
-    valid measurement (a candidate that timed out or crashed under load when the budget gave it no
-    other): nothing of those is stored, so the build from the store tunes them again."""
+def compare_store_build(tuned: BuildResult, again: BuildResult) -> tuple[int, list[str], list[int]]:
+    """How many tasks the build from the store found there, where their kernels differ from the tuned
+    build's (empty when they are the same: the whole kernel library when it found every task; else per
+    kernel, the schedule each build took, so that a rare mismatch says whether the record choice or the
+    code differed), and which tasks the tuned build left without a valid measurement (a candidate that
+    timed out or crashed under load when the budget gave it no other): nothing of those is stored, so the
+    build from the store tunes them again."""
     found = [row["id"] for row in task_rows(again) if row["source"].startswith("user:")]
     unmeasured = [row["id"] for row in task_rows(tuned) if row["best_latency_s"] is None]
-    if len(found) == len(again.tasks):
-        same = kernel_libraries(again.package) == kernel_libraries(tuned.package)
-    else:
-        mine, theirs = kernel_schedules(again.package), kernel_schedules(tuned.package)
-        same = all(mine[i] == theirs[i] for i in found)
-    return len(found), same, unmeasured
+    mine, theirs = kernel_schedules(again.package), kernel_schedules(tuned.package)
+    all_found = len(found) == len(again.tasks)
+    checked = range(len(mine)) if all_found else found
+    differences = [
+        f"kernel {i}: from the store {mine[i]}, tuned build {theirs[i]}"
+        for i in checked
+        if mine[i] != theirs[i]
+    ]
+    if not differences and all_found and kernel_libraries(again.package) != kernel_libraries(tuned.package):
+        differences.append("the same schedules, but the kernel libraries' bytes differ")
+    return len(found), differences, unmeasured
 
 
 def package_runner(package: Path, inputs: dict, threads: int = THREADS) -> Callable[[], object]:
@@ -181,7 +189,7 @@ def run_model(
         tuned = tuned_build(workdir / "tuned")
         again = tuned_build(workdir / "from_store")
     assert tuned.tuning is not None and tuned.report is not None
-    found, same_kernels, unmeasured = compare_store_build(tuned, again)
+    found, differences, unmeasured = compare_store_build(tuned, again)
     import aotc_runtime
 
     specs = aotc_runtime.load(str(tuned.package)).inputs
@@ -211,7 +219,8 @@ def run_model(
         store_trials=0 if again.tuning is None else again.tuning.trials,
         store_seconds=again.seconds,
         store_found=found,
-        same_kernels=same_kernels,
+        same_kernels=not differences,
+        kernel_differences=differences,
         unmeasured=unmeasured,
     )
 
@@ -237,6 +246,7 @@ def format_run(r: ModelRun, deadline: str) -> list[str]:
         f"  build from the store: {r.store_trials} trials, {r.store_seconds:.1f} s, {r.store_found} of "
         f"{r.tasks} tasks found in the store{retuned}, same kernels as the tuned build: "
         f"{'yes' if r.same_kernels else 'NO'}",
+        *(f"    {d}" for d in r.kernel_differences),
     ]
 
 
