@@ -920,3 +920,28 @@ print(rss() - before)
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert int(proc.stdout) < 8 << 20, f"grew by {int(proc.stdout) >> 20} MB"
+
+
+@pytest.mark.parametrize(
+    "target", ["llvm -mcpu=znver3", "llvm -mcpu=znver4", "llvm -mtriple=aarch64-linux-gnu -mcpu=neoverse-n1"]
+)
+def test_kernels_and_their_parallel_regions_start_on_a_cache_line(target):
+    """Every kernel and parallel region is aligned to 64 bytes (`.p2align 6`), so its loops fall across
+    cache lines the same way wherever a package places it and in the candidate that tuning measured."""
+    from aotc import te
+    from aotc.codegen.llvm import compile_to_assembly
+    from aotc.schedule.default import default_schedule
+    from aotc.schedule.lower import lower
+    from aotc.te.dag import ComputeDAG
+    from aotc.te.tensor import placeholder
+
+    x = placeholder((256, 256), "float32", name="x")
+    dag = ComputeDAG([te.compute((256, 256), lambda i, j: x[i, j] * 2.0, "double")])
+    t = parse_target(target)
+    funcs = [lower(default_schedule(dag, t), name) for name in ("first", "second")]
+    lines = compile_to_assembly(build_llvm_ir(funcs, t, thread_pool=False), t).splitlines()
+    labels = [i for i, line in enumerate(lines) if line in ("first:", "first.par:", "second:", "second.par:")]
+    assert len(labels) == 4, labels
+    for i in labels:
+        align = [line.split()[1].rstrip(",") for line in lines[max(0, i - 6) : i] if ".p2align" in line]
+        assert align and align[-1] == "6", (lines[i], lines[max(0, i - 6) : i])

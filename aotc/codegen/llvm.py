@@ -24,7 +24,13 @@ import time
 
 import llvmlite.binding as llvm
 
-from aotc.codegen.irbuilder import CodegenError, FunctionBuilder, ModuleBuilder, string_const
+from aotc.codegen.irbuilder import (
+    KERNEL_ALIGNMENT,
+    CodegenError,
+    FunctionBuilder,
+    ModuleBuilder,
+    string_const,
+)
 from aotc.codegen.stmtgen import StmtGen, all_buffers
 from aotc.codegen.threadpool import EXTERNALS as POOL_EXTERNALS
 from aotc.codegen.threadpool import declare_thread_pool, emit_thread_pool
@@ -162,7 +168,7 @@ def _alias_scopes(mod: ModuleBuilder, func: PrimFunc) -> dict[Buffer, str]:
 def _emit_kernel(mod: ModuleBuilder, func: PrimFunc, veclib: VecLib | None) -> None:
     if len(set(func.params)) != len(func.params):
         raise CodegenError(f"kernel {func.name!r} lists the same buffer twice among its params")
-    fb = FunctionBuilder(f'define i32 @"{func.name}"(ptr %args) #0')
+    fb = FunctionBuilder(f'define i32 @"{func.name}"(ptr %args) #0 align {KERNEL_ALIGNMENT}')
     gen = StmtGen(mod, fb, veclib, _alias_scopes(mod, func), func.name, lambda: fb.ret("i32 1"))
     for i, buf in enumerate(func.params):
         slot = fb.op(f"getelementptr ptr, ptr %args, i64 {i}") if i else "%args"

@@ -7,6 +7,7 @@ from contextlib import contextmanager
 
 from aotc.codegen.exprgen import BufInfo, ExprGen, Ramp, VecCtx
 from aotc.codegen.irbuilder import (
+    KERNEL_ALIGNMENT,
     CodegenError,
     FunctionBuilder,
     ModuleBuilder,
@@ -490,7 +491,9 @@ class StmtGen(ExprGen):
 
     def _outline(self, s: For, vars_: list[Var], bufs: list[Buffer], types: list[str]) -> str:
         name = self.mod.unique_name(f"{self.func_name}.par")
-        fb = FunctionBuilder(f'define internal void @"{name}"(ptr %closure, i32 %participant, i32 %team) #0')
+        fb = FunctionBuilder(
+            f'define internal void @"{name}"(ptr %closure, i32 %participant, i32 %team) #0 align {KERNEL_ALIGNMENT}'
+        )
         loaded = []
         for k, ty in enumerate(types):
             slot = fb.op(f"getelementptr i64, ptr %closure, i64 {k}") if k else "%closure"
