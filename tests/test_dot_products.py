@@ -206,6 +206,31 @@ def test_default_schedule_uses_the_widest_dot_product(form, case, tmp_path):
     assert uses_instruction(asm, form)
 
 
+@pytest.mark.parametrize("form", sorted(TARGETS))
+def test_a_batch_one_dense_sums_into_several_vectors_and_copies_them_out_one_at_a_time(form, tmp_path):
+    """A classifier at batch 1 has no pixels to block: its default block takes several vectors of outputs
+    (independent sums; one vector waited on each dot product before), and its copy-out requantizes one
+    vector of the micro-kernel's lanes at a time (5 vectors of 8 lanes as one 40-lane loop were spilled lane
+    by lane). Bit for bit against the reference."""
+    target = parse_target(TARGETS[form])
+    dag = quantized_dag("qnn.dense", (1, 256), (40, 256), "int8", -7, True)
+    func = lower(default_schedule(dag, target))
+    (loop,) = tensorized(func)
+    (vector,) = [s for s in walk_stmts(func.body) if isinstance(s, For) and s.body is loop]
+    lanes = vector.max_extent
+    blocks = [s for s in walk_stmts(func.body) if isinstance(s, For) and s.body is vector]
+    # the loop right around the vector loop runs over vectors of outputs (ax1, the dense's output axis)
+    assert blocks and blocks[0].var.name.startswith("ax1.") and blocks[0].max_extent > 1, blocks
+    output = func.params[-1]
+    copies = [
+        s
+        for s in walk_stmts(func.body)
+        if isinstance(s, For) and s.kind == ForKind.VECTORIZED and getattr(s.body, "buffer", None) == output
+    ]
+    assert copies and all(s.max_extent == lanes for s in copies), [s.max_extent for s in copies]
+    check_exact(dag, default_schedule(dag, target), target, tmp_path, "k")
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_plain_widening_programs_stay_exact(case, tmp_path):
     """dot_products off: the search's programs widen each product (no dot-product instruction)."""
