@@ -6,6 +6,9 @@ prefetchers cannot follow once the activations have left the L2 cache (a 112x112
 NCHW `conv2d` nodes with constant weights into `conv2d_nhwc` / `depthwise_conv2d_nhwc` (weights
 transposed at build time), keeps element-wise ops, pools and H/W reductions between them in NHWC,
 and puts a transpose wherever an NCHW value is still needed (graph inputs and outputs, any other op).
+A transpose back to NCHW already in the graph (a quantized model's importer writes its integer convs in
+NHWC, with one after the last) is moved down the same way: the element-wise ops and H/W reductions after
+it run on its NHWC input, and the transpose goes where an NCHW value is needed.
 """
 
 from __future__ import annotations
@@ -84,6 +87,10 @@ def to_nhwc(graph: Graph) -> Graph:
         return v
 
     for node in graph.nodes:
+        if _to_nchw(node):  # its input is the NHWC form; the transpose is written again where needed
+            twin[node.outputs[0]] = node.inputs[0]
+            dropped.add(node.outputs[0])
+            continue
         rewritten = _rewrite(node, twin, as_nhwc)
         if rewritten is None:
             node.inputs = [as_nchw(v) for v in node.inputs]
@@ -95,6 +102,16 @@ def to_nhwc(graph: Graph) -> Graph:
     graph.nodes = nodes
     graph.verify()
     return graph
+
+
+def _to_nchw(node: Node) -> bool:
+    """An NHWC -> NCHW transpose of a 4-d value."""
+    return (
+        node.op == "transpose"
+        and tuple(node.attrs.get("perm", ())) == TO_NCHW
+        and len(node.inputs) == 1
+        and len(node.inputs[0].type.shape) == 4
+    )
 
 
 def _rewrite(node: Node, twin: dict[Value, Value], as_nhwc) -> Node | None:
@@ -136,7 +153,10 @@ def _rewrite(node: Node, twin: dict[Value, Value], as_nhwc) -> Node | None:
             return None
     if not any(v in twin for v in node.inputs):
         return None
-    return _emit(node, node.op, inputs, dict(node.attrs), out, twin)
+    attrs = dict(node.attrs)
+    if isinstance(attrs.get("axis"), int):  # the axis a per-channel parameter runs along (a dequantize's)
+        attrs["axis"] = TO_NHWC.index(attrs["axis"] % 4)
+    return _emit(node, node.op, inputs, attrs, out, twin)
 
 
 def _emit(
