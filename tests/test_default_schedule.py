@@ -177,6 +177,23 @@ def test_an_image_transpose_vectorizes_its_width_not_its_three_channels():
     assert iters[0].annotation == Annotation.PARALLEL
 
 
+def test_a_transpose_back_to_nchw_gives_each_thread_whole_rows_of_its_output():
+    """NHWC -> NCHW of a 7x7x512 feature map: its last axis (a row of 7) is not a few channels read across
+    planes, so the parallel loop runs over the output's outer axes in order and each thread writes rows
+    of its own. As the image rule had it (vectors along the channels, the row's pixels unrolled, the
+    parallel loop over the rows' planes) both threads wrote into the same cache lines: 0.077 ms at 2
+    threads on Zen 5 instead of 0.005."""
+    from aotc.schedule.state import Annotation
+    from aotc.topi.transform import transpose
+
+    x = placeholder((1, 7, 7, 512), "uint8", "x")
+    nchw = transpose(x, (0, 3, 1, 2))
+    s = default_schedule(ComputeDAG([nchw]), parse_target("llvm -mcpu=znver4 -num-cores=2"))
+    iters = s.stages[s.stage_id(nchw.name)].iters
+    assert iters[0].annotation == Annotation.PARALLEL and iters[0].name == "ax0@ax1@ax2", iters[0].name
+    assert iters[-1].annotation == Annotation.VECTORIZE and iters[-1].name == "ax3"
+
+
 def test_a_small_image_transpose_runs_on_the_calling_thread():
     """The transpose rule keeps the MIN_PARALLEL_POINTS floor: 16x16x3 points do not wake the pool."""
     from aotc.schedule.state import Annotation

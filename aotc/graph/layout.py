@@ -64,7 +64,8 @@ def _plain_pool(attrs: dict) -> bool:
 
 
 def to_nhwc(graph: Graph) -> Graph:
-    """The graph with its float convolutions in NHWC (see the module docstring); a no-op without convs."""
+    """The graph with its float convolutions in NHWC (see the module docstring); a no-op without convs or
+    transposes back to NCHW."""
     nodes: list[Node] = []
     twin: dict[Value, Value] = {}  # NCHW value -> its NHWC form
     dropped: set[Value] = set()  # NCHW values whose producer now writes the NHWC form only
