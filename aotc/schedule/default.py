@@ -66,7 +66,7 @@ def default_schedule(dag: ComputeDAG, target: Target) -> State:
         raise ValueError(f"{target}: the untuned GPU schedule is aotc.search.untuned.untuned_schedule")
     s = State.initial(dag)
     for op in reversed(dag.compute_ops):
-        if dag.analysis[op].is_strictly_inlineable:
+        if dag.analysis[op].is_strictly_inlineable or _pad_into_copy(dag, op):
             s = s.compute_inline(op.name)
     done: set[str] = set()
     for op in reversed(dag.compute_ops):
@@ -89,6 +89,22 @@ def default_schedule(dag: ComputeDAG, target: Target) -> State:
             continue
         s = _parallel_vectorize(s, name, target)
     return s
+
+
+def _pad_into_copy(dag: ComputeDAG, op: ComputeOp) -> bool:
+    """A pad read by one stage that sums nothing (another pad, a transpose): inlined there, its select
+    is evaluated once per element as it would be in a pass of its own, and that pass is saved (an int8
+    stem's 3 -> 4 channel pad, `pad_conv_channels`, had been a pass of 4-byte vectors over the image:
+    MobileNetV2's int8 stem 0.116 -> 0.054 ms on Zen 5 at 1 thread, 0.065 -> 0.031 at 2; QDQ ResNet-18's,
+    padded as planes before its transpose, 0.41-0.43 -> 0.39 at 1)."""
+    consumers = dag.consumers[op]
+    return (
+        op.tag == "pad"
+        and op not in dag.outputs
+        and len(consumers) == 1
+        and isinstance(consumers[0], ComputeOp)
+        and not consumers[0].reduce_axes
+    )
 
 
 def _is_untiled_window_reduction(s: State, dag: ComputeDAG, op: ComputeOp) -> bool:
