@@ -147,3 +147,21 @@ def test_a_transpose_back_to_nchw_moves_after_the_ops_that_do_not_need_it():
     assert next(n for n in graph.nodes if n.op == "qnn.dequantize").attrs["axis"] == 3
     out = run_graph(graph, feed)
     np.testing.assert_array_equal(out[v.name], ref[v.name])
+
+
+def test_an_op_with_a_shape_attribute_stays_in_nchw():
+    """broadcast_to names its shape in NCHW order: after a transpose back to NCHW it is not moved into NHWC
+    (it was, with its NCHW shape, and its compute failed: "shapes do not broadcast"). Same outputs."""
+    from aotc.graph.ir import Graph, Node, TensorType, Value
+
+    x = Value("x", TensorType((1, 8, 7, 16), "float32"))
+    t = Value("t", TensorType((1, 16, 8, 7), "float32"))
+    b = Value("b", TensorType((2, 16, 8, 7), "float32"))
+    transpose = Node("transpose", [x], [t], {"perm": (0, 3, 1, 2)}, name="to_nchw")
+    broadcast = Node("broadcast_to", [t], [b], {"shape": (2, 16, 8, 7)}, name="twice")
+    t.producer, b.producer = transpose, broadcast
+    graph = Graph([x], [b], [transpose, broadcast])
+    feed = {"x": np.random.default_rng(0).standard_normal((1, 8, 7, 16)).astype(np.float32)}
+    ref = run_graph(graph, feed)
+    assert [n.op for n in to_nhwc(graph).nodes] == ["transpose", "broadcast_to"]
+    np.testing.assert_array_equal(run_graph(graph, feed)["b"], ref["b"])

@@ -138,8 +138,8 @@ def _rewrite(node: Node, twin: dict[Value, Value], as_nhwc) -> Node | None:
             return None
         attrs = {**node.attrs, "axes": (1, 2)}
         return _emit(node, node.op, [twin[node.inputs[0]]], attrs, out, twin)
-    if get_op(node.op).pattern > OpPattern.BROADCAST:
-        return None
+    if get_op(node.op).pattern > OpPattern.BROADCAST or "shape" in node.attrs:
+        return None  # a shape attribute (broadcast_to's) is in NCHW order: the op stays there
     channels = out.type.shape[1]
     inputs = []
     for v in node.inputs:
