@@ -22,6 +22,21 @@ def test_div_mod_of_split_loops_simplify_with_ranges():
     assert expr_str(simplify((i * 4 + j) // 4)) == "(i + (j // 4))"
 
 
+def test_an_index_split_by_a_constant_and_flattened_again_is_the_index():
+    """(r // C) * C + r % C = r, at any scale and under other terms: a gather of window columns reads
+    pixels (w * 2 + r // 3) of 3 channels (r % 3), one contiguous run of r (window_columns)."""
+    from aotc.ir.simplify import affine_parts
+
+    r, w = Var("r"), Var("w")
+    assert affine_parts((r // 3) * 3 + r % 3, merge_split_index=True) == ({r: 1}, 0)
+    assert affine_parts(simplify((w * 2 + r // 3 - 3) * 3 + r % 3), True) == ({w: 6, r: 1}, -9)
+    assert affine_parts(simplify((w + r // 4) * 8 + (r % 4) * 2), True) == ({w: 8, r: 2}, 0)
+    # other multiples are left as they were, and so is an index that may be divided again: its split
+    # form is what a later division simplifies against ((f // 5) * 250 + (f % 5) * 50 + j) // 250
+    assert len(affine_parts(simplify((r // 3) * 2 + r % 3), True)[0]) == 2
+    assert expr_str(simplify((r // 3) * 3 + r % 3)) == "(((r // 3) * 3) + (r % 3))"
+
+
 def test_min_max_and_comparisons_decided_by_bounds():
     i = Var("i")
     ranges = {i: (0, 9)}

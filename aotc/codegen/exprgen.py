@@ -699,7 +699,9 @@ class ExprGen:
         if not indices:
             return const_val(0, "int64")
         flat = buf.flat_index(tuple(_as_index(i, buf) for i in indices))
-        terms, offset = affine_parts(flat)
+        # an index split by a constant and flattened again ((r // 3) * 3 + r % 3: a gather of window
+        # columns) is one contiguous index
+        terms, offset = affine_parts(flat, merge_split_index=True)
         if any(self._reuse_vars(atom) is None for atom in terms):
             return self.expr(flat)
         # The terms that vary, summed alone, then the constant: the copies of an unrolled loop share the

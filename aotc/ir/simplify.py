@@ -131,6 +131,18 @@ def _linear(e: Expr) -> _Linear:
     return _Linear({e: 1})
 
 
+def _merge_div_mod(lin: _Linear) -> _Linear:
+    """`k*c*(x // c) + k*(x % c)` is `k*x`: an index split by a constant and flattened again (a row's
+    pixels of C channels read as one run, `(i // C) * C + i % C`) is the index itself."""
+    for atom, k in lin.terms.items():
+        if isinstance(atom, Binary) and atom.op == "floormod" and isinstance(atom.b, Const):
+            div = Binary("floordiv", atom.a, atom.b)
+            if lin.terms.get(div) == k * int(atom.b.value):
+                merged = _Linear({a: v for a, v in lin.terms.items() if a != atom and a != div}, lin.const)
+                return _merge_div_mod(merged.add(_linear(atom.a), k))
+    return lin
+
+
 def _build(lin: _Linear, dtype: str) -> Expr:
     out: Expr | None = None
     for atom, coef in lin.terms.items():
@@ -369,10 +381,14 @@ def linear_terms(e: Expr) -> tuple[dict[Expr, int], int]:
     return affine_parts(simplify(e))
 
 
-def affine_parts(e: Expr) -> tuple[dict[Expr, int], int]:
+def affine_parts(e: Expr, merge_split_index: bool = False) -> tuple[dict[Expr, int], int]:
     """An already simplified integer expression as {atom: coef} + const (`linear_terms` without
-    simplifying first); atoms are non-linear sub-expressions, in first-seen order."""
+    simplifying first); atoms are non-linear sub-expressions, in first-seen order. `merge_split_index`:
+    `k*c*(x // c) + k*(x % c)` becomes `k*x` (a final offset; not for an index that is divided again,
+    whose split form the division simplifies against)."""
     lin = _linear(e)
+    if merge_split_index:
+        lin = _merge_div_mod(lin)
     return dict(lin.terms), lin.const
 
 
