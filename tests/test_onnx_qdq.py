@@ -41,6 +41,11 @@ MODELS = {
     "depthwise_separable": (zoo.depthwise_separable, {"qnn.conv2d_nhwc": 2, "qnn.depthwise_conv2d_nhwc": 1}),
     "dense_head": (zoo.dense_head, {"qnn.dense": 2, "qnn.add": 1}),
     "pooled_stem": (zoo.pooled_stem, {"qnn.conv2d_nhwc": 2, "qnn.max_pool2d_nhwc": 1}),
+    # ResNet's 7x7 stride-2 stem, whose window rows become channels (window_columns_as_channels)
+    "resnet_stem": (
+        lambda: zoo.pooled_stem(size=20, kernel=7, stride=2),
+        {"qnn.conv2d_nhwc": 2, "qnn.max_pool2d_nhwc": 1},
+    ),
 }
 FLOAT_OPS = {"conv2d", "dense", "matmul", "add", "relu", "clip", "max_pool2d"}
 SEEDS = range(4)
@@ -114,6 +119,8 @@ def test_quantize_static_model_folds_into_qnn_kernels_and_matches_onnxruntime(
         ("depthwise_separable", False, "int8"),
         ("dense_head", True, "int8"),
         ("pooled_stem", True, "uint8"),
+        ("resnet_stem", True, "uint8"),
+        ("resnet_stem", False, "int8"),
     ],
 )
 def test_compiled_qdq_package_equals_the_graph_and_matches_onnxruntime(

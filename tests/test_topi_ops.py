@@ -146,6 +146,10 @@ SAMPLES: dict[str, list[tuple[list[TensorType], dict]]] = {
         ([X], {"before": (0, 0, 2, 1), "after": (0, 0, 1, 3), "mode": "reflect"}),
         ([X], {"before": (0, 0, 2, -1), "after": (0, 0, -1, 3), "mode": "edge"}),
     ],
+    "window_columns": [
+        ([t(1, 4, 9, 3)], {"taps": 4, "stride": 2, "out_width": 3}),
+        ([t(2, 3, 7, 1, dtype="int32")], {"taps": 4, "stride": 1, "out_width": 4}),
+    ],
     "resize": [
         ([X], {"size": (2, 3, 12, 7), "scales": (1.0, 1.0, 2.0, 1.4), "mode": "nearest"}),
         ([X], {"size": (2, 3, 3, 9), "scales": (1.0, 1.0, 0.5, 1.8), "mode": "linear"}),

@@ -526,6 +526,81 @@ def test_channels_of_a_transposed_nchw_input_are_padded_as_planes():
     assert checked >= 2
 
 
+# (input HxW and channels, kernel, stride, pads (top, left, bottom, right), window taps after, or None)
+WINDOW_COLUMN_CASES = [
+    ((17, 20, 3), 7, 2, (3, 3, 3, 3), 8),  # ResNet's stem: 21 values a window row -> 24, not 7 x 4 = 28
+    ((9, 11, 3), 7, 1, (3, 2, 1, 4), 8),  # stride 1, asymmetric pads
+    ((12, 13, 1), 3, 1, (1, 1, 1, 1), 4),  # one channel: 4 values a row, not 3 x 4
+    ((23, 23, 3), 11, 4, (0, 0, 0, 0), 12),  # AlexNet-like: 36, not 44; the last 2 columns never read
+    ((8, 8, 3), 3, 2, (1, 1, 1, 1), None),  # MobileNet's stem: 12 either way, channels padded instead
+]
+
+
+@pytest.mark.parametrize("dtype, zero_point", [("uint8", 117), ("int8", -3)])
+@pytest.mark.parametrize("nchw", [False, True], ids=["nhwc", "nchw_transposed"])
+def test_window_columns_as_channels_give_identical_results(dtype, zero_point, nchw):
+    """A conv with few input channels whose window rows, read as runs of channels, take fewer dot-product
+    steps than its channels padded to 4 becomes a (KH x 1) conv over its input's window columns (padded
+    along the width with the zero point, as NCHW planes where a transpose makes the NHWC input); bit for
+    bit the same output, the zero point fold after it too. Where it does not pay the conv is left alone."""
+    from aotc.graph.interpret import run_graph
+    from aotc.graph.ir import Graph, Value
+    from aotc.graph.passes import fold_input_zero_point, window_columns_as_channels
+
+    rng = np.random.default_rng(4)
+    info = np.iinfo(dtype)
+    for (h, w, c), k, stride, pads, taps in WINDOW_COLUMN_CASES:
+        image = rng.integers(info.min, info.max + 1, (1, h, w, c)).astype(dtype)
+        weight = rng.integers(-127, 128, (16, k, k, c)).astype(np.int8)
+        bias = rng.integers(-5000, 5000, 16).astype(np.int32)
+        out_h = (h + pads[0] + pads[2] - k) // stride + 1
+        out_w = (w + pads[1] + pads[3] - k) // stride + 1
+        attrs = {
+            "strides": (stride, stride),
+            "pads": pads,
+            "dilations": (1, 1),
+            "input_scale": 0.02,
+            "input_zero_point": zero_point,
+            "weight_scales": tuple(0.0005 * (1 + o % 5) for o in range(16)),
+            "weight_zero_points": (0,),
+            "activation": "NONE",
+            "output_scale": 0.1,
+            "output_zero_point": 4,
+            "out_dtype": "uint8",
+        }
+        out = Value("y", TensorType((1, out_h, out_w, 16), "uint8"))
+        consts = [
+            Value("w", TensorType(weight.shape, "int8"), data=weight),
+            Value("b", TensorType((16,), "int32"), data=bias),
+        ]
+        feed = np.ascontiguousarray(image.transpose(0, 3, 1, 2)) if nchw else image
+        x = Value("x", TensorType(feed.shape, dtype))
+        nodes = []
+        conv_input = x
+        if nchw:
+            conv_input = Value("t", TensorType(image.shape, dtype))
+            nodes.append(Node("transpose", [x], [conv_input], {"perm": (0, 2, 3, 1)}, name="to_nhwc"))
+            conv_input.producer = nodes[0]
+        node = Node("qnn.conv2d_nhwc", [conv_input, *consts], [out], attrs, name="stem")
+        out.producer = node
+        expected = run_graph(Graph([x], [out], [*nodes, node]), {"x": feed})["y"]
+        graph = window_columns_as_channels(Graph([x], [out], [*nodes, node]))
+        what = f"{(h, w, c)} {k}x{k}/{stride} {dtype} {'nchw' if nchw else 'nhwc'}"
+        if taps is None:
+            assert [n.op for n in graph.nodes] == [n.op for n in nodes] + ["qnn.conv2d_nhwc"], what
+            continue
+        gather = graph.nodes[-2]
+        assert gather.op == "window_columns" and gather.attrs["taps"] == taps, what
+        assert node.inputs[1].type.shape == (16, k, 1, taps * c) and node.attrs["strides"] == (stride, 1), (
+            what
+        )
+        if nchw:  # the planes are padded, then transposed
+            assert [n.op for n in graph.nodes] == ["transpose", "pad", "transpose", "window_columns", node.op]
+        np.testing.assert_array_equal(run_graph(graph, {"x": feed})["y"], expected, err_msg=what)
+        graph = fold_input_zero_point(graph)
+        np.testing.assert_array_equal(run_graph(graph, {"x": feed})["y"], expected, err_msg=what)
+
+
 def test_depthwise_taps_padded_to_the_dot_product_depth_give_identical_results():
     """A depthwise conv's 3-tap window rows get a fourth tap of weight 0 (the weights' zero point) and one
     more column of padding on the right, with dilations and strides; same output shape, bit for bit."""

@@ -50,6 +50,7 @@ def optimize(
     if nhwc:
         graph = to_nhwc(eliminate_dead_code(graph))
     if dot_products:
+        graph = window_columns_as_channels(graph)
         graph = pad_conv_channels(graph)
         graph = pad_depthwise_taps(graph)
     graph = fold_input_zero_point(graph, same_sign=same_sign_dots)
@@ -321,11 +322,93 @@ def pad_conv_channels(graph: Graph) -> Graph:
     return graph
 
 
+def window_columns_as_channels(graph: Graph) -> Graph:
+    """A quantized conv with few input channels (ResNet's 7x7 stride-2 RGB stem) whose window columns and
+    channels together need fewer dot-product steps than its channels padded to DOT_DEPTH (7 x 3 = 21 values
+    a window row: 24, 6 steps, against 7 x 4 = 28, 7) reads each window row as one run of channels: its
+    input, padded along the width (with the input zero point; the NCHW planes where an NCHW -> NHWC
+    transpose makes it), feeds a `window_columns` node that gathers each output column's window row, and
+    the conv becomes a (KH x 1) conv over those; the taps beyond KW weigh 0."""
+    nodes = []
+    for node in graph.nodes:
+        taps = _window_columns(node)
+        if taps is not None:
+            x, weight = node.inputs[:2]
+            top, left, bottom, _ = as_pads(node.attrs.get("pads", 0))
+            stride_h, stride_w = as_pair(node.attrs["strides"])
+            out_width = node.outputs[0].type.shape[2]
+            right = max(0, stride_w * (out_width - 1) + taps - x.type.shape[2] - left)
+            name = node.name or node.outputs[0].name
+            zero_point = float(node.attrs.get("input_zero_point", 0))
+            source = x.producer
+            if source is not None and source.op == "transpose" and tuple(source.attrs["perm"]) == TO_NHWC:
+                # pad the NCHW planes, then transpose: no separate pass of 3-byte pixels
+                planes = _pad(
+                    source.inputs[0], 3, left, right, zero_point, f"{name}_width_pad", f"{name}_planes"
+                )
+                padded = _transposed(planes, TO_NHWC, f"{name}_rows")
+                added = [planes.producer, padded.producer]
+            else:
+                padded = _pad(x, 2, left, right, zero_point, f"{name}_width_pad", f"{name}_rows")
+                added = [padded.producer]
+            attrs = {"taps": taps, "stride": stride_w, "out_width": out_width}
+            gather = Node("window_columns", [padded], [], attrs, name=f"{name}_window_columns")
+            n, height, _, channels = padded.type.shape
+            shape = (n, height, out_width, taps * channels)
+            gather.outputs = [Value(f"{name}_columns", TensorType(shape, x.type.dtype), producer=gather)]
+            w = weight.data
+            w = np.pad(w, ((0, 0), (0, 0), (0, taps - w.shape[2]), (0, 0))).reshape(*w.shape[:2], 1, -1)
+            node.inputs = [
+                gather.outputs[0],
+                Value(f"{weight.name}_columns", TensorType(w.shape, weight.type.dtype), data=w),
+                *node.inputs[2:],
+            ]
+            dilation_h = as_pair(node.attrs.get("dilations", 1))[0]
+            strides, pads, dilations = (stride_h, 1), (top, 0, bottom, 0), (dilation_h, 1)
+            node.attrs = {**node.attrs, "strides": strides, "pads": pads, "dilations": dilations}
+            nodes += [*added, gather]
+        nodes.append(node)
+    graph.nodes = nodes
+    return graph
+
+
+def _window_columns(node: Node) -> int | None:
+    """The window width KWp that `window_columns_as_channels` gives `node`, or None where it does not pay."""
+    if node.op != "qnn.conv2d_nhwc" or len(node.inputs) < 2 or not node.inputs[1].is_constant:
+        return None
+    x, weight = node.inputs[:2]
+    if x.type.dtype not in ("int8", "uint8") or len(x.type.shape) != 4 or node.attrs.get("groups", 1) != 1:
+        return None
+    channels, kw = x.type.shape[3], weight.type.shape[2]
+    stride_w = as_pair(node.attrs.get("strides", 1))[1]
+    if (
+        channels % DOT_DEPTH == 0
+        or weight.type.shape[3] != channels
+        or as_pair(node.attrs.get("dilations", 1))[1] != 1
+    ):
+        return None
+    taps = -(-kw // stride_w) * stride_w
+    while (taps * channels) % DOT_DEPTH:
+        taps += stride_w
+    padded_channels = channels + -channels % DOT_DEPTH
+    return taps if taps * channels < kw * padded_channels else None
+
+
 def _channel_pad(x: Value, axis: int, extra: int, value: float, name: str, out: str) -> Value:
     """`x` with `extra` more entries of `value` at the end of `axis` (named `out`), made by a new pad node."""
-    after = tuple(extra if a == axis else 0 for a in range(len(x.type.shape)))
-    pad = Node("pad", [x], [], {"before": (0,) * len(after), "after": after, "value": value}, name=name)
-    shape = tuple(n + e for n, e in zip(x.type.shape, after))
+    return _pad(x, axis, 0, extra, value, name, out)
+
+
+def _pad(x: Value, axis: int, before: int, after: int, value: float, name: str, out: str) -> Value:
+    """`x` with `before` and `after` entries of `value` around `axis` (named `out`), made by a new pad node."""
+    ndim = len(x.type.shape)
+    attrs = {
+        "before": tuple(before if a == axis else 0 for a in range(ndim)),
+        "after": tuple(after if a == axis else 0 for a in range(ndim)),
+        "value": value,
+    }
+    pad = Node("pad", [x], [], attrs, name=name)
+    shape = tuple(n + b + e for n, b, e in zip(x.type.shape, attrs["before"], attrs["after"]))
     pad.outputs = [Value(out, TensorType(shape, x.type.dtype), producer=pad)]
     return pad.outputs[0]
 

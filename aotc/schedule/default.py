@@ -98,10 +98,11 @@ def _pad_into_copy(dag: ComputeDAG, op: ComputeOp) -> bool:
     stem's 3 -> 4 channel pad, `pad_conv_channels`, had been a pass of 4-byte vectors over the image:
     MobileNetV2's int8 stem 0.116 -> 0.054 ms on Zen 5 at 1 thread, 0.065 -> 0.031 at 2; QDQ ResNet-18's,
     padded as planes before its transpose, 0.41-0.43 -> 0.39 at 1). A Winograd conv's row transform too:
-    float ResNet-18's layer-1 Winograd convs 10-12% faster."""
+    float ResNet-18's layer-1 Winograd convs 10-12% faster. A conv's window columns (`window_columns`, a
+    gather of contiguous runs) too: they are then gathered per tile into the conv's own window copy."""
     consumers = dag.consumers[op]
     return (
-        op.tag == "pad"
+        op.tag in ("pad", "window_columns")
         and op not in dag.outputs
         and len(consumers) == 1
         and isinstance(consumers[0], ComputeOp)

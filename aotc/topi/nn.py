@@ -95,6 +95,20 @@ def pad(
     return te.compute(shape, body, name, tag="pad")
 
 
+def window_columns(data: Operation, taps: int, stride: int, out_width: int) -> Operation:
+    """NHWC `data` -> [N, H, out_width, taps * C]: output column w holds the `taps` pixels from `stride * w`
+    on, each pixel's C channels in turn, as one run of channels (in NHWC, one run of the input row). A conv
+    of KW <= taps columns reads its window rows as channels of a (KH x 1) conv."""
+    n, height, width, channels = data.shape
+    if stride * (out_width - 1) + taps > width:
+        raise te.TEError(f"window_columns: {out_width} columns of {taps} taps read past a width of {width}")
+
+    def body(b, h, w, r):
+        return data[b, h, w * stride + r // channels, r % channels]
+
+    return te.compute((n, height, out_width, taps * channels), body, "window_columns", tag="window_columns")
+
+
 def strided_window_input(
     data: Operation,
     pads: tuple[int, int, int, int],

@@ -208,6 +208,12 @@ def _pad(inputs, attrs):
     return [out]
 
 
+@register("window_columns", OpPattern.INJECTIVE)
+def _window_columns(inputs, attrs):
+    """attrs: taps, stride, out_width (nn.window_columns)."""
+    return [nn.window_columns(inputs[0], int(attrs["taps"]), int(attrs["stride"]), int(attrs["out_width"]))]
+
+
 @register("resize", OpPattern.INJECTIVE)
 def _resize(inputs, attrs):
     """attrs: size, scales (per axis), mode, coordinate_transformation_mode, nearest_mode."""

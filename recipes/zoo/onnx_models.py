@@ -307,14 +307,17 @@ def residual_block(batch: int = 1, channels: int = 8, size: int = 8, seed: int =
     return b.model("residual_block", [_float_input("input", (batch, 3, size, size))], out)
 
 
-def pooled_stem(batch: int = 1, channels: int = 8, size: int = 8, seed: int = 0) -> onnx.ModelProto:
-    """ResNet's stem in small: a 3x3 Conv + Relu, a 3x3 stride-2 MaxPool padded by 1, then a 1x1 Conv to
-    twice the channels + Relu as `output`."""
+def pooled_stem(
+    batch: int = 1, channels: int = 8, size: int = 8, seed: int = 0, kernel: int = 3, stride: int = 1
+) -> onnx.ModelProto:
+    """ResNet's stem in small: a 3x3 (`kernel`, `stride`) Conv + Relu, a 3x3 stride-2 MaxPool padded by 1,
+    then a 1x1 Conv to twice the channels + Relu as `output`."""
     b = _Builder(seed)
-    x = b.op("Relu", [b.conv("input", 3, channels, 3, bias=True)])
+    x = b.op("Relu", [b.conv("input", 3, channels, kernel, stride=stride, bias=True)])
     x = b.op("MaxPool", [x], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
     b.op("Relu", [b.conv(x, channels, 2 * channels, 1, bias=True)], output="output")
-    out = _float_input("output", (batch, 2 * channels, size // 2, size // 2))
+    side = size // stride // 2
+    out = _float_input("output", (batch, 2 * channels, side, side))
     return b.model("pooled_stem", [_float_input("input", (batch, 3, size, size))], out)
 
 
