@@ -114,23 +114,14 @@ def test_a_dot_product_block_trades_vectors_for_a_row_with_no_divisor_between(cp
     check_exact(dag, s, target, tmp_path, "k")
 
 
-@pytest.mark.parametrize("cpu", ["znver3", "znver4"])
-@pytest.mark.parametrize(("hw", "channels", "kernel", "stride"), [(20, 3, 7, 2), (13, 1, 3, 1)])
-def test_window_columns_are_gathered_inside_the_conv_tiles(cpu, hw, channels, kernel, stride, tmp_path):
-    """A conv whose window rows are read as channels (`window_columns_as_channels`: ResNet's 7x7 stride-2
-    RGB stem, a grayscale 3x3 conv) gathers them per tile into its window copy, not in a pass of its own
-    (QDQ ResNet-18's stem on Zen 5: 0.397 -> 0.35 ms at 1 thread). Bit for bit against its graph."""
+def _uint8_stem(hw: int, channels: int, kernel: int, stride: int, seed: int):
+    """(input, graph) of one uint8 conv of 16 outputs, `kernel` x `kernel` (padded by kernel // 2) over an
+    hw x hw image of `channels`: an int8 stem."""
     import numpy as np
 
-    from aotc.graph.interpret import run_graph
     from aotc.graph.ir import Graph, Node, TensorType, Value
-    from aotc.graph.partition import extract_tasks, partition
-    from aotc.graph.passes import optimize
-    from aotc.schedule.state import ComputeAtKind
 
-    from .test_dot_products import check_exact
-
-    rng = np.random.default_rng(1)
+    rng = np.random.default_rng(seed)
     x = Value("x", TensorType((1, hw, hw, channels), "uint8"))
     shape = (16, kernel, kernel, channels)
     w = Value("w", TensorType(shape, "int8"), data=rng.integers(-127, 128, shape, dtype=np.int8))
@@ -153,9 +144,28 @@ def test_window_columns_are_gathered_inside_the_conv_tiles(cpu, hw, channels, ke
     }
     node = Node("qnn.conv2d_nhwc", [x, w, b], [out], attrs, name="stem")
     out.producer = node
-    image = rng.integers(0, 256, (1, hw, hw, channels), dtype=np.uint8)
-    expected = run_graph(Graph([x], [out], [node]), {"x": image})["y"]
-    graph = optimize(Graph([x], [out], [node]), dot_products=True)
+    return x, Graph([x], [out], [node])
+
+
+@pytest.mark.parametrize("cpu", ["znver3", "znver4"])
+@pytest.mark.parametrize(("hw", "channels", "kernel", "stride"), [(20, 3, 7, 2), (13, 1, 3, 1)])
+def test_window_columns_are_gathered_inside_the_conv_tiles(cpu, hw, channels, kernel, stride, tmp_path):
+    """A conv whose window rows are read as channels (`window_columns_as_channels`: ResNet's 7x7 stride-2
+    RGB stem, a grayscale 3x3 conv) gathers them per tile into its window copy, not in a pass of its own
+    (QDQ ResNet-18's stem on Zen 5: 0.397 -> 0.35 ms at 1 thread). Bit for bit against its graph."""
+    import numpy as np
+
+    from aotc.graph.interpret import run_graph
+    from aotc.graph.partition import extract_tasks, partition
+    from aotc.graph.passes import optimize
+    from aotc.schedule.state import ComputeAtKind
+
+    from .test_dot_products import check_exact
+
+    x, graph = _uint8_stem(hw, channels, kernel, stride, seed=1)
+    image = np.random.default_rng(2).integers(0, 256, x.type.shape, dtype=np.uint8)
+    expected = run_graph(graph, {"x": image})["y"]
+    graph = optimize(graph, dot_products=True)
     assert "window_columns" in [n.op for n in graph.nodes]
     np.testing.assert_array_equal(run_graph(graph, {"x": image})["y"], expected)
     (task,) = extract_tasks(partition(graph))
@@ -354,39 +364,14 @@ def test_an_int8_stems_channel_pad_is_read_inside_the_conv_tiles(cpu, tmp_path):
     """An RGB int8 stem's input is padded to 4 channels for the dot products (`pad_conv_channels`). That
     pad is inlined into the conv's per-tile window pad, not run as a pass of its own over the image in
     4-byte vectors (MobileNetV2's int8 stem on Zen 5: 0.116 -> 0.054 ms at 1 thread). Bit for bit."""
-    import numpy as np
-
-    from aotc.graph.ir import Graph, Node, TensorType, Value
     from aotc.graph.partition import extract_tasks, partition
     from aotc.graph.passes import optimize
     from aotc.schedule.state import ComputeAtKind
 
     from .test_dot_products import check_exact
 
-    rng = np.random.default_rng(0)
-    x = Value("x", TensorType((1, 20, 20, 3), "uint8"))
-    w = Value(
-        "w", TensorType((16, 3, 3, 3), "int8"), data=rng.integers(-127, 128, (16, 3, 3, 3), dtype=np.int8)
-    )
-    b = Value("b", TensorType((16,), "int32"), data=rng.integers(-999, 999, 16, dtype=np.int32))
-    out = Value("y", TensorType((1, 10, 10, 16), "uint8"))
-    attrs = {
-        "strides": (2, 2),
-        "pads": (1, 1, 1, 1),
-        "dilations": (1, 1),
-        "input_scale": 0.02,
-        "input_zero_point": 120,
-        "weight_scales": (0.003,) * 16,
-        "weight_zero_points": (0,) * 16,
-        "activation": "NONE",
-        "output_scale": 0.05,
-        "output_zero_point": 7,
-        "out_dtype": "uint8",
-        "requantize": "float",
-    }
-    node = Node("qnn.conv2d_nhwc", [x, w, b], [out], attrs, name="stem")
-    out.producer = node
-    (task,) = extract_tasks(partition(optimize(Graph([x], [out], [node]), dot_products=True)))
+    _, graph = _uint8_stem(20, 3, 3, 2, seed=0)
+    (task,) = extract_tasks(partition(optimize(graph, dot_products=True)))
     target = parse_target(f"llvm -mcpu={cpu}")
     s = default_schedule(task.dag, target)
     pads = [st for st in s.stages if not st.is_placeholder and st.op.tag == "pad"]
