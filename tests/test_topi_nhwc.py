@@ -142,6 +142,10 @@ def float_cases(rng):
         ((1, 7, 8, 8), 1, {"strides": (1, 1), "pads": (1, 1, 1, 1), "dilations": (1, 1)}),
         ((2, 9, 9, 3), 2, {"strides": (2, 2), "pads": (0, 0, 1, 1), "dilations": (1, 1)}),
         ((1, 8, 7, 4), 1, {"strides": (1, 2), "pads": (2, 1, 2, 1), "dilations": (2, 1)}),
+        # padded per register block (float, one channel per input channel): a batch of 2 at stride 2, and
+        # a 7x7 stage whose few rows put blocks of channels in the parallel loop too
+        ((2, 9, 10, 32), 1, {"strides": (2, 2), "pads": (1, 1, 1, 1), "dilations": (1, 1)}),
+        ((1, 7, 7, 48), 1, {"strides": (1, 1), "pads": (1, 1, 1, 1), "dilations": (1, 1)}),
     ]
     for i, (xs, mult, attrs) in enumerate(depthwise):
         x, w, b = _rand(rng, *xs), _rand(rng, 1, 3, 3, xs[3] * mult), _rand(rng, xs[3] * mult)
