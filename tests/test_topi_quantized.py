@@ -536,13 +536,16 @@ WINDOW_COLUMN_CASES = [
 ]
 
 
-@pytest.mark.parametrize("dtype, zero_point", [("uint8", 117), ("int8", -3)])
+@pytest.mark.parametrize(
+    "dtype, zero_point, weight_zero_point", [("uint8", 117, 0), ("int8", -3, 0), ("uint8", 9, 7)]
+)
 @pytest.mark.parametrize("nchw", [False, True], ids=["nhwc", "nchw_transposed"])
-def test_window_columns_as_channels_give_identical_results(dtype, zero_point, nchw):
+def test_window_columns_as_channels_give_identical_results(dtype, zero_point, weight_zero_point, nchw):
     """A conv with few input channels whose window rows, read as runs of channels, take fewer dot-product
     steps than its channels padded to 4 becomes a (KH x 1) conv over its input's window columns (padded
     along the width with the zero point, as NCHW planes where a transpose makes the NHWC input); bit for
-    bit the same output, the zero point fold after it too. Where it does not pay the conv is left alone."""
+    bit the same output, the zero point fold after it too; the extra taps, which read real pixels, weigh
+    the weights' zero point. Where it does not pay the conv is left alone."""
     from aotc.graph.interpret import run_graph
     from aotc.graph.ir import Graph, Value
     from aotc.graph.passes import fold_input_zero_point, window_columns_as_channels
@@ -562,7 +565,7 @@ def test_window_columns_as_channels_give_identical_results(dtype, zero_point, nc
             "input_scale": 0.02,
             "input_zero_point": zero_point,
             "weight_scales": tuple(0.0005 * (1 + o % 5) for o in range(16)),
-            "weight_zero_points": (0,),
+            "weight_zero_points": (weight_zero_point,),
             "activation": "NONE",
             "output_scale": 0.1,
             "output_zero_point": 4,

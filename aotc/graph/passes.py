@@ -335,7 +335,7 @@ def window_columns_as_channels(graph: Graph) -> Graph:
         if taps is not None:
             x, weight = node.inputs[:2]
             top, left, bottom, _ = as_pads(node.attrs.get("pads", 0))
-            stride_h, stride_w = as_pair(node.attrs["strides"])
+            stride_h, stride_w = as_pair(node.attrs.get("strides", 1))
             out_width = node.outputs[0].type.shape[2]
             right = max(0, stride_w * (out_width - 1) + taps - x.type.shape[2] - left)
             name = node.name or node.outputs[0].name
@@ -356,8 +356,10 @@ def window_columns_as_channels(graph: Graph) -> Graph:
             n, height, _, channels = padded.type.shape
             shape = (n, height, out_width, taps * channels)
             gather.outputs = [Value(f"{name}_columns", TensorType(shape, x.type.dtype), producer=gather)]
-            w = weight.data
-            w = np.pad(w, ((0, 0), (0, 0), (0, taps - w.shape[2]), (0, 0))).reshape(*w.shape[:2], 1, -1)
+            # the extra taps read real pixels: they weigh the weights' zero point, so they add nothing
+            w, w_zp = weight.data, _weight_zero_points(node)[0]
+            w = np.pad(w, ((0, 0), (0, 0), (0, taps - w.shape[2]), (0, 0)), constant_values=w_zp)
+            w = w.reshape(*w.shape[:2], 1, -1)
             node.inputs = [
                 gather.outputs[0],
                 Value(f"{weight.name}_columns", TensorType(w.shape, weight.type.dtype), data=w),
@@ -378,6 +380,8 @@ def _window_columns(node: Node) -> int | None:
         return None
     x, weight = node.inputs[:2]
     if x.type.dtype not in ("int8", "uint8") or len(x.type.shape) != 4 or node.attrs.get("groups", 1) != 1:
+        return None
+    if len(set(_weight_zero_points(node))) != 1:  # the extra taps need one zero point to weigh
         return None
     channels, kw = x.type.shape[3], weight.type.shape[2]
     stride_w = as_pair(node.attrs.get("strides", 1))[1]

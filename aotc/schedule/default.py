@@ -349,7 +349,12 @@ def _tile_anchor(
     # channels a tile of the vector axis holds: a dot product's length counts vectors of its lanes
     width = (vec if dot is not None else 1) * lengths[vec_axis.name][2] if vec_axis is not None else 1
     # a float depthwise conv pads per register block (below); others per parallel tile of rows
-    per_block = window is not None and dot is None and _reads_own_channels(op, window, vec_axis)
+    per_block = (
+        window is not None
+        and dot is None
+        and np.dtype(op.dtype).kind == "f"
+        and _reads_own_channels(op, window, vec_axis)
+    )
     if per_block:
         vec = _depthwise_block(op, window, vec_axis, lengths, vec, target)
     if (
@@ -441,7 +446,8 @@ def _depthwise_block(
     target: Target,
 ) -> int:
     """Tile lengths of a float depthwise conv that pads per register block, as MobileNetV2's tuned records
-    do: up to DEPTHWISE_BLOCK pixels (rows x 1 or 2 columns, dividing both) of one vector of channels,
+    do: up to DEPTHWISE_BLOCK pixels (rows x 1 or 2 columns, dividing both) of one vector of channels (or
+    half of one; channels that neither divides keep their vector tile, and the block fewer pixels),
     each block padding the few rows and columns it reads (a row tile's pad had been a 146 KB copy of its
     input rows before any product); the parallel loop over blocks of rows, and of channels too where the
     rows give fewer than two blocks a core. Returns the vector tile. MobileNetV2 on Zen 5, untuned, in
@@ -450,17 +456,18 @@ def _depthwise_block(
     axes = _window_axes(op, window)
     assert axes is not None  # _reads_own_channels
     rows, cols = axes
+    lanes = _lanes(op.dtype, target)
+    v = next((n for n in (lanes, lanes // 2) if n > 1 and vec_axis.extent % n == 0), vec)
+    pixels = max(1, DEPTHWISE_BLOCK // -(-v // lanes))  # a wider vector tile takes fewer pixels
     _, col_block, row_block = max(
         (r * c, c, r)
-        for r in range(1, DEPTHWISE_BLOCK + 1)
+        for r in range(1, pixels + 1)
         if rows.extent % r == 0
         for c in (1, 2)
-        if cols.extent % c == 0 and r * c <= DEPTHWISE_BLOCK
+        if cols.extent % c == 0 and r * c <= pixels
     )
     lengths[rows.name] = [1, 1, row_block]
     lengths[cols.name] = [cols.extent // col_block, 1, col_block]
-    lanes = _lanes(op.dtype, target)
-    v = lanes if vec_axis.extent % lanes == 0 else vec
     few_rows = rows.extent // row_block < 2 * target.hw.num_cores
     lengths[vec_axis.name] = [1, 1, v] if few_rows else [vec_axis.extent // v, 1, v]
     return v
