@@ -298,19 +298,7 @@ def pad_conv_channels(graph: Graph) -> Graph:
         extra = -channels % DOT_DEPTH
         name = node.name or node.outputs[0].name
         zero_point = float(node.attrs.get("input_zero_point", 0))
-        source = x.producer
-        if source is not None and source.op == "transpose" and tuple(source.attrs["perm"]) == TO_NHWC:
-            # pad the NCHW planes, then transpose: no separate pass of 3-byte pixels
-            planes = _channel_pad(
-                source.inputs[0], 1, extra, zero_point, f"{name}_channel_pad", f"{name}_planes"
-            )
-            padded = _transposed(planes, TO_NHWC, f"{name}_channels")
-            added = [planes.producer, padded.producer]
-        else:
-            padded = _channel_pad(
-                x, len(x.type.shape) - 1, extra, zero_point, f"{name}_channel_pad", f"{name}_channels"
-            )
-            added = [padded.producer]
+        padded, added = _padded_nhwc(x, 3, 0, extra, zero_point, name, "channel", f"{name}_channels")
         w = np.pad(weight.data, ((0, 0),) * (weight.data.ndim - 1) + ((0, extra),))
         node.inputs = [
             padded,
@@ -328,10 +316,11 @@ def window_columns_as_channels(graph: Graph) -> Graph:
     a window row: 24, 6 steps, against 7 x 4 = 28, 7) reads each window row as one run of channels: its
     input, padded along the width (with the input zero point; the NCHW planes where an NCHW -> NHWC
     transpose makes it), feeds a `window_columns` node that gathers each output column's window row, and
-    the conv becomes a (KH x 1) conv over those; the taps beyond KW weigh 0."""
+    the conv becomes a (KH x 1) conv over those; the taps beyond KW, which read real pixels, weigh the
+    weights' zero point."""
     nodes = []
     for node in graph.nodes:
-        taps = _window_columns(node)
+        taps = _window_column_taps(node)
         if taps is not None:
             x, weight = node.inputs[:2]
             top, left, bottom, _ = as_pads(node.attrs.get("pads", 0))
@@ -340,17 +329,7 @@ def window_columns_as_channels(graph: Graph) -> Graph:
             right = max(0, stride_w * (out_width - 1) + taps - x.type.shape[2] - left)
             name = node.name or node.outputs[0].name
             zero_point = float(node.attrs.get("input_zero_point", 0))
-            source = x.producer
-            if source is not None and source.op == "transpose" and tuple(source.attrs["perm"]) == TO_NHWC:
-                # pad the NCHW planes, then transpose: no separate pass of 3-byte pixels
-                planes = _pad(
-                    source.inputs[0], 3, left, right, zero_point, f"{name}_width_pad", f"{name}_planes"
-                )
-                padded = _transposed(planes, TO_NHWC, f"{name}_rows")
-                added = [planes.producer, padded.producer]
-            else:
-                padded = _pad(x, 2, left, right, zero_point, f"{name}_width_pad", f"{name}_rows")
-                added = [padded.producer]
+            padded, added = _padded_nhwc(x, 2, left, right, zero_point, name, "width", f"{name}_rows")
             attrs = {"taps": taps, "stride": stride_w, "out_width": out_width}
             gather = Node("window_columns", [padded], [], attrs, name=f"{name}_window_columns")
             n, height, _, channels = padded.type.shape
@@ -374,7 +353,7 @@ def window_columns_as_channels(graph: Graph) -> Graph:
     return graph
 
 
-def _window_columns(node: Node) -> int | None:
+def _window_column_taps(node: Node) -> int | None:
     """The window width KWp that `window_columns_as_channels` gives `node`, or None where it does not pay."""
     if node.op != "qnn.conv2d_nhwc" or len(node.inputs) < 2 or not node.inputs[1].is_constant:
         return None
@@ -398,9 +377,21 @@ def _window_columns(node: Node) -> int | None:
     return taps if taps * channels < kw * padded_channels else None
 
 
-def _channel_pad(x: Value, axis: int, extra: int, value: float, name: str, out: str) -> Value:
-    """`x` with `extra` more entries of `value` at the end of `axis` (named `out`), made by a new pad node."""
-    return _pad(x, axis, 0, extra, value, name, out)
+def _padded_nhwc(
+    x: Value, axis: int, before: int, after: int, value: float, prefix: str, what: str, out: str
+) -> tuple[Value, list[Node]]:
+    """NHWC `x` padded along `axis` with `value` (named `out`; the pad node `{prefix}_{what}_pad`), and the
+    nodes added. Where an NCHW -> NHWC transpose makes `x`, the NCHW planes are padded and transposed
+    again: one vectorized pass each, not a pass over pixels of a few channels."""
+    source = x.producer
+    if source is not None and source.op == "transpose" and tuple(source.attrs["perm"]) == TO_NHWC:
+        planes = _pad(
+            source.inputs[0], TO_NHWC[axis], before, after, value, f"{prefix}_{what}_pad", f"{prefix}_planes"
+        )
+        padded = _transposed(planes, TO_NHWC, out)
+        return padded, [planes.producer, padded.producer]
+    padded = _pad(x, axis, before, after, value, f"{prefix}_{what}_pad", out)
+    return padded, [padded.producer]
 
 
 def _pad(x: Value, axis: int, before: int, after: int, value: float, name: str, out: str) -> Value:

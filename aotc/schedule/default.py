@@ -349,14 +349,14 @@ def _tile_anchor(
     # channels a tile of the vector axis holds: a dot product's length counts vectors of its lanes
     width = (vec if dot is not None else 1) * lengths[vec_axis.name][2] if vec_axis is not None else 1
     # a float depthwise conv pads per register block (below); others per parallel tile of rows
-    per_block = (
-        window is not None
-        and dot is None
-        and np.dtype(op.dtype).kind == "f"
-        and _reads_own_channels(op, window, vec_axis)
+    depthwise = (
+        _depthwise_window_axes(op, window, vec_axis)
+        if window is not None and dot is None and np.dtype(op.dtype).kind == "f"
+        else None
     )
-    if per_block:
-        vec = _depthwise_block(op, window, vec_axis, lengths, vec, target)
+    per_block = depthwise is not None
+    if depthwise is not None:
+        vec = _depthwise_block(*depthwise, vec_axis, lengths, vec, op.dtype, target)
     if (
         window is not None
         and not per_block
@@ -414,22 +414,18 @@ def _tile_anchor(
     return _vectorize_innermost(s, window.name, extents[-1], target), {anchor, out, window.name}
 
 
-def _reads_own_channels(op: ComputeOp, window: ComputeOp, vec_axis: IterVar | None) -> bool:
-    """A 2-D depthwise conv in NHWC: the vector axis (its channels) is the last index of its window reads,
-    and one output axis each indexes the window's rows and columns."""
-    if vec_axis is None:
-        return False
+def _depthwise_window_axes(
+    op: ComputeOp, window: ComputeOp, vec_axis: IterVar | None
+) -> tuple[IterVar, IterVar] | None:
+    """For a 2-D depthwise conv in NHWC (the vector axis, its channels, is the last index of every window
+    read), the output axes that index the window's rows and columns; None for any other op."""
     reads = [r for r in reads_of(op) if r.tensor is window]
-    if not reads or any(len(r.indices) < 3 or r.indices[-1] is not vec_axis.var for r in reads):
-        return False
-    return _window_axes(op, window) is not None
-
-
-def _window_axes(op: ComputeOp, window: ComputeOp) -> tuple[IterVar, IterVar] | None:
-    """The output axes that index an NHWC window's rows and columns (the first read's), or None."""
-    read = next(r for r in reads_of(op) if r.tensor is window)
+    if vec_axis is None or not reads:
+        return None
+    if any(len(r.indices) < 3 or r.indices[-1] is not vec_axis.var for r in reads):
+        return None
     found = []
-    for index in read.indices[-3:-1]:
+    for index in reads[0].indices[-3:-1]:
         axes = [a for a in op.axes if a.var in free_vars(index)]
         if len(axes) != 1:
             return None
@@ -438,11 +434,12 @@ def _window_axes(op: ComputeOp, window: ComputeOp) -> tuple[IterVar, IterVar] | 
 
 
 def _depthwise_block(
-    op: ComputeOp,
-    window: ComputeOp,
+    rows: IterVar,
+    cols: IterVar,
     vec_axis: IterVar,
     lengths: dict[str, list[int]],
     vec: int,
+    dtype: str,
     target: Target,
 ) -> int:
     """Tile lengths of a float depthwise conv that pads per register block, as MobileNetV2's tuned records
@@ -453,10 +450,7 @@ def _depthwise_block(
     rows give fewer than two blocks a core. Returns the vector tile. MobileNetV2 on Zen 5, untuned, in
     the model's sequence: its 17 depthwise convs 0.46-0.80x the time at 1 and 2 threads, its kernels
     0.913x / 0.910x in sum (znver3 code on the same machine: 0.958x / 0.961x)."""
-    axes = _window_axes(op, window)
-    assert axes is not None  # _reads_own_channels
-    rows, cols = axes
-    lanes = _lanes(op.dtype, target)
+    lanes = _lanes(dtype, target)
     v = next((n for n in (lanes, lanes // 2) if n > 1 and vec_axis.extent % n == 0), vec)
     pixels = max(1, DEPTHWISE_BLOCK // -(-v // lanes))  # a wider vector tile takes fewer pixels
     _, col_block, row_block = max(
