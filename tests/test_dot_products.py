@@ -433,3 +433,24 @@ def test_dot_product_stages_take_small_unroll_budgets_only():
     assert any(dot for dot, _ in seen)
     assert all(n in params.dot_unroll_steps for dot, n in seen if dot)
     assert max(n for dot, n in seen if dot) < max(params.unroll_steps)
+
+
+def test_a_weight_block_that_several_chunks_read_is_fetched_while_the_block_before_runs(tmp_path):
+    """A 7x7 conv's parallel loop walks weight blocks outermost, 7 chunks (columns) a block: each packed
+    weight load also prefetches the same bytes one block further on. A 28x28 conv, whose blocks are the
+    inner tiles and stay in cache, gets none. Either way the outputs stay exact."""
+    target = parse_target("llvm -mcpu=znver4 -num-cores=2")
+    dag = quantized_dag("qnn.conv2d_nhwc", (1, 7, 7, 64), (128, 3, 3, 64), "uint8", 100, True)
+    state = default_schedule(dag, target)
+    rewritten, _ = rewrite_layout(state)
+    (w,) = [b for b in lower(rewritten, "k").params if b.name == "w"]
+    block = int(np.prod([int(d) for d in w.shape[1:]]))  # int8: one byte an element
+    ir = build_llvm_ir([lower(rewritten, "k")], target)
+    ahead = re.findall(r"getelementptr i8, ptr %\S+, i64 (\d+)\n\s*call void @llvm\.prefetch\.p0", ir)
+    assert ahead and {int(a) for a in ahead} == {block}
+    check_exact(dag, state, target, tmp_path, "conv7x7")
+
+    wide = quantized_dag("qnn.conv2d_nhwc", (1, 28, 28, 32), (64, 3, 3, 32), "uint8", 100, True)
+    assert "llvm.prefetch" not in build_llvm_ir(
+        [lower(rewrite_layout(default_schedule(wide, target))[0], "k")], target
+    )
