@@ -508,20 +508,46 @@ def test_strided_load_deinterleaves_small_strides_and_gathers_large_ones(tmp_pat
 
 def test_gather_indirect_and_scatter(tmp_path):
     n = 32
-    A, I, B = Buffer("A", "float32", (n,)), Buffer("I", "int64", (n,)), Buffer("B", "float32", (2 * n,))
+    A, I, B = Buffer("A", "float32", (n,)), Buffer("I", "int64", (n,)), Buffer("B", "float32", (5 * n,))
     v = Var("v")
     gather = PrimFunc("ind", (A, I, B), loop(v, n, V, BufferStore(B, Load(A, (Load(I, (v,)),)), (v,))))
-    scatter = PrimFunc("sct", (A, I, B), loop(v, n, V, BufferStore(B, Load(A, (v,)), (v * 2 + 1,))))
+    scatter = PrimFunc("sct", (A, I, B), loop(v, n, V, BufferStore(B, Load(A, (v,)), (v * 5 + 1,))))
     assert "llvm.masked.scatter" in build_llvm_ir([scatter], HOST)
     lib = build(tmp_path, gather, scatter)
     a, perm = RNG.random(n, dtype=np.float32), RNG.permutation(n).astype(np.int64)
-    b = np.zeros(2 * n, np.float32)
+    b = np.zeros(5 * n, np.float32)
     lib.kernel("ind")(a, perm, b)
     np.testing.assert_array_equal(b[:n], a[perm])
     b[:] = 0
     lib.kernel("sct")(a, perm, b)
-    np.testing.assert_array_equal(b[1::2], a)
-    np.testing.assert_array_equal(b[::2], 0)
+    np.testing.assert_array_equal(b[1::5], a)
+    np.testing.assert_array_equal(np.delete(b, np.s_[1::5]), 0)
+
+
+@pytest.mark.parametrize("dtype", ["int8", "float32"])
+@pytest.mark.parametrize("stride", [2, 3, 4])
+def test_strided_store_spreads_its_lanes_under_a_mask_of_their_places(tmp_path, stride, dtype):
+    """A store at a small constant stride (a transpose into NHWC: 3 channels apart) is one masked store of
+    the span its lanes cover, not a scatter; it writes its lanes' places only, full vectors and the
+    masked tail alike (the rest keeps its sentinel)."""
+    n = 37
+    A, B = Buffer("A", dtype, (n,)), Buffer("B", dtype, (stride * n,))
+    o, v = Var("o"), Var("v")
+    idx = o * 16 + v
+    body = loop(
+        o,
+        3,
+        S,
+        loop(v, minimum(const(16), n - o * 16), V, BufferStore(B, Load(A, (idx,)), (idx * stride + 1,)), 16),
+    )
+    f = PrimFunc("spread", (A, B), body)
+    ir = build_llvm_ir([f], HOST)
+    assert "llvm.masked.store" in ir and "llvm.masked.scatter" not in ir
+    a = np.arange(1, n + 1).astype(dtype)
+    b = np.full(stride * n, -1, dtype)
+    run1(tmp_path, f, a, b)
+    np.testing.assert_array_equal(b[1::stride], a)
+    np.testing.assert_array_equal(np.delete(b, np.s_[1::stride]), -1)
 
 
 def test_masked_if_in_vector_loop(tmp_path):

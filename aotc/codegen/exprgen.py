@@ -814,6 +814,33 @@ class ExprGen:
         picks = ", ".join(f"i32 {i * off.stride}" for i in range(off.lanes))
         return self.fb.op(f"shufflevector {wide} {raw}, {wide} poison, <{off.lanes} x i32> <{picks}>")
 
+    def _strided_store(self, info: BufInfo, dtype: str, off: Ramp, mv: str, mask: Val | None) -> None:
+        """Lanes at a constant stride: the value spread over the span they cover and stored under a mask of
+        its lanes' places (one byte-masked store on AVX-512; elsewhere LLVM stores the places one by one
+        from one base address, where a scatter computed and extracted a vector of addresses)."""
+        elem, align = mem_type(dtype), elem_bytes(dtype)
+        span = (off.lanes - 1) * off.stride + 1
+        wide = vtype(elem, span)
+        spread = ", ".join(
+            f"i32 {j // off.stride}" if j % off.stride == 0 else "i32 poison" for j in range(span)
+        )
+        value = self.fb.op(f"shufflevector {mv}, {vtype(elem, off.lanes)} poison, <{span} x i32> <{spread}>")
+        if mask is None:
+            places = vector_const_text([j % off.stride == 0 for j in range(span)], "bool")
+        else:
+            picks = ", ".join(
+                f"i32 {j // off.stride}" if j % off.stride == 0 else f"i32 {off.lanes}" for j in range(span)
+            )
+            places = self.fb.op(
+                f"shufflevector {mask.typed}, {mask.ty} zeroinitializer, <{span} x i32> <{picks}>"
+            )
+        p = self._gep(info, elem, off.base, inbounds=False)
+        name = f"llvm.masked.store.v{span}{_mem_suffix(dtype)}.p0"
+        self.mod.intrinsic(name, "void", [wide, "ptr", f"<{span} x i1>"])
+        self.fb.emit(
+            f"call void @{name}({wide} {value}, ptr align {align} {p}, <{span} x i1> {places}){info.md}"
+        )
+
     def _guarded_scalar_load(self, info: BufInfo, dtype: str, off: Val, mask: Val) -> Val:
         """A load invariant in the vector variable, skipped when no lane is active."""
         fb = self.fb
@@ -861,6 +888,9 @@ class ExprGen:
             name = f"llvm.masked.store.v{lanes}{_mem_suffix(dtype)}.p0"
             self.mod.intrinsic(name, "void", [vt, "ptr", mask.ty])
             self.fb.emit(f"call void @{name}({mv}, ptr align {align} {p}, {mask.typed}){info.md}")
+            return
+        if isinstance(off, Ramp) and 2 <= off.stride <= MAX_DEINTERLEAVE:
+            self._strided_store(info, dtype, off, mv, mask)
             return
         offs = self.mat(off)
         ptrs = self.fb.op(f"getelementptr {elem}, ptr {info.ptr}, {offs.typed}")
