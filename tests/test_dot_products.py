@@ -454,3 +454,26 @@ def test_a_weight_block_that_several_chunks_read_is_fetched_while_the_block_befo
     assert "llvm.prefetch" not in build_llvm_ir(
         [lower(rewrite_layout(default_schedule(wide, target))[0], "k")], target
     )
+
+
+@pytest.mark.parametrize(("channels", "fetched"), [(128, True), (256, False)])
+def test_a_float_weight_block_is_fetched_ahead_while_two_blocks_fit_in_l2(channels, fetched):
+    """Float convs' weight vectors take the same prefetch, one per cache line they cover, where a block is
+    at most PREFETCH_MAX_BLOCK_BYTES: a 7x7 conv's 32 output channels over 128 input channels (147 KB) yes,
+    over 256 (295 KB) no, since the block fetched ahead would evict the one its chunks still read."""
+    from aotc.codegen.exprgen import PREFETCH_MAX_BLOCK_BYTES
+    from aotc.topi.nhwc import conv2d_nhwc
+
+    target = parse_target("llvm -mcpu=znver4 -num-cores=2")
+    data = placeholder((1, 7, 7, channels), "float32", name="data")
+    weight = placeholder((channels, 3, 3, channels), "float32", name="weight", tag=LAYOUT_FREE)
+    dag = ComputeDAG([conv2d_nhwc(data, weight, ((1, 1), (1, 1, 1, 1), (1, 1)))])
+    func = lower(rewrite_layout(default_schedule(dag, target))[0], "k")
+    (w,) = [b for b in func.params if b.name == "weight"]
+    block = 4 * int(np.prod([int(d) for d in w.shape[1:]]))
+    assert (block <= PREFETCH_MAX_BLOCK_BYTES) == fetched
+    ahead = re.findall(
+        r"getelementptr i8, ptr %\S+, i64 (\d+)\n\s*call void @llvm\.prefetch\.p0",
+        build_llvm_ir([func], target),
+    )
+    assert {int(a) for a in ahead} == ({block, block + 64} if fetched else set())

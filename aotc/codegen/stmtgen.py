@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from aotc.codegen.exprgen import BufInfo, ExprGen, Ramp, VecCtx
+from aotc.codegen.exprgen import CACHE_LINE, BufInfo, ExprGen, Ramp, VecCtx
 from aotc.codegen.irbuilder import (
     KERNEL_ALIGNMENT,
     CodegenError,
@@ -22,7 +21,7 @@ from aotc.codegen.irbuilder import (
 from aotc.codegen.threadpool import MAX_TEAM, PARALLEL, TEAM_SIZE
 from aotc.codegen.vecmath import VecLib
 from aotc.ir.dot import DotForm, Operand, affine_offset, tensorized_dot
-from aotc.ir.expr import Binary, Buffer, Const, Expr, Load, Var, walk
+from aotc.ir.expr import Buffer, Expr, Load, Var, walk
 from aotc.ir.stmt import (
     MAX_VECTOR_LANES,
     Allocate,
@@ -39,11 +38,7 @@ from aotc.ir.stmt import (
 
 MAX_STACK_BYTES = 256 * 1024
 MAX_UNROLL = 512
-CACHE_LINE = 64
 CHUNKS_PER_THREAD = 8
-# llvm.prefetch's locality for a weight block fetched ahead (1: prefetcht2 on x86, into the outer caches;
-# the block is read from there once its turn comes; 3, into L1, timed the same on Zen 5)
-PREFETCH_LOCALITY = 1
 _MISSING = object()
 
 
@@ -109,7 +104,7 @@ class StmtGen(ExprGen):
         self.alias_md = alias_md
         self.func_name = func_name
         self.exit_failure = exit_failure
-        self.parallel_var = parallel_var  # in an outlined parallel region: the loop whose chunks it claims
+        self.parallel_var = parallel_var
         self.heap: list[str] = []
         self.counters: str | None = None  # the chunk counters every parallel loop of this function reuses
 
@@ -419,7 +414,7 @@ class StmtGen(ExprGen):
                 p = self._gep(info, elem, base)
                 raw = self.fb.op(f"load <{width} x {elem}>, ptr {p}, align 1{info.md}")
                 if width == n:
-                    self._prefetch_next_block(value, p)
+                    self.prefetch_next_block(value, base, n * (2 if elem == "i16" else 1))
                     return raw
                 picks = ", ".join(f"i32 {j}" for _ in range(lanes) for j in range(depth))
                 return self.fb.op(
@@ -443,32 +438,6 @@ class StmtGen(ExprGen):
         return self.fb.op(
             f"shufflevector <{n} x {elem}> {parts[0]}, <{n} x {elem}> poison, <{n} x i32> <{picks}>"
         )
-
-    def _prefetch_next_block(self, weight: Load, p: str) -> None:
-        """Prefetch the bytes one outermost block after `p` where the parallel loop walks `weight`'s
-        outermost axis block after block, several chunks a block (the index is the loop's variable divided
-        by a constant): a block's first chunk would wait for memory at every step, and its later ones find
-        it in cache, unless it is fetched while the chunks of the block before run. A block read by one
-        chunk only is a plain stream, which the hardware prefetchers follow."""
-        index = weight.indices[0]
-        if not (
-            self.parallel_var is not None
-            and isinstance(index, Binary)
-            and index.op == "floordiv"
-            and index.a is self.parallel_var
-            and isinstance(index.b, Const)
-            and index.b.value > 1
-        ):
-            return
-        key = ("prefetch", p)  # once per address: unrolled copies of a register block share the load
-        if key in self.reused:
-            return
-        self.reused[key] = Val(p, "int64")
-        self.reuse_scopes[-1].append(key)
-        block = elem_bytes(weight.buffer.dtype) * math.prod(int(d) for d in weight.buffer.shape[1:])
-        self.mod.intrinsic("llvm.prefetch.p0", "void", ["ptr", "i32", "i32", "i32"])
-        ahead = self.fb.op(f"getelementptr i8, ptr {p}, i64 {block}")  # past the end: prefetches never fault
-        self.fb.emit(f"call void @llvm.prefetch.p0(ptr {ahead}, i32 0, i32 {PREFETCH_LOCALITY}, i32 1)")
 
     # -------------------------------------------------------------- parallel
 
