@@ -140,9 +140,8 @@ class ExprGen:
         self.reused: dict[tuple, Val | Ramp] = {}
         self.reuse_scopes: list[list[tuple]] = [[]]
         self.reuse_vars: dict[Expr, tuple[Var, ...] | None] = {}
-        self.parallel_var: Var | None = (
-            None  # in an outlined parallel region: the loop whose chunks it claims
-        )
+        # in an outlined parallel region: the loop whose chunks it claims
+        self.parallel_var: Var | None = None
 
     # ----------------------------------------------------------------- helpers
 
@@ -845,12 +844,7 @@ class ExprGen:
             p = self._gep(info, elem, off.base)
             raw = self.fb.op(f"load {wide}, ptr {p}, align {align}{info.md}")
         else:
-            spread = ", ".join(
-                f"i32 {j // off.stride}" if j % off.stride == 0 else f"i32 {off.lanes}" for j in range(span)
-            )
-            wide_mask = self.fb.op(
-                f"shufflevector {mask.typed}, {mask.ty} zeroinitializer, <{span} x i32> <{spread}>"
-            )
+            wide_mask = self._spread(mask.typed, mask.ty, off)
             p = self._gep(info, elem, off.base, inbounds=False)
             name = f"llvm.masked.load.v{span}{_mem_suffix(dtype)}.p0"
             self.mod.intrinsic(name, wide, ["ptr", f"<{span} x i1>", wide])
@@ -868,25 +862,26 @@ class ExprGen:
         elem, align = mem_type(dtype), elem_bytes(dtype)
         span = (off.lanes - 1) * off.stride + 1
         wide = vtype(elem, span)
-        spread = ", ".join(
-            f"i32 {j // off.stride}" if j % off.stride == 0 else "i32 poison" for j in range(span)
-        )
-        value = self.fb.op(f"shufflevector {mv}, {vtype(elem, off.lanes)} poison, <{span} x i32> <{spread}>")
+        value = self._spread(mv, vtype(elem, off.lanes), off)
         if mask is None:
             places = vector_const_text([j % off.stride == 0 for j in range(span)], "bool")
         else:
-            picks = ", ".join(
-                f"i32 {j // off.stride}" if j % off.stride == 0 else f"i32 {off.lanes}" for j in range(span)
-            )
-            places = self.fb.op(
-                f"shufflevector {mask.typed}, {mask.ty} zeroinitializer, <{span} x i32> <{picks}>"
-            )
+            places = self._spread(mask.typed, mask.ty, off)
         p = self._gep(info, elem, off.base, inbounds=False)
         name = f"llvm.masked.store.v{span}{_mem_suffix(dtype)}.p0"
         self.mod.intrinsic(name, "void", [wide, "ptr", f"<{span} x i1>"])
         self.fb.emit(
             f"call void @{name}({wide} {value}, ptr align {align} {p}, <{span} x i1> {places}){info.md}"
         )
+
+    def _spread(self, typed: str, ty: str, off: Ramp) -> str:
+        """A vector of one element a lane (`typed`, of type `ty`) over the span `off`'s lanes cover: lane k at
+        k * stride, zero (false) between."""
+        span = (off.lanes - 1) * off.stride + 1
+        picks = ", ".join(
+            f"i32 {j // off.stride}" if j % off.stride == 0 else f"i32 {off.lanes}" for j in range(span)
+        )
+        return self.fb.op(f"shufflevector {typed}, {ty} zeroinitializer, <{span} x i32> <{picks}>")
 
     def _guarded_scalar_load(self, info: BufInfo, dtype: str, off: Val, mask: Val) -> Val:
         """A load invariant in the vector variable, skipped when no lane is active."""

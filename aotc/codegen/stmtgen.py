@@ -414,7 +414,7 @@ class StmtGen(ExprGen):
                 p = self._gep(info, elem, base)
                 raw = self.fb.op(f"load <{width} x {elem}>, ptr {p}, align 1{info.md}")
                 if width == n:
-                    self.prefetch_next_block(value, base, n * (2 if elem == "i16" else 1))
+                    self.prefetch_next_block(value, base, n * elem_bytes(value.buffer.dtype))
                     return raw
                 picks = ", ".join(f"i32 {j}" for _ in range(lanes) for j in range(depth))
                 return self.fb.op(
