@@ -756,7 +756,7 @@ class ExprGen:
         ):
             return
         buf = read.buffer
-        block = elem_bytes(buf.dtype) * math.prod(int(d) for d in buf.shape[1:])
+        block = elem_bytes(buf.dtype) * int(buf.strides[0])  # the outermost axis's stride, in bytes
         if block > PREFETCH_MAX_BLOCK_BYTES:
             return
         key = ("prefetch", read.buffer, base.ref)  # once per address: unrolled copies share the read
