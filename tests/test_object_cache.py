@@ -58,6 +58,23 @@ def test_split_libraries_compute_what_whole_ones_do_and_reuse_regions(tmp_path, 
     np.testing.assert_array_equal(run(str(tmp_path / "two.so"), "k"), np.arange(N, dtype=np.int32) * 3 + 7)
 
 
+def test_a_region_is_named_by_its_own_code_alone():
+    """The same region in a kernel with more buffers (another stage) has the same module text: its alias
+    scopes are its own buffers', and it declares only what it calls."""
+    small = kernel("k", 5)
+    a, b, c = small.params
+    d, i = Buffer("d", "int32", (N,)), Var("i")
+    extra = loop(i, N, ForKind.PARALLEL, BufferStore(d, Load(c, (i,)) - Load(a, (i,)), (i,)))
+    large = PrimFunc("k", (a, b, c, d), Seq((small.body, extra)))
+    _, small_regions = llvm.build_llvm_modules([small], HOST)
+    _, large_regions = llvm.build_llvm_modules([large], HOST)
+    assert len(small_regions) == 2 and len(large_regions) == 3
+    assert set(small_regions) < set(large_regions)
+    for region in small_regions:
+        assert "!noalias" in region and "aotc.pool" not in region and "aligned_alloc" not in region
+        assert region.count("distinct !{") == 3  # the region's domain and its two buffers' scopes
+
+
 def test_a_region_using_a_global_of_its_module_stays_in_it(tmp_path):
     """A heap buffer inside a parallel loop is cached in a global of the kernels' module between calls."""
     a, c, t = Buffer("a", "int32", (N,)), Buffer("c", "int32", (N,)), Buffer("t", "int32", (N,), "global")

@@ -261,8 +261,22 @@ class ModuleBuilder:
         self.metadata.append(f"{ref} = {'distinct ' if distinct else ''}{body}")
         return ref
 
+    def alias_scopes(self, domain: str, count: int) -> list[str]:
+        """The suffixes that mark accesses to `count` buffers of one kernel (named `domain`) as never
+        overlapping one another: `, !alias.scope !own, !noalias !others` for each buffer."""
+        root = self.md(f'!{{SELF, !"{domain}"}}', distinct=True)
+        scopes = [self.md(f'!{{SELF, {root}, !"b{i}"}}', distinct=True) for i in range(count)]
+        suffixes = []
+        for i, scope in enumerate(scopes):
+            own = self.md(f"!{{{scope}}}")
+            others = self.md("!{" + ", ".join(s for j, s in enumerate(scopes) if j != i) + "}")
+            suffixes.append(_SCOPE_SUFFIX.format(own=own, others=others))
+        return suffixes
+
     def render(self, triple: str) -> str:
-        return self._render(triple, self.globals, list(self.decls.values()), self.functions, self.finalizers)
+        return self._render(
+            triple, self.globals, list(self.decls.values()), self.functions, self.finalizers, self.metadata
+        )
 
     def render_split(self, triple: str) -> tuple[str, list[str]]:
         """The module less its parallel regions that use none of its globals, and a module for each of
@@ -277,17 +291,27 @@ class ModuleBuilder:
             text = next(f for f in functions if f.startswith(header))
             if any(m.group(0) not in declared and m.group(0) != own for m in _SYMBOL.finditer(text)):
                 continue  # it uses a global of this module (a cached heap block)
-            body = text.replace(header, f"define hidden void {_REGION}(", 1)
-            module = self._render(triple, [], list(self.decls.values()), [body], [])
+            body, metadata = _own_alias_scopes(text.replace(header, f"define hidden void {_REGION}(", 1))
+            used = {m.group(0) for m in _SYMBOL.finditer(body)}
+            own_decls = [d for d in self.decls.values() if _SYMBOL.search(d).group(0) in used]
+            module = self._render(triple, [], own_decls, [body], [], metadata)
             symbol = f'@"aotc.region.{hashlib.sha1(module.encode()).hexdigest()[:20]}"'
             modules[symbol] = module.replace(_REGION, symbol)
             functions = [f.replace(own, symbol) for f in functions if f is not text]
             decls.append(f"declare hidden void {symbol}(ptr, i32, i32) #0")
-        main = self._render(triple, self.globals, list(dict.fromkeys(decls)), functions, self.finalizers)
+        main = self._render(
+            triple, self.globals, list(dict.fromkeys(decls)), functions, self.finalizers, self.metadata
+        )
         return main, list(modules.values())
 
     def _render(
-        self, triple: str, globals_: list[str], decls: list[str], functions: list[str], finalizers: list[str]
+        self,
+        triple: str,
+        globals_: list[str],
+        decls: list[str],
+        functions: list[str],
+        finalizers: list[str],
+        metadata: list[str],
     ) -> str:
         parts = [f'target triple = "{triple}"', ""]
         parts.extend(globals_)
@@ -305,8 +329,34 @@ class ModuleBuilder:
             parts.append(fn)
         parts.append("")
         parts.append("attributes #0 = { nounwind }")
-        parts.extend(self.metadata)
+        parts.extend(metadata)
         return "\n".join(parts) + "\n"
+
+
+_SCOPE_SUFFIX = ", !alias.scope {own}, !noalias {others}"
+_ACCESS_SCOPES = re.compile(r", !alias\.scope (![0-9]+), !noalias ![0-9]+")
+
+
+def _own_alias_scopes(function: str) -> tuple[str, list[str]]:
+    """`function` (a split region) with alias scopes of its own, one per buffer it accesses, numbered in the
+    order it first accesses them, and their metadata. The kernel's scopes listed every buffer of the
+    kernel, so the same region had another text (and was compiled again) in each candidate whose other
+    stages had another number of buffers."""
+    order: dict[str, int] = {}
+    for m in _ACCESS_SCOPES.finditer(function):
+        order.setdefault(m.group(1), len(order))
+    if len(order) < 2:  # one buffer: nothing to tell apart (as a kernel with one buffer has no scopes)
+        return _ACCESS_SCOPES.sub("", function), []
+    n = len(order)
+    metadata = ['!0 = distinct !{!0, !"region"}']
+    metadata += [f'!{1 + i} = distinct !{{!{1 + i}, !0, !"b{i}"}}' for i in range(n)]
+    suffixes = {}
+    for own, i in order.items():
+        own_list, others_list = 1 + n + 2 * i, 2 + n + 2 * i
+        metadata.append(f"!{own_list} = !{{!{1 + i}}}")
+        metadata.append(f"!{others_list} = !{{" + ", ".join(f"!{1 + j}" for j in range(n) if j != i) + "}")
+        suffixes[own] = _SCOPE_SUFFIX.format(own=f"!{own_list}", others=f"!{others_list}")
+    return _ACCESS_SCOPES.sub(lambda m: suffixes[m.group(1)], function), metadata
 
 
 # Kernels and their parallel regions start on a cache line. LLVM would place a function at any 16-byte

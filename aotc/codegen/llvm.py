@@ -155,14 +155,7 @@ def _alias_scopes(mod: ModuleBuilder, func: PrimFunc) -> dict[Buffer, str]:
     bufs = all_buffers(func)
     if len(bufs) < 2:
         return {}
-    domain = mod.md(f'!{{SELF, !"{func.name}"}}', distinct=True)
-    scopes = [mod.md(f'!{{SELF, {domain}, !"b{i}"}}', distinct=True) for i in range(len(bufs))]
-    out = {}
-    for i, buf in enumerate(bufs):
-        own = mod.md(f"!{{{scopes[i]}}}")
-        others = mod.md("!{" + ", ".join(s for j, s in enumerate(scopes) if j != i) + "}")
-        out[buf] = f", !alias.scope {own}, !noalias {others}"
-    return out
+    return dict(zip(bufs, mod.alias_scopes(func.name, len(bufs)), strict=True))
 
 
 def _emit_kernel(mod: ModuleBuilder, func: PrimFunc, veclib: VecLib | None) -> None:
