@@ -25,15 +25,19 @@ def test_div_mod_of_split_loops_simplify_with_ranges():
 def test_an_index_split_by_a_constant_and_flattened_again_is_the_index():
     """(r // C) * C + r % C = r, at any scale and under other terms: a gather of window columns reads
     pixels (w * 2 + r // 3) of 3 channels (r % 3), one contiguous run of r (window_columns)."""
-    from aotc.ir.simplify import affine_parts
+    from aotc.ir.simplify import flat_affine_parts
 
     r, w = Var("r"), Var("w")
-    assert affine_parts((r // 3) * 3 + r % 3, merge_split_index=True) == ({r: 1}, 0)
-    assert affine_parts(simplify((w * 2 + r // 3 - 3) * 3 + r % 3), True) == ({w: 6, r: 1}, -9)
-    assert affine_parts(simplify((w + r // 4) * 8 + (r % 4) * 2), True) == ({w: 8, r: 2}, 0)
+    assert flat_affine_parts([r // 3, r % 3], [3, 1]) == ({r: 1}, 0)
+    assert flat_affine_parts([simplify(w * 2 + r // 3 - 3), r % 3], [3, 1]) == ({w: 6, r: 1}, -9)
+    assert flat_affine_parts([simplify(w + r // 4), r % 4], [8, 2]) == ({w: 8, r: 2}, 0)
+    forms: dict = {}  # each index's form is kept: the same index at another stride gives the same
+    assert flat_affine_parts([w, r // 4, r % 4], [16, 8, 2], forms) == ({w: 16, r: 2}, 0)
+    assert flat_affine_parts([r // 4, w, r % 4], [8, 1, 2], forms) == ({w: 1, r: 2}, 0)
+    assert set(forms) == {w, r // 4, r % 4}
     # other multiples are left as they were, and so is an index that may be divided again: its split
     # form is what a later division simplifies against ((f // 5) * 250 + (f % 5) * 50 + j) // 250
-    assert len(affine_parts(simplify((r // 3) * 2 + r % 3), True)[0]) == 2
+    assert len(flat_affine_parts([r // 3, r % 3], [2, 1])[0]) == 2
     assert expr_str(simplify((r // 3) * 3 + r % 3)) == "(((r // 3) * 3) + (r % 3))"
 
 

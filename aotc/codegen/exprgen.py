@@ -47,7 +47,7 @@ from aotc.ir.expr import (
     walk,
 )
 from aotc.ir.printer import expr_str
-from aotc.ir.simplify import affine_parts, from_terms
+from aotc.ir.simplify import flat_affine_parts, from_terms
 
 MAX_DEINTERLEAVE = 4
 # A local buffer lives in registers once LLVM promotes it, so a strided read of it (a transposing
@@ -140,6 +140,7 @@ class ExprGen:
         self.reused: dict[tuple, Val | Ramp] = {}
         self.reuse_scopes: list[list[tuple]] = [[]]
         self.reuse_vars: dict[Expr, tuple[Var, ...] | None] = {}
+        self.index_forms: dict = {}  # each buffer index's linear form (`flat_affine_parts`)
         # in an outlined parallel region: the loop whose chunks it claims
         self.parallel_var: Var | None = None
 
@@ -708,12 +709,12 @@ class ExprGen:
             raise CodegenError(f"buffer {buf.name!r} has {len(buf.shape)} dims, indexed with {len(indices)}")
         if not indices:
             return const_val(0, "int64")
-        flat = buf.flat_index(tuple(_as_index(i, buf) for i in indices))
+        indices = tuple(_as_index(i, buf) for i in indices)
         # an index split by a constant and flattened again ((r // 3) * 3 + r % 3: a gather of window
         # columns) is one contiguous index
-        terms, offset = affine_parts(flat, merge_split_index=True)
+        terms, offset = flat_affine_parts(indices, buf.strides, self.index_forms)
         if any(self._reuse_vars(atom) is None for atom in terms):
-            return self.expr(flat)
+            return self.expr(buf.flat_index(indices))
         # The terms that vary, summed alone, then the constant: the copies of an unrolled loop share the
         # sum (one value, see `expr`) and differ in the constant, which the address modes fold.
         varying: dict[Expr, int] = {}

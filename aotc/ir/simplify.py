@@ -7,7 +7,7 @@ unbounded. Only integer arithmetic is rewritten; float expressions are constant-
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from aotc.ir.expr import (
     Binary,
@@ -381,14 +381,29 @@ def linear_terms(e: Expr) -> tuple[dict[Expr, int], int]:
     return affine_parts(simplify(e))
 
 
-def affine_parts(e: Expr, merge_split_index: bool = False) -> tuple[dict[Expr, int], int]:
+def affine_parts(e: Expr) -> tuple[dict[Expr, int], int]:
     """An already simplified integer expression as {atom: coef} + const (`linear_terms` without
-    simplifying first); atoms are non-linear sub-expressions, in first-seen order. `merge_split_index`:
-    `k*c*(x // c) + k*(x % c)` becomes `k*x` (a final offset; not for an index that is divided again,
-    whose split form the division simplifies against)."""
+    simplifying first); atoms are non-linear sub-expressions, in first-seen order."""
     lin = _linear(e)
-    if merge_split_index:
-        lin = _merge_div_mod(lin)
+    return dict(lin.terms), lin.const
+
+
+def flat_affine_parts(
+    indices: Sequence[Expr], strides: Sequence[int], forms: dict[Expr, _Linear] | None = None
+) -> tuple[dict[Expr, int], int]:
+    """The flat offset `sum(index * stride)` of already simplified indices as `affine_parts` gives it,
+    with `k*c*(x // c) + k*(x % c)` as `k*x`, without building the sum: each index's linear form once,
+    kept in `forms` (the unrolled copies of a body share most of their indices). The merge is for a
+    final offset only; an index that is divided again simplifies against its split form."""
+    lin = _Linear()
+    for index, stride in zip(indices, strides, strict=True):
+        form = forms.get(index) if forms is not None else None
+        if form is None:
+            form = _linear(index)
+            if forms is not None:
+                forms[index] = form
+        lin = lin.add(form, stride)
+    lin = _merge_div_mod(lin)
     return dict(lin.terms), lin.const
 
 
