@@ -504,9 +504,9 @@ def test_cpu_features_checked_against_cpuinfo(host, mlp, mlp_members, tmp_path):
 
 
 def runtime_leaks(stderr: str) -> list[str]:
-    """LeakSanitizer's reports but those of the blocks an aotc kernel library caches between calls (one
-    per allocation site, from aligned_alloc, not freed when the library unloads). The runtime and the
-    example never call aligned_alloc."""
+    """LeakSanitizer's reports but those of the blocks an aotc kernel library caches between calls (its
+    kernels' shared temporaries and parallel regions' buffers, from aligned_alloc, not freed when the
+    library unloads). The runtime and the example never call aligned_alloc."""
     reports = stderr.split("Direct leak")[1:] + stderr.split("Indirect leak")[1:]
     return [r for r in reports if "aligned_alloc" not in r.split("#0 ", 1)[-1].split("\n", 1)[0]]
 

@@ -684,6 +684,78 @@ def test_heap_buffers_are_cached_across_calls_and_threads(tmp_path):
     assert failures_in_threads(check, 2) == []
 
 
+def nested_heap_func(n: int) -> PrimFunc:
+    """`nested(A, B)`: B = reversed(A + 1) * 3 through two nested heap buffers of n float64 each."""
+    A, B = Buffer("A", "float64", (n,)), Buffer("B", "float64", (n,))
+    outer, inner = Buffer("outer", "float64", (n,), "global"), Buffer("inner", "float64", (n,), "global")
+    i = Var("i")
+    body = Allocate(
+        outer,
+        seq(
+            loop(i, n, S, BufferStore(outer, Load(A, (i,)) + 1.0, (i,))),
+            Allocate(
+                inner,
+                seq(
+                    loop(i, n, S, BufferStore(inner, Load(outer, (n - 1 - i,)), (i,))),
+                    loop(i, n, S, BufferStore(B, Load(inner, (i,)) * 3.0, (i,))),
+                ),
+            ),
+        ),
+    )
+    return PrimFunc("nested", (A, B), body)
+
+
+def test_kernels_of_a_module_share_their_heap_temporaries(tmp_path):
+    """A kernel's temporaries come from one cached block per nesting depth, shared by all the module's
+    kernels: a kernel whose temporary outgrows the cached block frees it and caches a larger one, and a
+    smaller temporary uses the larger block. Sequences of calls of both kernels, and both kernels in two
+    threads at once, compute from their own data."""
+    small, large = heap_buffer_func(), nested_heap_func(2 * HEAP_N)
+    ir = build_llvm_ir([small, large], HOST)
+    slots = [
+        line.split(" =")[0]
+        for line in ir.splitlines()
+        if line.endswith("= internal global ptr null, align 8")
+    ]
+    assert sorted(s for s in slots if "pool" not in s) == ["@aotc.scratch.0", "@aotc.scratch.1"]
+    lib = build(tmp_path, small, large)
+
+    def check(seed: int) -> bool:
+        rng = np.random.default_rng(seed)
+        for k in range(30):
+            n = HEAP_N if k % 3 else 2 * HEAP_N
+            a, b = rng.random(n), np.zeros(n)
+            if n == HEAP_N:
+                lib.kernel("cached")(a, b)
+                want = a[::-1] * 2 + 1
+            else:
+                lib.kernel("nested")(a, b)
+                want = (a[::-1] + 1) * 3
+            if not np.array_equal(b, want):
+                return False
+        return True
+
+    assert check(0)
+    assert failures_in_threads(check, 2) == []
+
+
+def test_a_parallel_region_caches_its_heap_buffer_at_its_own_site():
+    """A heap buffer inside a parallel loop (one a thread) keeps a cache of its allocation site, apart
+    from the kernels' shared temporaries."""
+    rows, n = 4, HEAP_N
+    A, B = Buffer("A", "float64", (rows, n)), Buffer("B", "float64", (rows, n))
+    t, i, j = Buffer("t", "float64", (n,), "global"), Var("i"), Var("j")
+    body = Allocate(
+        t,
+        seq(
+            loop(j, n, S, BufferStore(t, Load(A, (i, j)), (j,))),
+            loop(j, n, S, BufferStore(B, Load(t, (n - 1 - j,)), (i, j))),
+        ),
+    )
+    ir = build_llvm_ir([PrimFunc("rows", (A, B), loop(i, rows, P, body)), heap_buffer_func()], HOST)
+    assert "@rows.t.cached = internal global" in ir and "@aotc.scratch.0 = internal global" in ir
+
+
 def test_parallel_closure_captures_outer_values(tmp_path):
     """An outer serial loop var and float/bool let vars flow into the outlined parallel body."""
     rows, n = 3, 20

@@ -248,6 +248,16 @@ class ModuleBuilder:
         self.decls.setdefault(name, line)
         return f"@{name}"
 
+    def heap_slot(self, name: str) -> str:
+        """The global `@name` that caches a heap block between calls (freed when the library is unloaded),
+        declared by its first caller: later callers of the same name share it."""
+        slot = f"@{name}"
+        if slot not in self.heap_slots:
+            self._names.add(name)
+            self.globals.append(f"{slot} = internal global ptr null, align 8")
+            self.heap_slots.append(slot)
+        return slot
+
     def intrinsic(self, name: str, ret: str, args: list[str], attrs: str = "") -> str:
         return self.declare(name, f"declare {ret} @{name}({', '.join(args)}){attrs}")
 

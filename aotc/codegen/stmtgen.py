@@ -37,6 +37,9 @@ from aotc.ir.stmt import (
 )
 
 MAX_STACK_BYTES = 256 * 1024
+# A cached heap block starts with a header holding its capacity (a size_t), so that one block can serve
+# allocations of different sizes; the data follows at this offset, which keeps it 64-byte aligned.
+HEAP_HEADER_BYTES = 64
 MAX_UNROLL = 512
 CHUNKS_PER_THREAD = 8
 _MISSING = object()
@@ -128,7 +131,8 @@ class StmtGen(ExprGen):
     def fail(self) -> None:
         """Free the live heap buffers of this function and leave it with an error status."""
         for p in reversed(self.heap):
-            self.fb.emit(f"call void @free(ptr {p})")
+            block = self.fb.op(f"getelementptr i8, ptr {p}, i64 -{HEAP_HEADER_BYTES}")
+            self.fb.emit(f"call void @free(ptr {block})")
         self.exit_failure()
 
     def stmt(self, s: Stmt) -> None:
@@ -590,42 +594,65 @@ class StmtGen(ExprGen):
             self.bufs[buf] = old
 
     def _heap_allocate(self, buf: Buffer, body: Stmt) -> None:
-        """A heap buffer that outlives the call in a one-entry cache of its allocation site: a call takes
-        the cached block (or allocates one) and puts it back when done, freeing whatever another thread
-        put back meanwhile. Steady-state calls neither allocate nor page-fault (glibc would otherwise
-        hand a large block back to the kernel on free and fault it in afresh on every call)."""
+        """A heap buffer that outlives the call in a one-entry cache: a call takes the cached block (or
+        allocates one, or a larger one where the cached block is too small) and puts it back when done,
+        freeing whatever another thread put back meanwhile. Steady-state calls neither allocate nor
+        page-fault (glibc would otherwise hand a large block back to the kernel on free and fault it in
+        afresh on every call).
+
+        A kernel's own temporaries (outside its parallel regions) share one cache per nesting depth with
+        every kernel of the module: the kernels of a model run one after another, so its Winograd
+        transforms and other temporaries all write the same block, which the previous kernel left in
+        cache, instead of each kernel's own block, which the model's other kernels had evicted (and which
+        each cost the process its size). A parallel region's buffer, one per thread, keeps a cache of its
+        allocation site."""
         fb, mod = self.fb, self.mod
         size = -(-buf.num_elements * elem_bytes(buf.dtype) // 64) * 64
         size_t = mod.size_type  # i32 on 32-bit Arm, where i64 arguments would go in register pairs
-        if size >= 1 << (31 if size_t == "i32" else 63):
+        if size + HEAP_HEADER_BYTES >= 1 << (31 if size_t == "i32" else 63):
             raise CodegenError(f"buffer {buf.name!r} of {size} bytes is too large to allocate")
         alloc = mod.declare(
             "aligned_alloc", f"declare noalias ptr @aligned_alloc({size_t}, {size_t}) nounwind"
         )
         free = mod.declare("free", "declare void @free(ptr) nounwind")
-        slot = "@" + mod.unique_name(f"{self.func_name}.{buf.name}.cached")
-        mod.globals.append(f"{slot} = internal global ptr null, align 8")
-        mod.heap_slots.append(slot)
-        pre = fb.cur_label
+        if self.parallel_var is None:
+            slot = mod.heap_slot(f"aotc.scratch.{len(self.heap)}")
+        else:
+            slot = mod.heap_slot(mod.unique_name(f"{self.func_name}.{buf.name}.cached"))
         cached = fb.op(f"atomicrmw xchg ptr {slot}, ptr null acq_rel")
-        new_l, ok_l, fail_l = fb.label("alloc_new"), fb.label("alloc_ok"), fb.label("alloc_fail")
-        fb.cond_br(fb.op(f"icmp ne ptr {cached}, null"), ok_l, new_l)
+        check_l, small_l, new_l = fb.label("alloc_check"), fb.label("alloc_small"), fb.label("alloc_new")
+        ok_l, fail_l, got_l = fb.label("alloc_ok"), fb.label("alloc_fail"), fb.label("alloc_got")
+        fb.cond_br(fb.op(f"icmp eq ptr {cached}, null"), new_l, check_l)
+        fb.start_block(check_l)
+        cached_block = fb.op(f"getelementptr i8, ptr {cached}, i64 -{HEAP_HEADER_BYTES}")
+        capacity = fb.op(f"load {size_t}, ptr {cached_block}")
+        fb.cond_br(fb.op(f"icmp uge {size_t} {capacity}, {size}"), ok_l, small_l)
+        fb.start_block(small_l)
+        fb.emit(f"call void {free}(ptr {cached_block})")
+        fb.br(new_l)
         fb.start_block(new_l)
-        fresh = fb.op(f"call ptr {alloc}({size_t} 64, {size_t} {size})")
-        got_l = fb.label("alloc_got")
-        fb.cond_br(fb.op(f"icmp ne ptr {fresh}, null"), got_l, fail_l)
+        block = fb.op(f"call ptr {alloc}({size_t} 64, {size_t} {size + HEAP_HEADER_BYTES})")
+        fb.cond_br(fb.op(f"icmp ne ptr {block}, null"), got_l, fail_l)
         fb.start_block(fail_l)
         self.fail()
         fb.start_block(got_l)
+        fb.emit(f"store {size_t} {size}, ptr {block}")
+        fresh = fb.op(f"getelementptr i8, ptr {block}, i64 {HEAP_HEADER_BYTES}")
         fb.br(ok_l)
         fb.start_block(ok_l)
-        p = fb.op(f"phi ptr [ {cached}, %{pre} ], [ {fresh}, %{got_l} ]")
+        p = fb.op(f"phi ptr [ {cached}, %{check_l} ], [ {fresh}, %{got_l} ]")
         self.bind_buffer(buf, p)
         self.heap.append(p)
         self.stmt(body)
         self.heap.pop()
         other = fb.op(f"atomicrmw xchg ptr {slot}, ptr {p} acq_rel")
-        fb.emit(f"call void {free}(ptr {other})")
+        free_l, done_l = fb.label("free_other"), fb.label("freed")
+        fb.cond_br(fb.op(f"icmp eq ptr {other}, null"), done_l, free_l)
+        fb.start_block(free_l)
+        other_block = fb.op(f"getelementptr i8, ptr {other}, i64 -{HEAP_HEADER_BYTES}")
+        fb.emit(f"call void {free}(ptr {other_block})")
+        fb.br(done_l)
+        fb.start_block(done_l)
 
 
 _STMT = {
