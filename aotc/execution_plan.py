@@ -57,8 +57,12 @@ def intermediate_lifetimes(
     return first, last
 
 
-def _buffer_key(v: Value) -> str:
-    return v.name + f"#{id(v)}"
+def _buffer_keys(first: dict[Value, int]) -> dict[Value, str]:
+    """A memory-plan key per intermediate: its name and its place in the order the calls first use them.
+    The plan breaks ties between buffers of one size and first call by key, so the key must not depend on
+    where Python put the value in memory (it held `id(v)`: two same-named values of one size and first
+    call could have swapped places between two builds of one model)."""
+    return {v: f"{v.name}#{i}" for i, v in enumerate(first)}
 
 
 def physical_memory() -> int:
@@ -77,7 +81,8 @@ def check_memory(graph: Graph, groups: list[FusedGroup], limit: int | None) -> d
     are the constants the kernels read, before their layout rewrite (which pads a little at most)."""
     calls = [[*g.inputs, *g.outputs] for g in groups]
     first, last = intermediate_lifetimes(calls, graph)
-    _, workspace = plan_memory([Lifetime(_buffer_key(v), v.type.nbytes, first[v], last[v]) for v in first])
+    keys = _buffer_keys(first)
+    _, workspace = plan_memory([Lifetime(keys[v], v.type.nbytes, first[v], last[v]) for v in first])
     constants = {v for g in groups for v in g.inputs if v.is_constant and v.type.num_elements > 1}
     need = {
         "workspace": workspace,
@@ -327,10 +332,8 @@ def _variant_spec(
     inputs = {v: i for i, v in enumerate(graph.inputs)}
     outputs = {v: i for i, v in enumerate(graph.outputs)}
     first, last = intermediate_lifetimes([values for _, values, _, _ in bindings], graph)
-    offsets, workspace = plan_memory(
-        [Lifetime(_buffer_key(v), v.type.nbytes, first[v], last[v]) for v in first]
-    )
-    key_of = {v: _buffer_key(v) for v in first}
+    key_of = _buffer_keys(first)
+    offsets, workspace = plan_memory([Lifetime(key_of[v], v.type.nbytes, first[v], last[v]) for v in first])
 
     def ref(v: Value, weight: str | None) -> BufferRef:
         if v.is_constant:
