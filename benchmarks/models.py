@@ -100,6 +100,24 @@ def kernel_libraries(package: Path) -> list[bytes]:
         return [z.read(n) for n in sorted(z.namelist()) if n.endswith(".so")]
 
 
+def differing_sections(ours: list[bytes], theirs: list[bytes]) -> str:
+    """The ELF sections whose bytes differ between two packages' kernel libraries (what to look at when
+    the same schedules compiled to other bytes)."""
+    from aotc_runtime.elf import ElfError, read_elf
+
+    names = []
+    for a, b in zip(ours, theirs, strict=True):
+        ea, eb = read_elf(a), read_elf(b)
+        for name in dict.fromkeys(s.name for s in [*ea.sections, *eb.sections]):
+            try:
+                same = ea.section(name) == eb.section(name)
+            except ElfError:  # several sections of that name
+                same = False
+            if not same:
+                names.append(name or "(unnamed)")
+    return ", ".join(names) or "none (headers or layout)"
+
+
 def kernel_schedules(package: Path) -> list[tuple]:
     """Per kernel of the package's manifest: where its schedule came from (which record, if any)."""
     from aotc_runtime.package import read_manifest
@@ -132,7 +150,10 @@ def compare_store_build(tuned: BuildResult, again: BuildResult) -> tuple[int, li
         if mine[i] != theirs[i]
     ]
     if not differences and all_found and kernel_libraries(again.package) != kernel_libraries(tuned.package):
-        differences.append("the same schedules, but the kernel libraries' bytes differ")
+        sections = differing_sections(kernel_libraries(again.package), kernel_libraries(tuned.package))
+        differences.append(
+            f"the same schedules, but the kernel libraries' bytes differ (sections: {sections})"
+        )
     return len(found), differences, unmeasured
 
 
