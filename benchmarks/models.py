@@ -149,11 +149,13 @@ def compare_store_build(tuned: BuildResult, again: BuildResult) -> tuple[int, li
         for i in checked
         if mine[i] != theirs[i]
     ]
-    if not differences and all_found and kernel_libraries(again.package) != kernel_libraries(tuned.package):
-        sections = differing_sections(kernel_libraries(again.package), kernel_libraries(tuned.package))
-        differences.append(
-            f"the same schedules, but the kernel libraries' bytes differ (sections: {sections})"
-        )
+    if not differences and all_found:
+        ours, theirs = kernel_libraries(again.package), kernel_libraries(tuned.package)
+        if ours != theirs:
+            sections = differing_sections(ours, theirs)
+            differences.append(
+                f"the same schedules, but the kernel libraries' bytes differ (sections: {sections})"
+            )
     return len(found), differences, unmeasured
 
 

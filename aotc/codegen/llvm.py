@@ -31,7 +31,7 @@ from aotc.codegen.irbuilder import (
     ModuleBuilder,
     string_const,
 )
-from aotc.codegen.stmtgen import HEAP_HEADER_BYTES, StmtGen, all_buffers
+from aotc.codegen.stmtgen import StmtGen, all_buffers, free_heap_block
 from aotc.codegen.threadpool import EXTERNALS as POOL_EXTERNALS
 from aotc.codegen.threadpool import declare_thread_pool, emit_thread_pool
 from aotc.codegen.vecmath import LIBMVEC_PATH, VecLib, veclib_for
@@ -132,17 +132,12 @@ def _emit_heap_release(mod: ModuleBuilder) -> None:
     open and close of a model leaked them."""
     if not mod.heap_slots:
         return
-    free = mod.declare("free", "declare void @free(ptr) nounwind")
-    body = []
-    for i, slot in enumerate(mod.heap_slots):  # each block starts HEAP_HEADER_BYTES before its data
-        body.append(f"  %p{i} = atomicrmw xchg ptr {slot}, ptr null acq_rel")
-        body.append(f"  %b{i} = getelementptr i8, ptr %p{i}, i64 -{HEAP_HEADER_BYTES}")
-        body.append(f"  %e{i} = icmp eq ptr %p{i}, null")
-        body.append(f"  %f{i} = select i1 %e{i}, ptr null, ptr %b{i}")
-        body.append(f"  call void {free}(ptr %f{i})")
-    mod.functions.append(
-        "define internal void @aotc.heap.release() nounwind {\n" + "\n".join(body) + "\n  ret void\n}"
-    )
+    mod.declare("free", "declare void @free(ptr) nounwind")
+    fb = FunctionBuilder("define internal void @aotc.heap.release() nounwind")
+    for slot in mod.heap_slots:
+        free_heap_block(fb, fb.op(f"atomicrmw xchg ptr {slot}, ptr null acq_rel"))
+    fb.ret("void")
+    mod.functions.append(fb.render())
     mod.finalizers.append("@aotc.heap.release")
 
 

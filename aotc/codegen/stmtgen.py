@@ -82,6 +82,14 @@ def all_buffers(func: PrimFunc) -> list[Buffer]:
     return list(bufs)
 
 
+def free_heap_block(fb: FunctionBuilder, data: str) -> None:
+    """Free the block of a cached heap buffer whose data pointer is `data` (nothing where it is null: an
+    empty slot). The caller's module declares `free`."""
+    block = fb.op(f"getelementptr i8, ptr {data}, i64 -{HEAP_HEADER_BYTES}")
+    empty = fb.op(f"icmp eq ptr {data}, null")
+    fb.emit(f"call void @free(ptr {fb.op(f'select i1 {empty}, ptr null, ptr {block}')})")
+
+
 def _on_heap(buf: Buffer) -> bool:
     return buf.scope != "local" or buf.num_elements * elem_bytes(buf.dtype) > MAX_STACK_BYTES
 
@@ -131,8 +139,7 @@ class StmtGen(ExprGen):
     def fail(self) -> None:
         """Free the live heap buffers of this function and leave it with an error status."""
         for p in reversed(self.heap):
-            block = self.fb.op(f"getelementptr i8, ptr {p}, i64 -{HEAP_HEADER_BYTES}")
-            self.fb.emit(f"call void @free(ptr {block})")
+            free_heap_block(self.fb, p)
         self.exit_failure()
 
     def stmt(self, s: Stmt) -> None:
@@ -645,14 +652,7 @@ class StmtGen(ExprGen):
         self.heap.append(p)
         self.stmt(body)
         self.heap.pop()
-        other = fb.op(f"atomicrmw xchg ptr {slot}, ptr {p} acq_rel")
-        free_l, done_l = fb.label("free_other"), fb.label("freed")
-        fb.cond_br(fb.op(f"icmp eq ptr {other}, null"), done_l, free_l)
-        fb.start_block(free_l)
-        other_block = fb.op(f"getelementptr i8, ptr {other}, i64 -{HEAP_HEADER_BYTES}")
-        fb.emit(f"call void {free}(ptr {other_block})")
-        fb.br(done_l)
-        fb.start_block(done_l)
+        free_heap_block(fb, fb.op(f"atomicrmw xchg ptr {slot}, ptr {p} acq_rel"))
 
 
 _STMT = {
