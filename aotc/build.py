@@ -35,7 +35,7 @@ from aotc.graph.partition import FusedGroup, Task, extract_tasks, partition
 from aotc.graph.passes import optimize
 from aotc.hub import Lookup, RecordSources, Transfer, find_transfers, open_sources
 from aotc.hub.transfer import describe_outcome, transfer_outcome
-from aotc.ir.dot import dot_forms, has_narrow_forms, integer_winograd_pays, same_sign_only
+from aotc.ir.dot import dot_forms, has_narrow_forms, integer_winograd_rule, same_sign_only
 from aotc.progress import build_log
 from aotc.recipe import InputSpec, Recipe
 from aotc.report import build_report, measure_package, report_dir, write_report
@@ -207,7 +207,7 @@ def load_model(recipe: Recipe, inputs: dict[str, InputSpec] | None = None) -> Gr
         dot_products=bool(forms),
         same_sign_dots=same_sign_only(forms),
         narrow_dots=has_narrow_forms(forms),
-        integer_winograd=integer_winograd_pays(forms),
+        integer_winograd=integer_winograd_rule(forms),
     )
 
 

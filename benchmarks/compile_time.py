@@ -34,7 +34,7 @@ from aotc.codegen.module import load_library
 from aotc.graph.ir import Graph, Node, TensorType, Value
 from aotc.graph.partition import extract_tasks, partition
 from aotc.graph.passes import optimize
-from aotc.ir.dot import dot_forms, integer_winograd_pays
+from aotc.ir.dot import dot_forms, integer_winograd_rule
 from aotc.schedule.default import default_schedule
 from aotc.schedule.layout import apply_layouts, rewrite_layout
 from aotc.schedule.lower import lower
@@ -89,7 +89,7 @@ def int8_conv_dag(hw: int, cin: int, cout: int, k: int, target: Target, winograd
     graph = optimize(
         Graph([x], [out], [node]),
         dot_products=True,
-        integer_winograd=winograd and integer_winograd_pays(dot_forms(target)),
+        integer_winograd=integer_winograd_rule(dot_forms(target)) if winograd else None,
     )
     (task,) = extract_tasks(partition(graph))
     return task.dag

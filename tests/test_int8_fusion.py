@@ -22,7 +22,7 @@ from aotc.graph.interpret import run_graph
 from aotc.graph.ir import Graph
 from aotc.graph.partition import FusedGroup, group_dag, partition
 from aotc.graph.passes import optimize
-from aotc.ir.dot import dot_forms, integer_winograd_pays
+from aotc.ir.dot import dot_forms, integer_winograd_rule
 from aotc.schedule.default import default_schedule
 from aotc.schedule.state import ComputeAtKind
 from aotc.target import host_target, parse_target
@@ -233,7 +233,7 @@ def test_tflite_int8_hard_swish_is_bit_exact_with_litert(requantize):
 
 def test_tflite_package_runs_the_fused_kernels(tmp_path):
     """A built package has one kernel per conv (the ADD, the HARD_SWISH and the concatenation's requantize
-    inside them; a 3x3 conv as integer Winograd where the host's target takes it) and gives the numpy
+    inside them; a 3x3 conv as integer Winograd where the host's rule takes it) and gives the numpy
     evaluator's values bit for bit."""
     rng = np.random.default_rng(1)
     mb = ModelBuilder()
@@ -248,9 +248,9 @@ def test_tflite_package_runs_the_fused_kernels(tmp_path):
     (tmp_path / "fused.tflite").write_bytes(data)
     package = aotc.compile(str(tmp_path / "fused.tflite"), output=tmp_path / "fused.aotc", log=lambda _: None)
     kernels = sorted(tuple(n.op for n in g.nodes) for t in package.result.tasks for g in t.groups)
-    conv = (
-        "qnn.conv2d_winograd_nhwc" if integer_winograd_pays(dot_forms(host_target())) else "qnn.conv2d_nhwc"
-    )
+    # an 8x8 image is 4 tiles of F(4, 3): integer Winograd where the host's rule takes every size (no VNNI)
+    rule = integer_winograd_rule(dot_forms(host_target()))
+    conv = "qnn.conv2d_winograd_nhwc" if rule is not None and rule.min_tiles <= 4 else "qnn.conv2d_nhwc"
     assert kernels == [
         ("concat",),
         (conv, "qnn.add"),

@@ -24,6 +24,7 @@ from aotc.frontend.onnx import load_onnx
 from aotc.graph.interpret import run_graph
 from aotc.graph.partition import extract_tasks
 from aotc.graph.passes import optimize
+from aotc.ir.dot import dot_forms, integer_winograd_rule
 from aotc.recipe import Recipe
 from aotc.schedule.layout import rewrite_layout
 from aotc.schedule.lower import lower
@@ -207,7 +208,8 @@ def test_integer_winograd_package_equals_the_direct_convs_and_matches_onnxruntim
     path, quantized, scale = quantized_model(
         tmp_path, name, per_channel, activations, zoo.residual_block(channels=16, size=10)
     )
-    ops = Counter(n.op for n in optimize(load_onnx(path), integer_winograd=True).nodes)
+    rule = integer_winograd_rule(dot_forms(parse_target("llvm -mcpu=znver3")))
+    ops = Counter(n.op for n in optimize(load_onnx(path), integer_winograd=rule).nodes)
     assert ops["qnn.conv2d_winograd_nhwc"] == 2 and ops["qnn.conv2d_nhwc"] == 2, dict(ops)
     target = "llvm -mcpu=znver3"
     package = aotc.compile(path, target, output=tmp_path / f"{name}.aotc", validate=False, log=lambda _: None)

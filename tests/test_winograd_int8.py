@@ -14,7 +14,14 @@ from aotc.codegen.module import build_module, load_library
 from aotc.codegen.stmtgen import stmt_exprs
 from aotc.graph.ir import Graph, Node, TensorType, Value
 from aotc.graph.passes import integer_winograd_convolutions
-from aotc.ir.dot import Operand, dot_forms, form_error, integer_winograd_pays
+from aotc.ir.dot import (
+    VNNI_WINOGRAD_MIN_TILES,
+    IntegerWinogradRule,
+    Operand,
+    dot_forms,
+    form_error,
+    integer_winograd_rule,
+)
 from aotc.ir.expr import Load, Var, walk
 from aotc.ir.stmt import walk_stmts
 from aotc.schedule.default import default_schedule
@@ -144,24 +151,28 @@ def test_int16_factors_take_only_vpmaddwd():
 
 
 @pytest.mark.parametrize(
-    "target, pays",
+    "target, rule",
     [
-        ("llvm -mcpu=znver3", True),  # AVX2: 16 products per multiply instruction either way
-        ("llvm -mcpu=znver4 -mattr=-avx512vnni", True),  # AVX-512BW's vpmaddwd, no vpdpbusd
-        ("llvm -mcpu=znver4", False),  # vpdpbusd does twice vpmaddwd's products
-        ("llvm -mtriple=aarch64-linux-gnu -mcpu=neoverse-n2", False),  # no int16 dot form
+        # AVX2: 16 products per multiply instruction either way, so every conv gains
+        ("llvm -mcpu=znver3", IntegerWinogradRule((4, 2))),
+        ("llvm -mcpu=znver4 -mattr=-avx512vnni", IntegerWinogradRule((4, 2))),  # AVX-512BW, no vpdpbusd
+        # vpdpbusd does twice vpmaddwd's products: F(4, 3) on large images only
+        ("llvm -mcpu=znver4", IntegerWinogradRule((4,), VNNI_WINOGRAD_MIN_TILES)),
+        ("llvm -mtriple=aarch64-linux-gnu -mcpu=neoverse-n2", None),  # no int16 dot form
     ],
 )
-def test_integer_winograd_pays_where_bytes_gain_nothing_per_instruction(target, pays):
-    assert integer_winograd_pays(dot_forms(parse_target(target))) == pays
+def test_integer_winograd_rule_follows_the_products_per_instruction(target, rule):
+    assert integer_winograd_rule(dot_forms(parse_target(target))) == rule
+    if rule is not None:
+        assert set(rule.tiles) <= set(winograd.INTEGER_TILES)
 
 
-def conv_node(weight: np.ndarray, x_dtype: str = "uint8", **attrs) -> Node:
+def conv_node(weight: np.ndarray, x_dtype: str = "uint8", size: int = 8, **attrs) -> Node:
     k, _, _, c = weight.shape
-    x = Value("x", TensorType((1, 8, 8, c), x_dtype))
+    x = Value("x", TensorType((1, size, size, c), x_dtype))
     w = Value("w", TensorType(weight.shape, str(weight.dtype)), data=weight)
     b = Value("b", TensorType((k,), "int32"), data=np.zeros(k, np.int32))
-    y = Value("y", TensorType((1, 8, 8, k), x_dtype))
+    y = Value("y", TensorType((1, size, size, k), x_dtype))
     base = {
         "strides": (1, 1),
         "dilations": (1, 1),
@@ -197,7 +208,7 @@ def test_graph_pass_takes_the_largest_tile_it_can_prove_exact():
         "sums_past_both": conv_node(full[:, :, :, :1828]),
     }
     graph = Graph([], [], list(nodes.values()))
-    integer_winograd_convolutions(graph)
+    integer_winograd_convolutions(graph, IntegerWinogradRule((4, 2)))
     tiles = {
         name: node.attrs["tile"] for name, node in nodes.items() if node.op == "qnn.conv2d_winograd_nhwc"
     }
@@ -205,6 +216,29 @@ def test_graph_pass_takes_the_largest_tile_it_can_prove_exact():
     node = nodes["fits"]
     assert node.inputs[1].type == TensorType((6, 6, 16, 16), "int16") and "strides" not in node.attrs
     np.testing.assert_array_equal(node.inputs[1].data, winograd.transform_weight(w.transpose(0, 3, 1, 2), 4))
+
+
+def test_on_vnni_only_large_images_take_f43():
+    """With VNNI the rule has F(4, 3) alone on at least 49 output tiles: 56x56, 28x28 and 25x25 (49 tiles
+    each) run as Winograd; 24x24 (36 tiles), 14x14 (16) and a conv whose sums only F(2, 3) holds stay
+    direct."""
+    rng = np.random.default_rng(3)
+    w = rng.integers(-64, 64, (16, 3, 3, 16)).astype(np.int8)
+    full = np.full((16, 3, 3, 115), -128, np.int8)
+    nodes = {
+        "56x56": conv_node(w, size=56),
+        "28x28": conv_node(w, size=28),
+        "25x25": conv_node(w, size=25),
+        "24x24": conv_node(w, size=24),
+        "14x14": conv_node(w, size=14),
+        "f2_only": conv_node(full, size=56),
+    }
+    graph = Graph([], [], list(nodes.values()))
+    integer_winograd_convolutions(graph, integer_winograd_rule(dot_forms(parse_target("llvm -mcpu=znver4"))))
+    tiles = {
+        name: node.attrs["tile"] for name, node in nodes.items() if node.op == "qnn.conv2d_winograd_nhwc"
+    }
+    assert tiles == {"56x56": 4, "28x28": 4, "25x25": 4}
 
 
 def test_lowering_converts_each_transform_read_once():

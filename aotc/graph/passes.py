@@ -7,6 +7,7 @@ import numpy as np
 
 from aotc.graph.ir import Derivation, Graph, Node, TensorType, Value
 from aotc.graph.layout import TO_NCHW, TO_NHWC, to_nhwc
+from aotc.ir.dot import IntegerWinogradRule
 from aotc.te.tensor import NARROW_WEIGHTS
 from aotc.topi import winograd
 from aotc.topi.nn import as_pads, as_pair
@@ -34,7 +35,7 @@ def optimize(
     dot_products: bool = True,
     same_sign_dots: bool = False,
     narrow_dots: bool = False,
-    integer_winograd: bool = False,
+    integer_winograd: IntegerWinogradRule | None = None,
 ) -> Graph:
     """The graph passes of a build. `dot_products`: the target has dot-product instructions
     (aotc.ir.dot.dot_forms), so quantized convs are padded to the depth they sum. `same_sign_dots`: they
@@ -43,7 +44,7 @@ def optimize(
     only on weights within +-64 (AVX2's vpmaddubsw; aotc.ir.dot.has_narrow_forms), so the layers whose
     constant weights lie within that are marked (`mark_narrow_weights`). No pass after the marking may
     change a quantized layer's weight values: the mark vouches for them. `integer_winograd`: int8 3x3
-    convs run as integer Winograd F(4, 3) or F(2, 3) too (aotc.ir.dot.integer_winograd_pays), where
+    convs run as integer Winograd where its rule says (aotc.ir.dot.integer_winograd_rule), and
     `winograd`."""
     graph = remove_identities(graph)
     graph = fold_batch_norm(graph)
@@ -59,8 +60,8 @@ def optimize(
     graph = constant_requantize_tables(graph)
     if winograd:
         graph = winograd_convolutions(graph)
-        if integer_winograd:
-            graph = integer_winograd_convolutions(graph)
+        if integer_winograd is not None:
+            graph = integer_winograd_convolutions(graph, integer_winograd)
     graph = dense_to_matmul(graph)
     graph = eliminate_dead_code(graph)
     return materialize_outputs(graph)
@@ -88,12 +89,13 @@ def winograd_convolutions(graph: Graph, tile: int = 4) -> Graph:
     return graph
 
 
-def integer_winograd_convolutions(graph: Graph) -> Graph:
+def integer_winograd_convolutions(graph: Graph, rule: IntegerWinogradRule) -> Graph:
     """Quantized 3x3 stride-1 convs with constant int8 weights (zero point 0) become integer Winograd
-    convs (qnn.conv2d_winograd_nhwc) on int16 weights transformed here: F(4, 3) where their sums provably
-    stay within its exact range, else F(2, 3) where they do within its wider one (aotc.topi.winograd)."""
+    convs (qnn.conv2d_winograd_nhwc) on int16 weights transformed here, where `rule` has them: F(4, 3)
+    where their sums provably stay within its exact range, else F(2, 3) where they do within its wider
+    one (aotc.topi.winograd)."""
     for node in graph.nodes:
-        tile = _integer_winograd_tile(node)
+        tile = _integer_winograd_tile(node, rule)
         if tile is None:
             continue
         weight = node.inputs[1]
@@ -116,11 +118,12 @@ def integer_winograd_convolutions(graph: Graph) -> Graph:
 _CENTERED_MAX = 255
 
 
-def _integer_winograd_tile(node: Node) -> int | None:
-    """The largest integer Winograd tile for a quantized 3x3 stride-1 ungrouped conv (OHWI int8 weights,
-    zero point 0) with enough channels: one whose transformed weights are small enough and whose exact
-    range holds every sum these weights can make (255 * max over output channels of sum |w|); None if
-    no tile does or the conv is not one."""
+def _integer_winograd_tile(node: Node, rule: IntegerWinogradRule) -> int | None:
+    """The largest integer Winograd tile of `rule` for a quantized 3x3 stride-1 ungrouped conv (OHWI int8
+    weights, zero point 0) with enough channels: one whose transformed weights are small enough, whose
+    exact range holds every sum these weights can make (255 * max over output channels of sum |w|) and
+    that cuts the conv's output into `rule.min_tiles` tiles or more; None if no tile does or the conv is
+    not one."""
     if node.op != "qnn.conv2d_nhwc" or len(node.inputs) < 2 or not node.inputs[1].is_constant:
         return None
     x, weight = node.inputs[:2]
@@ -139,9 +142,15 @@ def _integer_winograd_tile(node: Node) -> int | None:
     if min(c, k) < WINOGRAD_MIN_CHANNELS:
         return None
     largest_sum = _CENTERED_MAX * int(np.abs(weight.data.astype(np.int64)).reshape(k, -1).sum(axis=1).max())
-    for tile in winograd.INTEGER_TILES:
+    n, h, w, _ = node.outputs[0].type.shape
+    for tile in rule.tiles:
         a = tile + winograd.KERNEL - 1
-        if a * a * c * k * 2 <= WINOGRAD_MAX_WEIGHT_BYTES and largest_sum < winograd.integer_sum_limit(tile):
+        tiles = n * -(-h // tile) * -(-w // tile)
+        if (
+            a * a * c * k * 2 <= WINOGRAD_MAX_WEIGHT_BYTES
+            and largest_sum < winograd.integer_sum_limit(tile)
+            and tiles >= rule.min_tiles
+        ):
             return tile
     return None
 

@@ -142,16 +142,36 @@ def same_sign_only(forms: Sequence[DotForm]) -> bool:
     return any(f.signs in ("ss", "uu") for f in forms)
 
 
-def integer_winograd_pays(forms: Sequence[DotForm]) -> bool:
-    """Whether int8 3x3 convs should run as integer Winograd (aotc.topi.winograd): where vpmaddwd reads
-    its int16 operands and no form does more byte products per multiply instruction than it does int16
-    ones (AVX2: vpmaddubsw + vpmaddwd by ones, 32 products in 2), so F(4, 3)'s 36 products per 16 outputs
-    (F(2, 3): 16 per 4), where the direct conv does 144 (36), cost 4x (2.25x) fewer multiplies. VNNI's
-    vpdpbusd does twice vpmaddwd's products per instruction, so F(4, 3) saves half of them at most, and its
-    8x larger int16 weights made whole models slower on Zen 5 (docs/int8.md#integer-winograd): VNNI
-    targets keep the direct conv."""
-    words = [f for f in forms if f.widens and f.signs == "any"]
-    return bool(words) and not any(f.name == "vnni" for f in forms)
+@dataclass(frozen=True)
+class IntegerWinogradRule:
+    """Which int8 3x3 convs run as integer Winograd (aotc.graph.passes): F(m, 3) for a tile m of `tiles`,
+    the largest that holds first, where the conv's output has at least `min_tiles` m x m tiles (its batch's
+    images together)."""
+
+    tiles: tuple[int, ...]
+    min_tiles: int = 0
+
+
+# With VNNI, the Winograd products (int16, vpmaddwd) run at half vpdpbusd's rate: F(4, 3) halves the
+# direct conv's multiply instructions, F(2, 3) saves a tenth, and only a large image pays for the transforms
+# and the int16 weights (8x the bytes, read again at every call). Measured on Zen 5 (znver5, 2 cores, 28
+# November 2026, untuned, in QDQ ResNet-18's sequence), against the direct convs: 56x56 and 28x28 (196 and
+# 49 tiles) 0.78-0.85x the time at 1 and 2 threads, 14x14 (16 tiles, 4.7 MB of weights) within 10% at 1 thread
+# and 1.13-1.18x at 2, and 7x7 under F(2, 3) 1.7-1.9x.
+VNNI_WINOGRAD_MIN_TILES = 49
+
+
+def integer_winograd_rule(forms: Sequence[DotForm]) -> IntegerWinogradRule | None:
+    """Where int8 3x3 convs run as integer Winograd (aotc.topi.winograd), on a target whose vpmaddwd reads
+    its int16 operands; None where none does. Without VNNI (AVX2: vpmaddubsw + vpmaddwd by ones, 32 byte
+    products in 2 instructions, as many as vpmaddwd's int16 ones in 1), F(4, 3)'s 36 products per 16
+    outputs (F(2, 3): 16 per 4), where the direct conv does 144 (36), cost 4x (2.25x) fewer multiplies on
+    every conv; with VNNI, F(4, 3) on large images only (VNNI_WINOGRAD_MIN_TILES)."""
+    if not any(f.widens and f.signs == "any" for f in forms):
+        return None
+    if any(f.name == "vnni" for f in forms):
+        return IntegerWinogradRule((4,), VNNI_WINOGRAD_MIN_TILES)
+    return IntegerWinogradRule((4, 2))
 
 
 @dataclass(frozen=True)
