@@ -167,12 +167,12 @@ def test_integer_winograd_rule_follows_the_products_per_instruction(target, rule
         assert set(rule.tiles) <= set(winograd.INTEGER_TILES)
 
 
-def conv_node(weight: np.ndarray, x_dtype: str = "uint8", size: int = 8, **attrs) -> Node:
+def conv_node(weight: np.ndarray, x_dtype: str = "uint8", size: int = 8, batch: int = 1, **attrs) -> Node:
     k, _, _, c = weight.shape
-    x = Value("x", TensorType((1, size, size, c), x_dtype))
+    x = Value("x", TensorType((batch, size, size, c), x_dtype))
     w = Value("w", TensorType(weight.shape, str(weight.dtype)), data=weight)
     b = Value("b", TensorType((k,), "int32"), data=np.zeros(k, np.int32))
-    y = Value("y", TensorType((1, size, size, k), x_dtype))
+    y = Value("y", TensorType((batch, size, size, k), x_dtype))
     base = {
         "strides": (1, 1),
         "dilations": (1, 1),
@@ -219,9 +219,9 @@ def test_graph_pass_takes_the_largest_tile_it_can_prove_exact():
 
 
 def test_on_vnni_only_large_images_take_f43():
-    """With VNNI the rule has F(4, 3) alone on at least 49 output tiles: 56x56, 28x28 and 25x25 (49 tiles
-    each) run as Winograd; 24x24 (36 tiles), 14x14 (16) and a conv whose sums only F(2, 3) holds stay
-    direct."""
+    """With VNNI the rule has F(4, 3) alone on at least 49 tiles an image: 56x56, 28x28 and 25x25 (49
+    tiles) run as Winograd; 24x24 (36 tiles), 14x14 (16) also in a batch of 4, and a conv whose sums only
+    F(2, 3) holds stay direct."""
     rng = np.random.default_rng(3)
     w = rng.integers(-64, 64, (16, 3, 3, 16)).astype(np.int8)
     full = np.full((16, 3, 3, 115), -128, np.int8)
@@ -231,6 +231,7 @@ def test_on_vnni_only_large_images_take_f43():
         "25x25": conv_node(w, size=25),
         "24x24": conv_node(w, size=24),
         "14x14": conv_node(w, size=14),
+        "4x14x14": conv_node(w, size=14, batch=4),
         "f2_only": conv_node(full, size=56),
     }
     graph = Graph([], [], list(nodes.values()))

@@ -122,7 +122,7 @@ def _integer_winograd_tile(node: Node, rule: IntegerWinogradRule) -> int | None:
     """The largest integer Winograd tile of `rule` for a quantized 3x3 stride-1 ungrouped conv (OHWI int8
     weights, zero point 0) with enough channels: one whose transformed weights are small enough, whose
     exact range holds every sum these weights can make (255 * max over output channels of sum |w|) and
-    that cuts the conv's output into `rule.min_tiles` tiles or more; None if no tile does or the conv is
+    that cuts each output image into `rule.min_tiles` tiles or more; None if no tile does or the conv is
     not one."""
     if node.op != "qnn.conv2d_nhwc" or len(node.inputs) < 2 or not node.inputs[1].is_constant:
         return None
@@ -142,10 +142,10 @@ def _integer_winograd_tile(node: Node, rule: IntegerWinogradRule) -> int | None:
     if min(c, k) < WINOGRAD_MIN_CHANNELS:
         return None
     largest_sum = _CENTERED_MAX * int(np.abs(weight.data.astype(np.int64)).reshape(k, -1).sum(axis=1).max())
-    n, h, w, _ = node.outputs[0].type.shape
+    _, h, w, _ = node.outputs[0].type.shape
     for tile in rule.tiles:
         a = tile + winograd.KERNEL - 1
-        tiles = n * -(-h // tile) * -(-w // tile)
+        tiles = -(-h // tile) * -(-w // tile)
         if (
             a * a * c * k * 2 <= WINOGRAD_MAX_WEIGHT_BYTES
             and largest_sum < winograd.integer_sum_limit(tile)

@@ -145,8 +145,8 @@ def same_sign_only(forms: Sequence[DotForm]) -> bool:
 @dataclass(frozen=True)
 class IntegerWinogradRule:
     """Which int8 3x3 convs run as integer Winograd (aotc.graph.passes): F(m, 3) for a tile m of `tiles`,
-    the largest that holds first, where the conv's output has at least `min_tiles` m x m tiles (its batch's
-    images together)."""
+    the largest that holds first, where each output image has at least `min_tiles` m x m tiles (per image:
+    a larger batch shares the weights, not the padding of a small image's last tiles)."""
 
     tiles: tuple[int, ...]
     min_tiles: int = 0
