@@ -135,7 +135,7 @@ def task_rows(result: BuildResult) -> list[dict]:
 def compare_store_build(tuned: BuildResult, again: BuildResult) -> tuple[int, list[str], list[int]]:
     """How many tasks the build from the store found there, where their kernels differ from the tuned
     build's (empty when they are the same: the whole kernel library when it found every task; else per
-    kernel, the schedule each build took, so that a rare mismatch says whether the record choice or the
+    kernel, the schedule each build took, so that a mismatch says whether the record choice or the
     code differed), and which tasks the tuned build left without a valid measurement (a candidate that
     timed out or crashed under load when the budget gave it no other): nothing of those is stored, so the
     build from the store tunes them again."""
