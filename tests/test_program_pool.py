@@ -1,7 +1,15 @@
 """Lowering and featurizing candidates in worker processes (aotc.search.program_pool): the caches get what
 this process computes, a search finds the same candidates, and a broken pool changes nothing."""
 
+import contextlib
+import os
 import random
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
 
 import numpy as np
 
@@ -75,3 +83,57 @@ def test_a_broken_pool_leaves_the_work_to_this_process(monkeypatch):
         program_pool.prefetch(fresh, workers=2)
         assert not any(knows_key(s) for s in fresh)
         assert [state_key(s) for s in fresh] == [state_key(s) for s in states]
+
+
+# Starts the pool, prints this process's children (the workers and multiprocessing's resource tracker),
+# then ends as a killed process or a pytest-xdist worker does: no exit handler runs.
+ABRUPT_EXIT = textwrap.dedent(
+    """
+    import os
+    from aotc.schedule.steps import replay
+    from aotc.search import program_pool
+    from tests.test_annotation import conv_bias_relu, population
+
+    def children():
+        me = str(os.getpid())
+        out = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    if f.read().rsplit(")", 1)[1].split()[1] == me:
+                        out.append(pid)
+            except OSError:
+                pass
+        return out
+
+    if __name__ == "__main__":
+        dag = conv_bias_relu()
+        program_pool.prefetch([replay(dag, s.steps) for s in population(conv_bias_relu(), 40)], workers=2)
+        print(" ".join(children()), flush=True)
+        os._exit(0)
+    """
+)
+
+
+def test_the_workers_die_with_a_parent_that_ends_without_exit_handlers(tmp_path):
+    """A tuner killed, or ended by os._exit as a pytest-xdist worker ends, left its lowering workers
+    waiting forever, adopted by init (one pair a test run)."""
+    root = Path(__file__).resolve().parents[1]
+    out, err = tmp_path / "children.txt", tmp_path / "stderr.txt"
+    # files, not pipes: workers that outlive the script would hold a pipe open
+    with out.open("w") as stdout, err.open("w") as stderr:
+        proc = subprocess.run(
+            [sys.executable, "-c", ABRUPT_EXIT], cwd=root, stdout=stdout, stderr=stderr, timeout=120
+        )
+    assert proc.returncode == 0, err.read_text()
+    pids = [int(p) for p in out.read_text().split()]
+    assert len(pids) >= 2, pids  # the two workers (and the resource tracker)
+    try:
+        deadline = time.monotonic() + 10
+        while (alive := [p for p in pids if Path(f"/proc/{p}").exists()]) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not alive, f"processes {alive} outlived their parent"
+    finally:
+        for p in pids:
+            with contextlib.suppress(OSError):
+                os.kill(p, signal.SIGKILL)

@@ -8,9 +8,9 @@ the keys and features in the caches that `state_key` and `state_features` read. 
 it would without workers and gives the same candidates; a state a worker could not do (an error, or a
 pool that died) is simply done again here, where any error is raised as before.
 
-Workers start with the "spawn" method (like the builders), once per process, and keep the last few DAGs
-they were sent. A DAG goes to them pickled, as multiprocessing sends any argument: between this
-process and its own children only, never to a file.
+Workers start with the "spawn" method (like the builders), once per process, die with it (however it
+ends), and keep the last few DAGs they were sent. A DAG goes to them pickled, as multiprocessing sends
+any argument: between this process and its own children only, never to a file.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from aotc.schedule.state import State
 from aotc.schedule.steps import replay, steps_from_json, steps_to_json
 from aotc.search.features import remember_features, state_features
 from aotc.search.lowering import bind_target, bound_target, knows_key, remember_key, state_key
+from aotc.search.workers import die_with_parent
 from aotc.te.dag import ComputeDAG
 
 __all__ = ["MIN_BATCH", "prefetch", "shutdown"]
@@ -86,7 +87,10 @@ def _start(workers: int) -> ProcessPoolExecutor:
     global _pool, _pool_workers
     if _pool is None or _pool_workers != workers:
         shutdown()
-        _pool = ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"))
+        # a parent that ends without exit handlers (killed, os._exit) would leave the workers waiting
+        _pool = ProcessPoolExecutor(
+            max_workers=workers, mp_context=mp.get_context("spawn"), initializer=die_with_parent
+        )
         _pool_workers = workers
     return _pool
 

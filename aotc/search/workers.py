@@ -153,17 +153,22 @@ def shutdown_workers(workers: list[Worker], workdir: str) -> None:
     shutil.rmtree(workdir, ignore_errors=True)
 
 
+def die_with_parent() -> None:
+    """In a worker process: no Ctrl-C (the parent handles it), and killed when the parent dies, even by
+    SIGKILL or `os._exit`, where no exit handler stops the worker (Linux's PR_SET_PDEATHSIG)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+
+
 def _child_setup(env: dict[str, str]) -> None:
-    """Environment for a worker: variables (an empty one is removed), no Ctrl-C (the parent handles
-    it), die with the parent."""
+    """Environment for a worker: variables (an empty one is removed), then `die_with_parent`."""
     for key, value in env.items():
         if value:
             os.environ[key] = value
         else:
             os.environ.pop(key, None)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    with contextlib.suppress(Exception):
-        ctypes.CDLL(None).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    die_with_parent()
 
 
 def serve(conn, env: dict[str, str], setup: Callable[[], Callable]) -> None:
