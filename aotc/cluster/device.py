@@ -17,8 +17,8 @@ import itertools
 import multiprocessing as mp
 import os
 import shutil
-import tempfile
 
+from aotc.files import ScratchDir
 from aotc.search.common import ErrorCode, Noise
 from aotc.search.workers import RunnerProcess, Worker, WorkerStartError
 
@@ -59,26 +59,6 @@ class LocalRunner:
         self.worker.stop()
 
 
-def _remove_dead_workdirs() -> None:
-    """Delete the working folders of device actors that died (a killed actor cannot clean up after
-    itself): their names carry the actor process's id."""
-    base = tempfile.gettempdir()
-    for name in os.listdir(base):
-        pid = name.removeprefix(_WORKDIR_PREFIX).split("-", 1)[0]
-        if name.startswith(_WORKDIR_PREFIX) and pid.isdigit() and not _alive(int(pid)):
-            shutil.rmtree(os.path.join(base, name), ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def plain_result(result: tuple[ErrorCode, str, list[float], Noise | None]) -> tuple:
     """A runner's result as plain data for Ray: (error code as int, message, costs, noise as a dict or None)."""
     error, msg, costs, noise = result
@@ -94,8 +74,8 @@ class DeviceRunner:
     and how many candidates it measured."""
 
     def __init__(self) -> None:
-        _remove_dead_workdirs()
-        self.workdir = tempfile.mkdtemp(prefix=f"{_WORKDIR_PREFIX}{os.getpid()}-")
+        self.scratch = ScratchDir(_WORKDIR_PREFIX)  # a killed actor's is deleted by the next one
+        self.workdir = self.scratch.path
         self.local: LocalRunner | None = None
         self.timeout = 10.0
         self.suffix = ".so"
@@ -151,7 +131,7 @@ class DeviceRunner:
 
     def close(self) -> None:
         self._close_local()
-        shutil.rmtree(self.workdir, ignore_errors=True)
+        self.scratch.remove()
 
     def __ray_shutdown__(self) -> None:
         """Ray calls this when the actor ends gracefully (its measurer closed): clean up then."""
@@ -170,8 +150,8 @@ class CandidateBuilder:
     which the driver replaces). `build` answers (what happened, the built file's bytes or None)."""
 
     def __init__(self) -> None:
-        _remove_dead_workdirs()
-        self.workdir = tempfile.mkdtemp(prefix=f"{_WORKDIR_PREFIX}{os.getpid()}-")
+        self.scratch = ScratchDir(_WORKDIR_PREFIX)
+        self.workdir = self.scratch.path
         self.names = itertools.count()
         self.targets: dict = {}
 
@@ -205,4 +185,4 @@ class CandidateBuilder:
             os.unlink(built.path)
 
     def __ray_shutdown__(self) -> None:
-        shutil.rmtree(self.workdir, ignore_errors=True)
+        self.scratch.remove()

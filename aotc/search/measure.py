@@ -20,7 +20,6 @@ import itertools
 import multiprocessing as mp
 import os
 import sys
-import tempfile
 import time
 import weakref
 from collections import deque
@@ -30,6 +29,7 @@ from multiprocessing.connection import wait as wait_for_connections
 from pathlib import Path
 
 from aotc.emulator import EMULATORS, kernel_emulation_unavailable
+from aotc.files import ScratchDir
 from aotc.ir.stmt import PrimFunc
 from aotc.schedule.state import State
 from aotc.search.common import ErrorCode, MeasureResult, Noise
@@ -301,10 +301,11 @@ class Measurer:
         self.threads = self.options.num_threads or target.hw.num_cores
         self.last_batch: BatchStats | None = None
         self._runner_lost: str | None = None  # why the runner could not be restarted, once it could not
-        self.workdir = tempfile.mkdtemp(prefix="aotc-measure-")
+        scratch = ScratchDir("aotc-measure-")  # left behind by no process, however it ends
+        self.workdir = scratch.path
         self._ctx = mp.get_context("spawn")
         self._workers: list[Worker] = []
-        self._finalizer = weakref.finalize(self, shutdown_workers, self._workers, self.workdir)
+        self._finalizer = weakref.finalize(self, shutdown_workers, self._workers, scratch)
         try:
             self._start()
         except BaseException:

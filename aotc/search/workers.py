@@ -11,11 +11,12 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
-import shutil
 import signal
 import time
 import traceback
 from collections.abc import Callable
+
+from aotc.files import ScratchDir
 
 __all__ = [
     "STARTUP_TIMEOUT",
@@ -144,13 +145,13 @@ class RunnerProcess:
         return result
 
 
-def shutdown_workers(workers: list[Worker], workdir: str) -> None:
+def shutdown_workers(workers: list[Worker], workdir: ScratchDir) -> None:
     """Ask every worker to stop, kill those that do not, and delete their working directory."""
     for w in workers:
         w.ask_to_stop()
     for w in workers:
         w.stop()
-    shutil.rmtree(workdir, ignore_errors=True)
+    workdir.remove()
 
 
 def die_with_parent() -> None:
