@@ -89,6 +89,11 @@ def test_deadline_build_is_on_time_then_resume_measures_only_new_candidates(tmp_
     assert all(set(t) >= TASK_FIELDS for t in report["tasks"])
     assert sum(t["trials"] for t in report["tasks"]) == len(keys)
     assert sum(t["new_trials"] for t in report["tasks"]) == len(keys)
+    # each task's untuned schedule was measured first and its record is marked (docs/records.md)
+    marked = [r for r in load_records(records) if r.untuned]
+    assert sorted(r.fingerprint for r in marked) == sorted(t["fingerprint"] for t in report["tasks"])
+    default_costs = {r.fingerprint: r.mean_cost for r in marked}
+    assert all(t["default_latency_s"] == default_costs[t["fingerprint"]] for t in report["tasks"])
     assert report["tuning"]["stop_reason"] == "deadline"
     assert sum(report["tuning"]["measured_by"].values()) == len(keys)  # one machine here: this one
     assert len(report["tuning"]["measured_by"]) == 1

@@ -112,6 +112,22 @@ def test_lookup_order_and_precedence(tmp_path, home, monkeypatch):
     assert hit.record.mean_cost == pytest.approx(1e-5) and "did not replay" in hit.reason
 
 
+def test_the_untuned_schedule_is_kept_ahead_of_a_slightly_faster_tuned_record(tmp_path):
+    """The build takes a tuned record over the untuned schedule's only when it measured
+    UNTUNED_PREFERENCE faster (aotc.search.records), and `--explain-cache` says so."""
+    dag = matmul()
+    untuned = dataclasses.replace(record(dag, default_schedule(dag, SKX), 1e-5), untuned=True)
+    own = tmp_path / "build.records.jsonl"
+    append_records(own, [untuned, record(dag, split_state(dag, 4), 0.99e-5)])
+    hit = chain(tmp_path, own, []).lookup(dag, SKX)
+    assert hit.record == untuned and hit.state.steps == default_schedule(dag, SKX).steps
+    assert "the untuned schedule, kept ahead of a tuned record of 0.0099 ms" in hit.reason
+    assert "must measure 3% faster" in hit.reason
+    append_records(own, [record(dag, split_state(dag, 8), 0.9e-5)])
+    hit = chain(tmp_path, own, []).lookup(dag, SKX)
+    assert hit.record.steps == record(dag, split_state(dag, 8), 1).steps and "untuned" not in hit.reason
+
+
 def test_record_for_another_cpu_is_stale_and_not_applied(tmp_path, home):
     dag = matmul()
     store(home / "tophub", [record(dag, split_state(dag, 4), 1e-5, SKX)])

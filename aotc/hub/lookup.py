@@ -31,6 +31,7 @@ from aotc.hub.store import (
 from aotc.schedule.state import State
 from aotc.search.records import (
     RECORD_VERSION,
+    UNTUNED_PREFERENCE,
     ForeignLine,
     Record,
     RecordFile,
@@ -127,7 +128,8 @@ class RecordSources:
         hw = asdict(target.hw)
         failures: list[tuple[str, str]] = []
         tried: set[str] = set()
-        for entry in self._matching(dag.fingerprint, key, hw):
+        matching = self._matching(dag.fingerprint, key, hw)
+        for entry in matching:
             steps = json.dumps(entry.record.steps)
             if steps in tried:
                 continue
@@ -153,7 +155,8 @@ class RecordSources:
                     stacklevel=2,
                 )
                 continue
-            return Lookup("hit", entry.where, _hit_reason(entry, len(tried) - 1), state, entry.record)
+            reason = _hit_reason(entry, len(tried) - 1, matching)
+            return Lookup("hit", entry.where, reason, state, entry.record)
         return self._not_found(dag.fingerprint, key, failures)
 
     def explain(self, workload: str, target: Target) -> Lookup:
@@ -161,7 +164,7 @@ class RecordSources:
         key = TargetKey.of(target)
         found = self._matching(workload, key, asdict(target.hw))
         if found:
-            return Lookup("hit", found[0].where, _hit_reason(found[0], 0), None, found[0].record)
+            return Lookup("hit", found[0].where, _hit_reason(found[0], 0, found), None, found[0].record)
         return self._not_found(workload, key, [])
 
     def records_for(self, target: Target) -> list[Record]:
@@ -279,12 +282,22 @@ def _version_reason(version: object) -> str:
     return f"record format {version!r}, this aotc reads v{RECORD_VERSION}"
 
 
-def _hit_reason(entry: _Entry, skipped: int) -> str:
+def _hit_reason(entry: _Entry, skipped: int, matching: list[_Entry]) -> str:
     rec = entry.record
     text = (
         f"{rec.mean_cost * 1e3:.4f} ms, measured on {rec.host.get('cpu_model') or rec.host.get('cpu', '?')}"
     )
-    return text + (f" ({skipped} faster record(s) did not replay)" if skipped else "")
+    if skipped:
+        text += f" ({skipped} faster record(s) did not replay)"
+    faster = [
+        e.record.mean_cost for e in matching if e.record.hw == rec.hw and e.record.mean_cost < rec.mean_cost
+    ]
+    if rec.untuned and faster:
+        text += (
+            f"; the untuned schedule, kept ahead of a tuned record of {min(faster) * 1e3:.4f} ms (a tuned"
+            f" schedule must measure {UNTUNED_PREFERENCE:.0%} faster)"
+        )
+    return text
 
 
 # ----------------------------------------------------------------------------- building the chain

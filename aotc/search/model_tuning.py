@@ -207,7 +207,6 @@ def tune_tasks(
     from aotc.search.untuned import untuned_schedule
 
     seeds = list(seeds) or [[] for _ in tasks]
-    initial = [[untuned_schedule(t.dag, target), *seed] for t, seed in zip(tasks, seeds)]
     model = XGBCostModel()
     params = options.search
     with options.measurers(target) as open_measurer:  # a cluster's driver lives as long as the run
@@ -217,7 +216,8 @@ def tune_tasks(
             model,
             records,
             options.measure,
-            initial,
+            seeds,
+            untuned=[untuned_schedule(t.dag, target) for t in tasks],
             params=params,
             open_measurer=open_measurer,
         )

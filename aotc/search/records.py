@@ -3,7 +3,8 @@
 A line is `{"v", "workload_key", "fingerprint", "target", "hw", "steps", "costs", "error",
 "error_msg", "timestamp", "aotc_version", "host"}`, and, for a candidate timed since aotc measures
 interference, `"noise": {"interference", "spread", "retries"}` (aotc.search.interference); records
-written since aotc recorded them carry `"flops"` and `"structure"` (the DAG's `structure_key`). Loading
+written since aotc recorded them carry `"flops"` and `"structure"` (the DAG's `structure_key`), and the
+record of a task's untuned schedule, measured by a tuning since aotc marks it, `"untuned": true`. Loading
 never fails on a bad line: lines of an unknown (newer) format version and corrupt lines are skipped
 with a warning. Records are applied only to the exact target string and the exact DAG fingerprint,
 and only after their steps replay and lower on the DAG (docs/records.md#validation-on-the-way-in).
@@ -17,7 +18,12 @@ inflated by the record's relative uncertainty, the spread (max - min) / min of i
 `DISTURBED_MARGIN` where other processes took more than `DISTURBED_INTERFERENCE` of the CPU while
 it was timed. A noisy record must beat a quiet one by its noise to rank first, so a lucky noisy
 timing does not displace a schedule measured quietly; among records measured alike, the cost decides.
-Records without a noise field get the spread of their costs and no margin.
+Records without a noise field get the spread of their costs and no margin. The record of the untuned
+schedule ranks as if `UNTUNED_PREFERENCE` faster: a tuned schedule replaces it only when measured that
+much faster alone. A candidate is timed alone, back to back, its weights in cache; in a model's
+sequence they are not, and the untuned schedule is built for that (it prefetches the next weight block,
+docs/loop-ir.md). On Zen 5, QDQ ResNet-18's last-stage convs tuned 1.6-2.2% faster alone ran
+1.15-1.42x slower in the model (docs/search.md#ranking-against-the-untuned-schedule).
 
 Records are data from other teams, so every reader validates them (`record_problem`, called by
 `Record.from_json`): a successful record's costs are finite, at least `MIN_COST_S` and at most
@@ -52,6 +58,7 @@ __all__ = [
     "MAX_COST_S",
     "MIN_COST_S",
     "RECORD_VERSION",
+    "UNTUNED_PREFERENCE",
     "Record",
     "RecordWarning",
     "append_records",
@@ -78,6 +85,8 @@ _ERROR_MSG_LIMIT = 1000
 _LINES_NAMED = 20
 DISTURBED_INTERFERENCE = 0.2  # the measurer's default max_interference
 DISTURBED_MARGIN = 0.05
+# How much faster alone a tuned schedule must measure to rank ahead of the untuned one (module docstring).
+UNTUNED_PREFERENCE = 0.03
 # No kernel call returns in less than a nanosecond (the call alone costs several), and no candidate
 # is timed for an hour: costs outside these bounds are forged or corrupt, not measured.
 MIN_COST_S = 1e-9
@@ -114,6 +123,7 @@ class Record:
     flops: int | None = None  # the DAG's FLOPs; None in records written before aotc recorded it
     # the DAG's structure_key (its fingerprint without value constants): None in older records
     structure: str | None = None
+    untuned: bool = False  # the task's untuned schedule, as the tuning that measured it built it
 
     @property
     def ok(self) -> bool:
@@ -125,7 +135,9 @@ class Record:
         return sum(self.costs) / len(self.costs) if self.ok else math.inf
 
     @staticmethod
-    def from_result(dag: ComputeDAG, target: Target, state: State, result: MeasureResult) -> Record:
+    def from_result(
+        dag: ComputeDAG, target: Target, state: State, result: MeasureResult, untuned: bool = False
+    ) -> Record:
         from aotc.schedule.steps import steps_to_json
 
         return Record(
@@ -142,6 +154,7 @@ class Record:
             noise=result.noise,
             flops=int(dag.flop_count),
             structure=dag.structure_key,
+            untuned=untuned,
         )
 
     def to_json(self) -> str:
@@ -170,6 +183,8 @@ class Record:
             obj["flops"] = self.flops
         if self.structure is not None:
             obj["structure"] = self.structure
+        if self.untuned:
+            obj["untuned"] = True
         return json.dumps(obj, separators=(",", ":"), allow_nan=False)
 
     @staticmethod
@@ -196,6 +211,7 @@ class Record:
                 noise=_noise(obj["noise"]) if obj.get("noise") is not None else None,
                 flops=_typed(obj, "flops", int) if obj.get("flops") is not None else None,
                 structure=_typed(obj, "structure", str) if obj.get("structure") is not None else None,
+                untuned=_typed(obj, "untuned", bool) if "untuned" in obj else False,
             )
         except (TypeError, OverflowError) as err:
             raise ValueError(str(err)) from None
@@ -320,7 +336,8 @@ def rank_cost(rec: Record) -> float:
     uncertainty = spread(rec.costs)
     if rec.noise is not None and rec.noise.interference > DISTURBED_INTERFERENCE:
         uncertainty += DISTURBED_MARGIN
-    return rec.mean_cost * (1.0 + uncertainty)
+    cost = rec.mean_cost * (1.0 + uncertainty)
+    return cost * (1.0 - UNTUNED_PREFERENCE) if rec.untuned else cost
 
 
 def _typed(obj: dict, key: str, kind):
@@ -441,10 +458,14 @@ def append_results(
     states: Iterable[State],
     results: Iterable[MeasureResult],
     fsync: bool = False,
+    untuned: Iterable[bool] | None = None,
 ) -> None:
-    """Append one record per measured state (what Ansor's RecordToFile callback does)."""
+    """Append one record per measured state (what Ansor's RecordToFile callback does); `untuned` says
+    which states are the task's untuned schedule (none if not given)."""
     target = as_target(target)
-    recs = [Record.from_result(dag, target, s, r) for s, r in zip(states, results, strict=True)]
+    states, results = list(states), list(results)
+    flags = [False] * len(states) if untuned is None else list(untuned)
+    recs = [Record.from_result(dag, target, s, r, u) for s, r, u in zip(states, results, flags, strict=True)]
     append_records(path, recs, fsync)
 
 

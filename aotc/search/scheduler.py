@@ -589,9 +589,9 @@ def time_split(rounds: object) -> str:
 
 class SearchRounds:
     """The real round function: one TaskSearch per task sharing `model`, records appended to `records`,
-    `initial_states[i]` (e.g. the default schedule) measured in task i's first round; task i searches
-    with `params` seeded `params.seed + i`; `open_measurer` opens task i's measurer (default `Measurer`:
-    this machine)."""
+    `untuned[i]` (task i's untuned schedule) then `initial_states[i]` measured in task i's first round;
+    task i searches with `params` seeded `params.seed + i`; `open_measurer` opens task i's measurer
+    (default `Measurer`: this machine)."""
 
     def __init__(
         self,
@@ -602,6 +602,7 @@ class SearchRounds:
         measure_options: MeasureOptions | None = None,
         initial_states: Sequence[Sequence[State]] | None = None,
         *,
+        untuned: Sequence[State] | None = None,
         params: SearchParams | None = None,
         max_open_measurers: int = 2,
         open_measurer: Callable[..., Measurer] = Measurer,
@@ -616,6 +617,7 @@ class SearchRounds:
                 records,
                 params.replace(seed=params.seed + i),
                 initial_states=initial_states[i] if initial_states else (),
+                untuned=untuned[i] if untuned else None,
             )
             for i, t in enumerate(self.tasks)
         ]

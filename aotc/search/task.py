@@ -115,7 +115,11 @@ class TaskSearch:
         records: str | Path | None = None,
         params: SearchParams | None = None,
         initial_states: Sequence[State] = (),
+        untuned: State | None = None,
     ):
+        """`initial_states` are measured in the first round, after `untuned`, the task's untuned
+        schedule, whose record is marked as such (`Record.untuned`, which ranks it ahead of schedules
+        measured only slightly faster)."""
         self.task = task
         self.model = model
         self.records = None if records is None else Path(records)
@@ -127,9 +131,10 @@ class TaskSearch:
         self.rounds = 0
         self.seconds = {"search": 0.0, "build": 0.0, "run": 0.0, "model": 0.0}
         self.start = time.perf_counter()
+        self._untuned_key = None if untuned is None else _measured_key(untuned)
         # one of each schedule (the first): a transferred record may hold the default schedule's steps
         unique: dict[str, State] = {}
-        for st in initial_states:
+        for st in ([untuned] if untuned is not None else []) + list(initial_states):
             unique.setdefault(_measured_key(st), st)
         self._initial = list(unique.values())
 
@@ -226,7 +231,8 @@ class TaskSearch:
         self.model.update(self.task.dag, states, results)
         self.seconds["model"] += time.perf_counter() - t0
         if self.records is not None:
-            append_results(self.records, self.task.dag, self.task.target, states, results)
+            untuned = [_measured_key(s) == self._untuned_key for s in states]
+            append_results(self.records, self.task.dag, self.task.target, states, results, untuned=untuned)
         batch_best = self._absorb(states, results)
         self.rounds += 1
         info = RoundInfo(
