@@ -339,6 +339,12 @@ def test_a_tuned_record_ranks_first_only_when_measurably_faster_than_the_untuned
     store = tmp_path / "store"
     assert merge_into_store(store, [untuned]) == (1, 0)
     assert merge_into_store(store, [close]) == (0, 1)
+    # its own spread does not count against it (measured first, on a fresh runner, it spreads most)
+    spread_out = Record.from_result(
+        dag, TARGET, State.initial(dag), MeasureResult([0.98e-5, 1.02e-5]), untuned=True
+    )
+    assert rank_cost(spread_out) == pytest.approx(1e-5 * (1 - UNTUNED_PREFERENCE))
+    assert best_records([close, spread_out])[(dag.workload_key, str(TARGET))] is spread_out
     # the same schedule without the mark ranks by its cost alone
     plain = make_record(dag, State.initial(dag), 1e-5)
     assert best_records([close, plain])[(dag.workload_key, str(TARGET))] is close
