@@ -277,6 +277,7 @@ def choose_schedules(
             records=records,
             known=known,
             cached_costs=[found.record.mean_cost if found.status == "hit" else None for found in lookups],
+            untuned=defaults,
             seeds=[tr.seeds if tr else [] for tr in transfers],
             trials=tuning.trials if wants_tuning else 0,
             deadline=deadline,

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from aotc.schedule.state import State
 from aotc.search.measure import MeasureOptions, Measurer
 from aotc.search.params import SearchParams
 from aotc.search.records import Record
@@ -186,6 +187,7 @@ def tune_tasks(
     records: Path,
     known: list[Record],
     cached_costs: Sequence[float | None],
+    untuned: Sequence[State],
     seeds: Sequence[list] = (),
     trials: int | None,
     deadline: float | None,
@@ -200,11 +202,11 @@ def tune_tasks(
     `cached_costs[i]` is the cost of task i's stored record, if the lookup found one: without `resume`
     such a task is done (no trials) and the budget goes to the others; with `resume`, every task goes on
     and the trials already in `known` count toward the budget. Nothing in `known` is measured again.
-    `seeds[i]` (schedules of other CPUs) join the default schedule in task i's first round and then seed
+    `untuned[i]` is task i's untuned schedule (the build's, `aotc.search.untuned`), measured first and its
+    record marked. `seeds[i]` (schedules of other CPUs) join it in task i's first round and then seed
     its search; `trials=0` measures only those first rounds. `warm_start(cost_model)` trains the shared
     cost model on stored records before a tuning (not a seeds-only) run."""
     from aotc.search.cost_model import XGBCostModel
-    from aotc.search.untuned import untuned_schedule
 
     seeds = list(seeds) or [[] for _ in tasks]
     model = XGBCostModel()
@@ -217,7 +219,7 @@ def tune_tasks(
             records,
             options.measure,
             seeds,
-            untuned=[untuned_schedule(t.dag, target) for t in tasks],
+            untuned=untuned,
             params=params,
             open_measurer=open_measurer,
         )
