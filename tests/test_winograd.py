@@ -49,12 +49,10 @@ def _conv_model(x_shape, weight: np.ndarray, pads, stride: int = 1) -> onnx.Mode
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=IR_VERSION)
 
 
-def _compile(state, name="k"):
-    import tempfile
-
+def _compile(state, path, name="k"):
     state, layouts = rewrite_layout(state)
     func = lower(state, name)
-    path = build_module([func], host_target(), f"{tempfile.mkdtemp()}/k.so")
+    build_module([func], host_target(), str(path))
     return load_library(path).kernel(name), layouts
 
 
@@ -67,7 +65,7 @@ def _compile(state, name="k"):
         (2, (2, 8, 7, 6), 8, (0, 1, 2, 1)),  # asymmetric pads, batch 2
     ],
 )
-def test_default_schedule_matches_onnxruntime(m, shape, out_channels, pads, layout):
+def test_default_schedule_matches_onnxruntime(m, shape, out_channels, pads, layout, tmp_path):
     rng = np.random.default_rng(0)
     x = rng.standard_normal(shape).astype(np.float32)
     w = (rng.standard_normal((out_channels, shape[1], 3, 3)) / np.sqrt(9 * shape[1])).astype(np.float32)
@@ -77,7 +75,7 @@ def test_default_schedule_matches_onnxruntime(m, shape, out_channels, pads, layo
     data = te.placeholder(x.shape, name="data")
     u = te.placeholder((m + 2, m + 2, shape[1], out_channels), name="u", tag=LAYOUT_FREE)
     dag = te.ComputeDAG([winograd.conv2d_winograd(data, u, m, pads, layout)])
-    kernel, layouts = _compile(default_schedule(dag, host_target()))
+    kernel, layouts = _compile(default_schedule(dag, host_target()), tmp_path / "k.so")
     y = np.zeros(ref.shape, np.float32)
     kernel(*apply_layouts([x, winograd.transform_weight(w, m)], layouts), y)
     np.testing.assert_allclose(y, ref, rtol=0, atol=TOL * np.abs(ref).max())
@@ -95,7 +93,7 @@ def test_default_schedule_unrolls_the_constant_indices():
 
 
 @pytest.mark.parametrize("layout, shape", [("NCHW", (1, 16, 9, 10)), ("NHWC", (1, 9, 10, 16))])
-def test_searched_schedules_compute_the_dag(layout, shape):
+def test_searched_schedules_compute_the_dag(layout, shape, tmp_path):
     """Sketches (with SimplifyComputeWithConstTensor) and their random annotations stay correct."""
     data = te.placeholder(shape, name="data")
     u = te.placeholder((6, 6, 16, 16), name="u", tag=LAYOUT_FREE)
@@ -109,8 +107,8 @@ def test_searched_schedules_compute_the_dag(layout, shape):
     rng = np.random.default_rng(2)
     inputs = [rng.uniform(-1, 1, p.shape).astype(np.float32) for p in dag.placeholders]
     (ref,) = evaluate(dag, {p.name: a for p, a in zip(dag.placeholders, inputs)}, float_dtype="float64")
-    for state in states:
-        kernel, layouts = _compile(state)
+    for i, state in enumerate(states):
+        kernel, layouts = _compile(state, tmp_path / f"k{i}.so")
         y = np.zeros(ref.shape, np.float32)
         kernel(*apply_layouts(inputs, layouts), y)
         np.testing.assert_allclose(y, ref, rtol=0, atol=TOL * np.abs(ref).max(), err_msg=str(state))
