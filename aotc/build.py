@@ -293,6 +293,9 @@ def choose_schedules(
         sources.save_missing(known)
     if run is not None:
         lookups = lookup_kernels(open_sources(records, tuning.tophub), tasks, target)
+        if explain_cache:  # what the package takes now: a tuned record, or the untuned schedule's kept
+            for i, (task, found) in enumerate(zip(tasks, lookups)):
+                log(f"task {i} {task.name}, after tuning: {found}")
     outcomes = transfer_outcomes(tasks, transfers, lookups, defaults, known, target)
     if explain_cache:
         for i, (task, outcome) in enumerate(zip(tasks, outcomes)):

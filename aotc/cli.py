@@ -309,7 +309,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--explain-cache",
         action="store_true",
         help="print, per task, whether a tuned record was found and why not, and what records of other "
-        "CPUs (transferred) measured here",
+        "CPUs (transferred) measured here; after tuning, which record each task took",
     )
 
     r = command("run", help="run a package on inputs from .npy files")

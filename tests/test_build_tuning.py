@@ -72,7 +72,8 @@ def test_deadline_build_is_on_time_then_resume_measures_only_new_candidates(tmp_
     deadline = 20.0
     recipe = mlp_recipe(tmp_path, f"  deadline: {deadline:g}s\n")
     start = time.monotonic()
-    result = build(with_overrides(recipe, **FAST), log=lambda _: None)
+    logs = []
+    result = build(with_overrides(recipe, **FAST), log=logs.append, explain_cache=True)
     wall = time.monotonic() - start
     assert wall < deadline + 2.0, f"the build took {wall:.1f} s for a {deadline:g} s deadline"
     assert result.tuning.stop_reason == "deadline" and result.tuning.trials > 0
@@ -94,6 +95,9 @@ def test_deadline_build_is_on_time_then_resume_measures_only_new_candidates(tmp_
     assert sorted(r.fingerprint for r in marked) == sorted(t["fingerprint"] for t in report["tasks"])
     default_costs = {r.fingerprint: r.mean_cost for r in marked}
     assert all(t["default_latency_s"] == default_costs[t["fingerprint"]] for t in report["tasks"])
+    # --explain-cache says, after tuning, which record each task took
+    after = [line for line in logs if ", after tuning: hit" in line]
+    assert len(after) == len(result.tasks), logs
     assert report["tuning"]["stop_reason"] == "deadline"
     assert sum(report["tuning"]["measured_by"].values()) == len(keys)  # one machine here: this one
     assert len(report["tuning"]["measured_by"]) == 1
