@@ -1,6 +1,6 @@
 """End-to-end latency of aotc packages (untuned: default schedules) next to the model's own runtime, same run.
 
-    python benchmarks/e2e.py [--models mlp,small_cnn,...] [--tflite] [--quick] [--trials N]
+    python benchmarks/e2e.py [--models mlp,small_cnn,...] [--tflite] [--quick] [--trials N] [--keep DIR]
 
 ONNX models (mlp, small_cnn, resnet18, mobilenet_v2, transformer) run next to onnxruntime; the TFLite
 models (`tfl_*`: the tests' MobileNetV2-style block stack, small CNN and transformer block in float32,
@@ -9,15 +9,18 @@ per-channel weights, `tfl_mobilenet_v2_int8`) next to the LiteRT interpreter wit
 delegate. `--tflite` selects just the TFLite models. Each runtime runs at 1 and 2 threads; the
 timed call includes setting the inputs and fetching the outputs on both sides; aotc and the peer take
 turns, each latency the best of 3 medians (1 with `--quick`). Ratios are peer latency / aotc latency at
-the same thread count (> 1: aotc is faster). Packages are built with `validate: true`.
+the same thread count (> 1: aotc is faster). Packages are built with `validate: true`. `--keep DIR`
+builds in DIR and leaves the models, packages and records there (to compare kernels afterwards with
+`aotc profile`); otherwise they go with a temporary folder.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from timing import median_seconds, private_store
@@ -93,6 +96,17 @@ def build_package(
         return build(load_recipe(recipe_path), log=lambda _: None)
 
 
+@contextlib.contextmanager
+def work_folder(keep: str | None) -> Iterator[Path]:
+    """`keep` (made if missing, its contents left after the run), or a temporary folder removed after."""
+    if keep:
+        Path(keep).mkdir(parents=True, exist_ok=True)
+        yield Path(keep).resolve()
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        yield Path(tmp)
+
+
 def best_of_turns(run_ours: Callable, run_peer: Callable, rounds: int) -> tuple[float, float]:
     """Seconds per call of aotc and of the peer, taking turns: each the best of `rounds` medians."""
     ours = peer = float("inf")
@@ -134,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--trials", type=int, default=0, help="tune each model with this many trials (default: untuned)"
     )
+    ap.add_argument("--keep", metavar="DIR", help="build in DIR and keep the packages and records there")
     args = ap.parse_args(argv)
     table = QUICK if args.quick else MODELS
     names = [n for n in args.models.split(",") if n] or list(TFLITE if args.tflite else table)
@@ -146,10 +161,10 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"{'model':<21} {'th':>2}  {'aotc ms':>9}  {'peer':<6} {'peer ms':>9}  {'ratio':>7}  {'build':>9}  tasks"
     )
-    with tempfile.TemporaryDirectory() as tmp:
+    with work_folder(args.keep) as workdir:
         for name in names:
             rounds = 1 if args.quick else 3
-            for row in bench_model(name, table[name], Path(tmp), threads, args.trials, rounds):
+            for row in bench_model(name, table[name], workdir, threads, args.trials, rounds):
                 print(row, flush=True)
     how = f"tuned with {args.trials} trials per model" if args.trials else "untuned default schedules"
     print(

@@ -2,6 +2,7 @@
 
     python benchmarks/qdq.py [--models resnet18,mobilenet_v2] [--quick] [--trials N [--per-thread-tuning]]
                              [--activations uint8|int8] [--calibration N] [--samples N] [--no-preprocess]
+                             [--keep DIR]
 
 The float models come from the zoo (recipes/zoo/onnx_models.py, fixed seeds): ResNet-18 and MobileNetV2
 at 224x224, batch 1 (`--quick`: e2e.py's thin variants, ResNet-18 width 16 at 64x64 and MobileNetV2 x0.35
@@ -25,7 +26,9 @@ LSB) and how many argmaxes agree. Latency: aotc vs onnxruntime (the QDQ model, g
 `intra_op_num_threads` = t) at 1 and 2 threads, the timed call including setting the inputs and fetching
 the outputs on both sides, taking turns, each latency the best of 3 medians (1 with `--quick`). The ratio
 is onnxruntime latency / aotc latency (> 1: aotc is faster). The CPU class and the load average before
-and after are printed so a reader knows how quiet the machine was; time on a quiet one.
+and after are printed so a reader knows how quiet the machine was; time on a quiet one. `--keep DIR`
+leaves the models, packages and records in DIR (to compare a tuned and an untuned run's kernels
+afterwards with `aotc profile`, which is steadier than two runs' ratios).
 """
 
 from __future__ import annotations
@@ -33,14 +36,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import onnx
-from e2e import MODELS, QUICK, TFLITE, best_of_turns, build_package
+from e2e import MODELS, QUICK, TFLITE, best_of_turns, build_package, work_folder
 from timing import cpu_class
 from zoo import onnx_models as models
 
@@ -210,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--samples", type=int, default=4, help="seeded inputs for the accuracy check (default: 4)"
     )
+    ap.add_argument("--keep", metavar="DIR", help="build in DIR and keep the packages and records there")
     args = ap.parse_args(argv)
     args.threads = THREADS
     table = QUICK if args.quick else MODELS
@@ -224,10 +227,10 @@ def main(argv: list[str] | None = None) -> int:
         f"tasks  {'max|diff|':>9}  {'LSB':>5}  argmax"
     )
     failed = 0
-    with tempfile.TemporaryDirectory() as tmp:
+    with work_folder(args.keep) as workdir:
         for name in names:
             try:
-                rows = bench_qdq(name, table[name], Path(tmp), args, 1 if args.quick else 3)
+                rows = bench_qdq(name, table[name], workdir, args, 1 if args.quick else 3)
             except Exception as err:  # noqa: BLE001 - one model's refusal is a result; the others still run
                 print(f"{name:<14} {args.activations:<5} failed: {type(err).__name__}: {err}", flush=True)
                 failed += 1

@@ -37,9 +37,10 @@ def test_search_round_benchmark_quick_run(capsys):
     assert "the same candidates" in capsys.readouterr().out
 
 
-def test_e2e_benchmark_quick_run(capsys):
-    assert _import("e2e").main(["--quick", "--models", "mlp"]) == 0
+def test_e2e_benchmark_quick_run(capsys, tmp_path):
+    assert _import("e2e").main(["--quick", "--models", "mlp", "--keep", str(tmp_path / "kept")]) == 0
     assert "mlp" in capsys.readouterr().out
+    assert (tmp_path / "kept" / "mlp.aotc").is_file()  # --keep leaves the package to profile afterwards
 
 
 def test_e2e_benchmark_tflite_models_run_next_to_litert(capsys):
