@@ -6,8 +6,9 @@ from-scratch tuning's best, with and without records transferred from another CP
 
 Two `aotc build`s of the same model for `--target`, each in a fresh private store and with the same trial
 budget: "scratch" sees no records at all (`tuning.transfer: false`); "transfer" also sees `--source`, a
-store of records made for another CPU of the same ISA (default: the project's shipped aotc/tophub/, tuned on
-znver4, so the default target is an AVX2 znver3 build on this AVX-512 host). Per task, from the order in
+store of records made for other CPUs of the same ISA (default: the project's shipped aotc/tophub/; its
+records for the target's own CPU are left out, so the default, an AVX2 znver3 build on this AVX-512 host,
+sees the znver4 and znver5 ones). Per task, from the order in
 which each build's records were measured: the trials that task needed until its best came within 5% of
 the scratch build's final best for it (`>N`: not within its N trials), and the same for the estimated
 end-to-end latency against the trials of the whole build. Every figure is printed with the CPU class it
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -35,6 +37,7 @@ from zoo import onnx_models as models
 from aotc.api import with_overrides
 from aotc.build import build, load_model
 from aotc.graph.partition import Task, extract_tasks, partition
+from aotc.hub.store import append_to_store, record_target_key, store_files
 from aotc.recipe import load_recipe
 from aotc.search.measure import MeasureOptions, Measurer
 from aotc.search.params import SearchParams
@@ -65,6 +68,20 @@ def run_build(
     report = json.loads(report_file.read_text())
     transferred = {t["fingerprint"]: t["transfer"] for t in report["tasks"] if t.get("transfer")}
     return {"records": records, "curve": report["curve"], "transfer": transferred}
+
+
+def other_cpus_store(source: Path, target: Target, dest: Path) -> Path:
+    """`dest`, a store of `source`'s records but those for `target`'s CPU (which would be hits, not
+    transfers: the shipped store holds records for several CPU classes)."""
+    own = record_target_key(str(target))
+    shutil.rmtree(dest, ignore_errors=True)  # made again: appending to an earlier copy would double it
+    dest.mkdir(parents=True)
+    for path in store_files(source):
+        others = [
+            r for r in load_records(path) if (key := record_target_key(r.target)) and key.cpu != own.cpu
+        ]
+        append_to_store(dest, others)
+    return dest
 
 
 def improvements(records: list[Record]) -> list[tuple[int, Record]]:
@@ -128,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         with private_store(out / "home-scratch"):
             scratch = run_build(out, "scratch", args.target, args.trials, False, options, args.reuse)
-        with private_store(out / "home-transfer", args.source):
+        source = other_cpus_store(Path(args.source), target, out / "source")
+        with private_store(out / "home-transfer", str(source)):
             seeded = run_build(out, "transfer", args.target, args.trials, True, options, args.reuse)
         tasks = extract_tasks(partition(load_model(load_recipe(out / "scratch.yaml"))))
 
