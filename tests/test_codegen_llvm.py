@@ -874,6 +874,32 @@ def test_index_values_are_computed_once_where_they_dominate(tmp_path):
     np.testing.assert_array_equal(d, want_d)
 
 
+def test_loads_of_a_buffer_the_function_never_writes_are_emitted_once(tmp_path):
+    """A padded read that the copies of an unrolled loop share is bounds-checked and loaded once; a
+    buffer the function also stores to is loaded again at every read (a store between may change it)."""
+    n = 8
+    A, B, C = Buffer("A", "int32", (n,)), Buffer("B", "int32", (n, 4)), Buffer("C", "int32", (n,))
+    i, j = Var("i"), Var("j")
+    padded = select(i - 1 >= 0, Load(A, (i - 1,)), const(7, "int32"))
+    copy = seq(
+        BufferStore(B, padded * (cast("int32", j) + 1) + Load(C, (i,)), (i, j)),
+        BufferStore(C, Load(C, (i,)) + 1, (i,)),
+    )
+    func = PrimFunc("padded", (A, B, C), loop(i, n, S, loop(j, 4, U, copy)))
+    ir = build_llvm_ir([func], HOST, thread_pool=False)
+    body = ir[ir.index('@"padded"') :]
+    assert body.count("\nsel_t") == 1, body  # one bounds check, not one per copy
+    assert body.count("= load i32") == 1 + 2 * 4, body  # A once; C twice in each of the 4 copies
+    a = RNG.integers(-100, 100, n).astype(np.int32)
+    c = RNG.integers(-100, 100, n).astype(np.int32)
+    b, c_out = np.zeros((n, 4), np.int32), c.copy()
+    run1(tmp_path, func, a, b, c_out)
+    shifted = np.concatenate([[7], a[:-1]]).astype(np.int32)
+    want_b = shifted[:, None] * np.arange(1, 5, dtype=np.int32) + c[:, None] + np.arange(4, dtype=np.int32)
+    np.testing.assert_array_equal(b, want_b)
+    np.testing.assert_array_equal(c_out, c + 4)
+
+
 def test_a_region_of_more_memory_operations_than_the_schedulers_keep_apart_computes_the_same(tmp_path):
     """Beyond `SCHEDULER_REGION_MEMORY_OPS` loads and stores in one block LLVM's schedulers order the rest
     more conservatively (their dependence maps cut down): the unrolled block below has 4x that many, each

@@ -140,6 +140,10 @@ class ExprGen:
         self.reused: dict[tuple, Val | Ramp] = {}
         self.reuse_scopes: list[list[tuple]] = [[]]
         self.reuse_vars: dict[Expr, tuple[Var, ...] | None] = {}
+        self.reads: dict[Expr, bool] = {}  # whether a reusable expression loads (its key holds the mask)
+        # Buffers the function being emitted never stores to: their loads are reused like arithmetic
+        # (a padded transform reads each input element under a bounds check in several unrolled rows).
+        self.read_only: frozenset[Buffer] = frozenset()
         self.index_forms: dict = {}  # each buffer index's linear form (`flat_affine_parts`)
         # in an outlined parallel region: the loop whose chunks it claims
         self.parallel_var: Var | None = None
@@ -253,6 +257,8 @@ class ExprGen:
         if fv is None:
             return fn(self, e)
         key = (e, *(self.env.get(v) for v in fv))
+        if self.reads.get(e) and self.vec is not None:  # a load under a mask reads only its lanes
+            key += (self.vec.mask, self.vec.nonempty)
         v = self.reused.get(key)
         if v is None:
             v = self.reused[key] = fn(self, e)
@@ -260,17 +266,19 @@ class ExprGen:
         return v
 
     def _reuse_vars(self, e: Expr) -> tuple[Var, ...] | None:
-        """The variables `e`'s value depends on, or None where it reads memory (a load or a call)."""
+        """The variables `e`'s value depends on, or None where it reads memory that may change (a call,
+        or a load of a buffer the function stores to)."""
         if e in self.reuse_vars:
             return self.reuse_vars[e]
         found: tuple[Var, ...] | None
         if isinstance(e, Var):
             found = (e,)
-        elif isinstance(e, (Load, Call)):
+        elif isinstance(e, Call) or isinstance(e, Load) and e.buffer not in self.read_only:
             found = None
         else:
             subs = [self._reuse_vars(c) for c in children(e)]
             found = None if None in subs else tuple(dict.fromkeys(v for sub in subs for v in sub))
+            self.reads[e] = isinstance(e, Load) or any(self.reads.get(c, False) for c in children(e))
         self.reuse_vars[e] = found
         return found
 
@@ -958,7 +966,7 @@ def _mem_suffix(dtype: str) -> str:
 
 _FLOAT_RANK = {"float16": 0, "float32": 1, "float64": 2}
 
-_REUSABLE = (Binary, Compare, Logical, Select, Cast)
+_REUSABLE = (Binary, Compare, Logical, Select, Cast, Load)
 _EXPR = {
     Var: ExprGen._var,
     Const: ExprGen._const,

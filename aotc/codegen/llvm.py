@@ -31,7 +31,7 @@ from aotc.codegen.irbuilder import (
     ModuleBuilder,
     string_const,
 )
-from aotc.codegen.stmtgen import StmtGen, all_buffers, free_heap_block
+from aotc.codegen.stmtgen import StmtGen, all_buffers, free_heap_block, read_only_buffers
 from aotc.codegen.threadpool import EXTERNALS as POOL_EXTERNALS
 from aotc.codegen.threadpool import declare_thread_pool, emit_thread_pool
 from aotc.codegen.vecmath import LIBMVEC_PATH, VecLib, veclib_for
@@ -160,7 +160,15 @@ def _emit_kernel(mod: ModuleBuilder, func: PrimFunc, veclib: VecLib | None) -> N
     if len(set(func.params)) != len(func.params):
         raise CodegenError(f"kernel {func.name!r} lists the same buffer twice among its params")
     fb = FunctionBuilder(f'define i32 @"{func.name}"(ptr %args) #0 align {KERNEL_ALIGNMENT}')
-    gen = StmtGen(mod, fb, veclib, _alias_scopes(mod, func), func.name, lambda: fb.ret("i32 1"))
+    gen = StmtGen(
+        mod,
+        fb,
+        veclib,
+        _alias_scopes(mod, func),
+        func.name,
+        lambda: fb.ret("i32 1"),
+        read_only=read_only_buffers(func.body),
+    )
     for i, buf in enumerate(func.params):
         slot = fb.op(f"getelementptr ptr, ptr %args, i64 {i}") if i else "%args"
         gen.bind_buffer(buf, fb.op(f"load ptr, ptr {slot}"))  # ABI alignment: 4 on 32-bit Arm

@@ -73,6 +73,12 @@ def used_names(body: Stmt) -> tuple[list[Var], list[Buffer]]:
     return list(vars_), list(bufs)
 
 
+def read_only_buffers(body: Stmt) -> frozenset[Buffer]:
+    """The buffers `body` loads and never stores to."""
+    stored = {s.buffer for s in walk_stmts(body) if isinstance(s, BufferStore)}
+    return frozenset(b for b in used_names(body)[1] if b not in stored)
+
+
 def all_buffers(func: PrimFunc) -> list[Buffer]:
     bufs: dict[Buffer, None] = dict.fromkeys(func.params)
     for s in walk_stmts(func.body):
@@ -110,8 +116,10 @@ class StmtGen(ExprGen):
         func_name: str,
         exit_failure: Callable[[], None],
         parallel_var: Var | None = None,
+        read_only: frozenset[Buffer] = frozenset(),
     ) -> None:
         super().__init__(mod, fb, veclib)
+        self.read_only = read_only
         self.alias_md = alias_md
         self.func_name = func_name
         self.exit_failure = exit_failure
@@ -518,7 +526,14 @@ class StmtGen(ExprGen):
             fb.ret("void")
 
         gen = StmtGen(
-            self.mod, fb, self.veclib, self.alias_md, self.func_name, exit_failure, parallel_var=s.var
+            self.mod,
+            fb,
+            self.veclib,
+            self.alias_md,
+            self.func_name,
+            exit_failure,
+            parallel_var=s.var,
+            read_only=read_only_buffers(s.body),
         )
         for b, ref in zip(bufs, loaded[1:]):
             gen.bind_buffer(b, ref)
