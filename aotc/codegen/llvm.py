@@ -31,7 +31,7 @@ from aotc.codegen.irbuilder import (
     ModuleBuilder,
     string_const,
 )
-from aotc.codegen.stmtgen import StmtGen, all_buffers, free_heap_block, read_only_buffers
+from aotc.codegen.stmtgen import StmtGen, all_buffers, free_heap_block, stored_buffers
 from aotc.codegen.threadpool import EXTERNALS as POOL_EXTERNALS
 from aotc.codegen.threadpool import declare_thread_pool, emit_thread_pool
 from aotc.codegen.vecmath import LIBMVEC_PATH, VecLib, veclib_for
@@ -167,7 +167,7 @@ def _emit_kernel(mod: ModuleBuilder, func: PrimFunc, veclib: VecLib | None) -> N
         _alias_scopes(mod, func),
         func.name,
         lambda: fb.ret("i32 1"),
-        read_only=read_only_buffers(func.body),
+        read_only=frozenset(func.params) - stored_buffers(func.body),
     )
     for i, buf in enumerate(func.params):
         slot = fb.op(f"getelementptr ptr, ptr %args, i64 {i}") if i else "%args"

@@ -73,10 +73,9 @@ def used_names(body: Stmt) -> tuple[list[Var], list[Buffer]]:
     return list(vars_), list(bufs)
 
 
-def read_only_buffers(body: Stmt) -> frozenset[Buffer]:
-    """The buffers `body` loads and never stores to."""
-    stored = {s.buffer for s in walk_stmts(body) if isinstance(s, BufferStore)}
-    return frozenset(b for b in used_names(body)[1] if b not in stored)
+def stored_buffers(body: Stmt) -> frozenset[Buffer]:
+    """The buffers `body` stores to."""
+    return frozenset(s.buffer for s in walk_stmts(body) if isinstance(s, BufferStore))
 
 
 def all_buffers(func: PrimFunc) -> list[Buffer]:
@@ -533,7 +532,7 @@ class StmtGen(ExprGen):
             self.func_name,
             exit_failure,
             parallel_var=s.var,
-            read_only=read_only_buffers(s.body),
+            read_only=frozenset(bufs) - stored_buffers(s.body),
         )
         for b, ref in zip(bufs, loaded[1:]):
             gen.bind_buffer(b, ref)
