@@ -108,9 +108,10 @@ def differing_sections(ours: list[bytes], theirs: list[bytes]) -> str:
     names = []
     for a, b in zip(ours, theirs, strict=True):
         ea, eb = read_elf(a), read_elf(b)
+        sizes = ({s.name: s.size for s in ea.sections}, {s.name: s.size for s in eb.sections})
         for name in dict.fromkeys(s.name for s in [*ea.sections, *eb.sections]):
-            try:
-                same = ea.section(name) == eb.section(name)
+            try:  # sizes too: a NOBITS section (.bss) has no bytes in the file to compare
+                same = ea.section(name) == eb.section(name) and sizes[0].get(name) == sizes[1].get(name)
             except ElfError:  # several sections of that name
                 same = False
             if not same:

@@ -238,3 +238,34 @@ def test_qdq_benchmark_tunes_a_package_per_thread_count(capsys, tmp_path, monkey
     assert "each package tuned for the cores it runs on" in out
     rows = [line.split() for line in out.splitlines() if line.startswith("small_cnn ")]
     assert [r[2] for r in rows] == ["1", "2"] and all(r[-1] == "1/1" for r in rows)
+
+
+def test_differing_sections_names_a_nobits_section_of_another_size(tmp_path):
+    """benchmarks/models.py says which sections of two kernel libraries differ; a .bss has no bytes in
+    the file, so its size is what differs."""
+    import struct
+
+    from aotc_runtime.elf import read_elf
+
+    from aotc.codegen.module import build_module
+    from aotc.ir.expr import Buffer, Load, Var, const
+    from aotc.ir.stmt import BufferStore, For, ForKind, PrimFunc
+    from aotc.target import parse_target
+
+    a, b, i = Buffer("a", "float32", (8,)), Buffer("b", "float32", (8,)), Var("i")
+    body = For(i, const(8), 8, ForKind.SERIAL, BufferStore(b, Load(a, (i,)) + 1.0, (i,)))
+    path = tmp_path / "k.so"
+    build_module([PrimFunc("k", (a, b), body)], parse_target("llvm"), str(path))
+    data = bytearray(path.read_bytes())
+    (shoff,) = struct.unpack_from("<Q", data, 0x28)
+    shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
+    nobits = [k for k in range(shnum) if struct.unpack_from("<I", data, shoff + k * shentsize + 4)[0] == 8]
+    assert nobits, "the library has no NOBITS section"
+    size_at = shoff + nobits[0] * shentsize + 32
+    struct.pack_into("<Q", data, size_at, struct.unpack_from("<Q", data, size_at)[0] + 64)
+    models = _import("models")
+    same = path.read_bytes()
+    name = read_elf(same).sections[nobits[0]].name  # .tbss or .bss
+    assert name.endswith("bss")
+    assert models.differing_sections([same], [same]) == "none (headers or layout)"
+    assert models.differing_sections([same], [bytes(data)]) == name
