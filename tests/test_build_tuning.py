@@ -68,6 +68,13 @@ def record_keys(path):
     return [(r.fingerprint, json.dumps(r.steps)) for r in load_records(path)]
 
 
+def measured_once(path) -> bool:
+    """Whether no schedule but a task's untuned one (measured again before a tuned one replaces it,
+    docs/search.md) was measured twice."""
+    tuned = [(r.fingerprint, json.dumps(r.steps)) for r in load_records(path) if not r.untuned]
+    return len(set(tuned)) == len(tuned)
+
+
 def test_deadline_build_is_on_time_then_resume_measures_only_new_candidates(tmp_path):
     deadline = 20.0
     recipe = mlp_recipe(tmp_path, f"  deadline: {deadline:g}s\n")
@@ -82,7 +89,7 @@ def test_deadline_build_is_on_time_then_resume_measures_only_new_candidates(tmp_
 
     records = tmp_path / "build" / "mlp.records.jsonl"  # the build's default record log
     keys = record_keys(records)
-    assert len(keys) == result.tuning.trials and len(set(keys)) == len(keys)
+    assert len(keys) == result.tuning.trials and measured_once(records)
 
     report_dir = tmp_path / "build" / "mlp.report"
     report = json.loads((report_dir / "report.json").read_text())
@@ -92,8 +99,10 @@ def test_deadline_build_is_on_time_then_resume_measures_only_new_candidates(tmp_
     assert sum(t["new_trials"] for t in report["tasks"]) == len(keys)
     # each task's untuned schedule was measured first and its record is marked (docs/records.md)
     marked = [r for r in load_records(records) if r.untuned]
-    assert sorted(r.fingerprint for r in marked) == sorted(t["fingerprint"] for t in report["tasks"])
-    default_costs = {r.fingerprint: r.mean_cost for r in marked}
+    assert {r.fingerprint for r in marked} == {t["fingerprint"] for t in report["tasks"]}
+    default_costs = {
+        r.fingerprint: min(m.mean_cost for m in marked if m.fingerprint == r.fingerprint) for r in marked
+    }
     assert all(t["default_latency_s"] == default_costs[t["fingerprint"]] for t in report["tasks"])
     # --explain-cache says, after tuning, which record each task took
     after = [line for line in logs if ", after tuning: hit" in line]
@@ -115,8 +124,10 @@ def test_deadline_build_is_on_time_then_resume_measures_only_new_candidates(tmp_
     resumed = mlp_recipe(tmp_path, f"  trials: {len(keys) + more}\n", validate=False)
     again = build(with_overrides(resumed, **FAST), log=lambda _: None, resume=True)
     after = record_keys(records)
-    assert again.tuning.trials == more and len(after) == len(keys) + more
-    assert len(set(after)) == len(after)  # nothing measured twice
+    # the budget, plus the untuned schedules measured again right after the last rounds went over it
+    remeasured = sum(r.untuned for r in load_records(records)[len(keys) :])
+    assert more <= again.tuning.trials <= more + remeasured and len(after) == len(keys) + again.tuning.trials
+    assert measured_once(records)  # nothing measured twice
     assert after[: len(keys)] == keys
     assert matches_onnxruntime(again.package, tmp_path / "mlp.onnx")
 

@@ -18,11 +18,14 @@ from aotc.search.evolution import search_round
 from aotc.search.lowering import state_key
 from aotc.search.measure import MeasureOptions, Measurer
 from aotc.search.params import SearchParams
-from aotc.search.records import Record, append_results, load_records
+from aotc.search.records import UNTUNED_PREFERENCE, Record, append_results, load_records
 from aotc.target import Target, as_target
 from aotc.te.dag import ComputeDAG
 
 SLOW_CUTOFF = 10.0  # a candidate this many times slower than the best gets one run, not repeats
+# How often at most a task's untuned schedule is measured: again, right after a round, while a tuned program
+# measures UNTUNED_PREFERENCE faster than its best measurement (docs/search.md#ranking-against-the-untuned-schedule).
+UNTUNED_MEASUREMENTS = 3
 
 
 @dataclass
@@ -119,7 +122,10 @@ class TaskSearch:
     ):
         """`initial_states` are measured in the first round, after `untuned`, the task's untuned
         schedule, whose record is marked as such (`Record.untuned`, which ranks it ahead of schedules
-        measured only slightly faster)."""
+        measured only slightly faster). The untuned schedule is measured again, right after a round,
+        while a tuned program measures that much faster than its best measurement, up to
+        `UNTUNED_MEASUREMENTS` times in all: one timing of it is sometimes far off, and the tuned program
+        it is compared with is the best of many."""
         self.task = task
         self.model = model
         self.records = None if records is None else Path(records)
@@ -131,7 +137,10 @@ class TaskSearch:
         self.rounds = 0
         self.seconds = {"search": 0.0, "build": 0.0, "run": 0.0, "model": 0.0}
         self.start = time.perf_counter()
+        self._untuned = untuned
         self._untuned_key = None if untuned is None else _measured_key(untuned)
+        self._untuned_measurements = 0
+        self.last_measured: list[State] = []
         # one of each schedule (the first): a transferred record may hold the default schedule's steps
         unique: dict[str, State] = {}
         for st in ([untuned] if untuned is not None else []) + list(initial_states):
@@ -185,6 +194,19 @@ class TaskSearch:
         hit = self.measured.get(_measured_key(state))
         return None if hit is None else hit[1]
 
+    def _untuned_again(self) -> list[State]:
+        """[the untuned schedule] where the best tuned program measured `UNTUNED_PREFERENCE` faster than
+        it did and it was measured fewer than `UNTUNED_MEASUREMENTS` times, else []."""
+        if self._untuned is None or not 0 < self._untuned_measurements < UNTUNED_MEASUREMENTS:
+            return []
+        untuned_cost = self.measured[self._untuned_key][1]
+        best = self.result
+        if best.best_state is None or _measured_key(best.best_state) == self._untuned_key:
+            return []
+        if not best.best_cost < untuned_cost * (1.0 - UNTUNED_PREFERENCE) < float("inf"):
+            return []
+        return [self._untuned]
+
     def propose(self, n: int) -> list[State]:
         """Up to `n` unmeasured candidates from one search round (the initial states first); the round is
         retried once when it finds nothing new, and an empty list means the space looks exhausted."""
@@ -222,18 +244,15 @@ class TaskSearch:
         return self.measure(measurer, states)
 
     def measure(self, measurer: Measurer, states: list[State]) -> RoundInfo:
+        """Measure `states`, then the untuned schedule again while a tuned program measures clearly
+        faster than it (`_untuned_again`); `last_measured` lists what was measured, in order."""
         result = self.result
-        cutoff = SLOW_CUTOFF * result.best_cost if result.best_cost < float("inf") else None
-        results = measurer.measure(states, cutoff)
-        self.seconds["build"] += measurer.last_batch.build_seconds
-        self.seconds["run"] += measurer.last_batch.run_seconds
-        t0 = time.perf_counter()
-        self.model.update(self.task.dag, states, results)
-        self.seconds["model"] += time.perf_counter() - t0
-        if self.records is not None:
-            untuned = [_measured_key(s) == self._untuned_key for s in states]
-            append_results(self.records, self.task.dag, self.task.target, states, results, untuned=untuned)
+        results = self._measure(measurer, states)
         batch_best = self._absorb(states, results)
+        self.last_measured = list(states)
+        while again := self._untuned_again():
+            batch_best = min(batch_best, self._absorb(again, self._measure(measurer, again)))
+            self.last_measured += again
         self.rounds += 1
         info = RoundInfo(
             self.rounds,
@@ -246,12 +265,30 @@ class TaskSearch:
         result.history.append(info)
         return info
 
+    def _measure(self, measurer: Measurer, states: list[State]) -> list[MeasureResult]:
+        """Time `states`, train the cost model on them and append their records."""
+        best = self.result.best_cost
+        results = measurer.measure(states, SLOW_CUTOFF * best if best < float("inf") else None)
+        self.seconds["build"] += measurer.last_batch.build_seconds
+        self.seconds["run"] += measurer.last_batch.run_seconds
+        t0 = time.perf_counter()
+        self.model.update(self.task.dag, states, results)
+        self.seconds["model"] += time.perf_counter() - t0
+        if self.records is not None:
+            untuned = [_measured_key(s) == self._untuned_key for s in states]
+            append_results(self.records, self.task.dag, self.task.target, states, results, untuned=untuned)
+        return results
+
     def _absorb(self, states: list[State], results: list[MeasureResult]) -> float:
         result = self.result
         batch_best = float("inf")
         for state, res in zip(states, results):
             key = _measured_key(state)
             cost = res.mean_cost if res.ok else float("inf")
+            if key == self._untuned_key:
+                self._untuned_measurements += 1
+            if key in self.measured:  # the untuned schedule measured again, or a state in two resumed logs
+                cost = min(cost, self.measured[key][1])
             self.measured[key] = (state, cost)
             batch_best = min(batch_best, cost)
             if cost < result.best_cost:
