@@ -307,6 +307,38 @@ def test_a_small_image_transpose_runs_on_the_calling_thread():
     assert all(it.annotation != Annotation.PARALLEL for it in iters)
 
 
+@pytest.mark.parametrize("mcpu", ["znver3", "znver4"])
+def test_a_tiled_op_of_about_a_microsecond_runs_on_the_calling_thread(mcpu):
+    """Below MIN_PARALLEL_VECTOR_MACS vector multiply-adds a conv is not worth waking the pool (small
+    models' kernels ran 1.0-1.8x slower at 2 threads on Zen 5); a larger one runs in parallel."""
+    from aotc.schedule.default import MIN_PARALLEL_VECTOR_MACS, vector_macs
+
+    target = parse_target(f"llvm -mcpu={mcpu}")
+    small, large = _conv_nhwc(8, 8), _conv_nhwc(32, 8)
+    lanes = target.hw.vector_bytes // 4
+    assert vector_macs(small.compute_ops[-1], target) == 8 * 8 * 8 * 9 * 8 // lanes < MIN_PARALLEL_VECTOR_MACS
+    assert vector_macs(large.compute_ops[-1], target) >= MIN_PARALLEL_VECTOR_MACS
+
+    def parallel_stages(dag):
+        s = default_schedule(dag, target)
+        return [st.name for st in s.stages if any(it.annotation.name == "PARALLEL" for it in st.iters)]
+
+    assert parallel_stages(small) == []
+    assert parallel_stages(large) == ["conv2d_nhwc"]
+
+
+def test_vector_macs_counts_lanes_of_the_narrowest_type_read():
+    """An int8 matmul's vector holds 4x the products of a float32 one: 4x fewer vector multiply-adds."""
+    from aotc.schedule.default import vector_macs
+
+    target = parse_target("llvm -mcpu=znver4")
+    ops = {
+        t: matmul(placeholder((8, 64), t, "A"), placeholder((64, 32), t, "B")) for t in ("float32", "int8")
+    }
+    assert vector_macs(ops["float32"], target) == 8 * 64 * 32 // 16
+    assert vector_macs(ops["int8"], target) == 8 * 64 * 32 // 64
+
+
 @pytest.mark.parametrize("cores", [1, 2])
 def test_large_weights_are_shared_out_between_the_cores(cores, tmp_path):
     """A 7x7 conv of 256 channels (2.4 MB of float weights, 50 KB of input): on several cores its parallel

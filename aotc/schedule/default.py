@@ -33,7 +33,7 @@ from aotc.schedule.tiling import (
     unroll_const_indices,
 )
 from aotc.target import Target
-from aotc.te.dag import ComputeDAG, reads_of
+from aotc.te.dag import ComputeDAG, read_tensors, reads_of
 from aotc.te.tensor import CONST_INDEX_AXES, LAYOUT_FREE, ComputeOp, IterVar
 
 MAX_ACCUMULATORS = 16  # a register block's vector accumulators, at most
@@ -56,6 +56,11 @@ HALVES_VECTORS = 2
 HALVES_ACCUMULATORS = 14
 DEPTHWISE_BLOCK = 8  # pixels in a float depthwise conv's register block, at most (one vector of channels)
 MIN_PARALLEL_POINTS = 4096  # below this a stage costs less than waking the thread pool
+# A tiled op (conv, matmul) with fewer vector multiply-adds than this (`vector_macs`) runs on one thread:
+# about a microsecond of work, less than waking the pool and joining it costs. On Zen 5 at 2 threads the
+# tiled kernels of small models with under 2304 took 1.0-1.8x their one-thread time, those with 2304-4608
+# 0.85-1.42x, those with 6144 or more 0.73-1.03x (docs/loop-ir.md).
+MIN_PARALLEL_VECTOR_MACS = 5000
 # The most a parallel tile's own padded input may take: it stays on the thread's stack and in its L2.
 MAX_TILE_SCRATCH_BYTES = 256 * 1024
 
@@ -91,6 +96,14 @@ def default_schedule(dag: ComputeDAG, target: Target) -> State:
             continue
         s = _parallel_vectorize(s, name, target)
     return s
+
+
+def vector_macs(op: ComputeOp, target: Target) -> int:
+    """`op`'s multiply-adds (one per point of its spatial and reduce axes) over the lanes of a vector of
+    the narrowest type it reads: about how many vector instructions its work takes."""
+    points = math.prod(a.extent for a in op.all_axes)
+    narrowest = min((np.dtype(t.dtype).itemsize for t in read_tensors(op)), default=4)
+    return points // max(1, target.hw.vector_bytes // narrowest)
 
 
 def _pad_into_copy(dag: ComputeDAG, op: ComputeOp) -> bool:
@@ -384,7 +397,10 @@ def _tile_anchor(
         s = s.compute_at(window.name, o_id, at if per_block else n_axes - 1)
     if n_axes > 1:
         s = s.fuse(o_id, list(range(n_axes)))
-    if s.stages[o_id].iters[0].kind == IterKind.SPATIAL:
+    if (
+        s.stages[o_id].iters[0].kind == IterKind.SPATIAL
+        and vector_macs(op, target) >= MIN_PARALLEL_VECTOR_MACS
+    ):
         s = s.parallel(o_id, 0)
     if vec > 1:
         last = len(s.stages[o_id].iters) - 1
