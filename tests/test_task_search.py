@@ -3,7 +3,7 @@
 from aotc.schedule.default import default_schedule
 from aotc.search.common import MeasureResult, RandomCostModel
 from aotc.search.lowering import state_key
-from aotc.search.measure import BatchStats
+from aotc.search.measure import BatchStats, MeasureError
 from aotc.search.params import SearchParams
 from aotc.search.records import best_records, load_records
 from aotc.search.task import UNTUNED_MEASUREMENTS, SearchTask, TaskSearch
@@ -68,3 +68,24 @@ def test_the_untuned_schedule_is_not_timed_again_where_no_tuned_program_beats_it
     dag, _, _, measurer, records = tuning(tmp_path, [1e-5], 0.98e-5)
     assert sum(map(sum, measurer.batches)) == 1
     assert best_records(records)[(dag.workload_key, str(host_target()))].untuned
+
+
+def test_a_runner_lost_while_timing_the_untuned_schedule_again_keeps_the_batch(tmp_path):
+    """A remote device that dies during the second timing: the batch it measured before still counts."""
+    dag = make_workload("matmul", [32, 32, 32])
+    untuned = default_schedule(dag, host_target())
+    search = TaskSearch(
+        SearchTask(dag, host_target()), RandomCostModel(0), tmp_path / "r.jsonl", PARAMS, untuned=untuned
+    )
+    measurer = ScriptedMeasurer(state_key(untuned), [2e-5, 1e-5], 1.5e-5)
+    timed = measurer.measure
+
+    def dies_on_the_second_timing(states, cutoff_seconds=None):
+        if len(measurer.batches) == 1:
+            raise MeasureError("the device went away")
+        return timed(states, cutoff_seconds)
+
+    measurer.measure = dies_on_the_second_timing
+    search.round(measurer, 4)
+    assert len(search.last_measured) == 4 and search.trials == 4
+    assert search.result.best_cost == 1.5e-5 and len(load_records(tmp_path / "r.jsonl")) == 4

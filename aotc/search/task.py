@@ -16,7 +16,7 @@ from aotc.schedule.state import State
 from aotc.search.common import CostModel, MeasureResult
 from aotc.search.evolution import search_round
 from aotc.search.lowering import state_key
-from aotc.search.measure import MeasureOptions, Measurer
+from aotc.search.measure import MeasureError, MeasureOptions, Measurer
 from aotc.search.params import SearchParams
 from aotc.search.records import UNTUNED_PREFERENCE, Record, append_results, load_records
 from aotc.target import Target, as_target
@@ -251,7 +251,11 @@ class TaskSearch:
         batch_best = self._absorb(states, results)
         self.last_measured = list(states)
         while again := self._untuned_again():
-            batch_best = min(batch_best, self._absorb(again, self._measure(measurer, again)))
+            try:
+                timed = self._measure(measurer, again)
+            except MeasureError:  # the runner is gone: the batch's results stand, the next round says why
+                break
+            batch_best = min(batch_best, self._absorb(again, timed))
             self.last_measured += again
         self.rounds += 1
         info = RoundInfo(
