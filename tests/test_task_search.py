@@ -1,16 +1,35 @@
 """TaskSearch: the untuned schedule is measured again, right away, before a tuned program replaces it."""
 
+import random
+from dataclasses import dataclass
+
 from aotc.schedule.default import default_schedule
+from aotc.search.annotation import sample_initial_population
 from aotc.search.common import MeasureResult, RandomCostModel
 from aotc.search.lowering import state_key
 from aotc.search.measure import BatchStats, MeasureError
 from aotc.search.params import SearchParams
 from aotc.search.records import best_records, load_records
+from aotc.search.scheduler import SearchRounds, TaskScheduler
+from aotc.search.sketch import generate_sketches
 from aotc.search.task import UNTUNED_MEASUREMENTS, SearchTask, TaskSearch
 from aotc.target import host_target
 from aotc.topi.workloads import make_workload
 
 PARAMS = SearchParams(per_round=4, population=16, generations=1)
+
+
+@dataclass
+class Task:
+    dag: object
+    name: str
+    weight: int = 1
+
+
+def population_of(dag):
+    """One schedule of `dag` other than its untuned one (a stand-in for a transferred record)."""
+    sketches = generate_sketches(dag, host_target())
+    return sample_initial_population(dag, sketches, 1, random.Random(0), host_target())[0]
 
 
 class ScriptedMeasurer:
@@ -54,7 +73,8 @@ def test_an_untuned_timing_that_was_off_is_taken_again_before_a_tuned_program_re
     assert [r.mean_cost for r in marked] == [2e-5, 1e-5]
     assert best_records(records)[(dag.workload_key, str(host_target()))] is marked[1]
     assert search.cost_of(untuned) == 1e-5 and search.result.best_cost == 1e-5
-    assert len(records) == search.trials == sum(map(len, measurer.batches))
+    # the re-timing is a record, not a trial: the task scheduler's budget is the rounds' candidates
+    assert search.trials == 5 * 4 and len(records) == sum(map(len, measurer.batches)) == 5 * 4 + 1
 
 
 def test_the_untuned_schedule_is_timed_at_most_untuned_measurements_times(tmp_path):
@@ -87,5 +107,40 @@ def test_a_runner_lost_while_timing_the_untuned_schedule_again_keeps_the_batch(t
 
     measurer.measure = dies_on_the_second_timing
     search.round(measurer, 4)
-    assert len(search.last_measured) == 4 and search.trials == 4
+    assert search.trials == 4
     assert search.result.best_cost == 1.5e-5 and len(load_records(tmp_path / "r.jsonl")) == 4
+
+
+def test_retimings_spend_none_of_the_budget_that_every_task_needs_for_its_first_round(tmp_path):
+    """A build that only measures transferred schedules next to the untuned ones (budget: exactly those
+    first rounds): a seed that beats task 0's untuned schedule by 33% gets it timed again, and task 1
+    still gets its own first round."""
+    tasks = [Task(make_workload("matmul", [32, 32, n]), f"t{n}") for n in (32, 48)]
+    untuned = [default_schedule(t.dag, host_target()) for t in tasks]
+    seeds = [[population_of(t.dag)] for t in tasks]
+    opened: dict[str, ScriptedMeasurer] = {}
+
+    def open_measurer(dag, target, options):
+        i = next(k for k, t in enumerate(tasks) if t.dag is dag)
+        m = opened[tasks[i].name] = ScriptedMeasurer(state_key(untuned[i]), [2e-5, 1e-5], 1.5e-5)
+        m.close = lambda: None
+        return m
+
+    rounds = SearchRounds(
+        tasks,
+        host_target(),
+        RandomCostModel(0),
+        tmp_path / "r.jsonl",
+        None,
+        seeds,
+        untuned=untuned,
+        params=PARAMS,
+        open_measurer=open_measurer,
+    )
+    scheduler = TaskScheduler(tasks, rounds, per_round=2, log=lambda _: None, baseline_trials=[2, 2])
+    summary = scheduler.tune(4)
+    rounds.close()
+    assert summary.trials == 4
+    assert opened["t32"].batches == [[True, False], [True]]  # its first round, then the re-timing
+    assert opened["t48"].batches == [[True, False], [True]]
+    assert len(load_records(tmp_path / "r.jsonl")) == 6

@@ -644,8 +644,8 @@ class SearchRounds:
         except BaseException:
             self.pool.drop(i)  # a measurer interrupted mid-batch is not reused
             raise
-        costs = [search.cost_of(s) for s in search.last_measured]
-        batch = measurer.last_batch
+        costs = [search.cost_of(s) for s in states]
+        batch = search.last_batch
         return RoundOutcome(
             [math.inf if c is None else c for c in costs],
             fixed,

@@ -16,7 +16,7 @@ from aotc.schedule.state import State
 from aotc.search.common import CostModel, MeasureResult
 from aotc.search.evolution import search_round
 from aotc.search.lowering import state_key
-from aotc.search.measure import MeasureError, MeasureOptions, Measurer
+from aotc.search.measure import BatchStats, MeasureError, MeasureOptions, Measurer
 from aotc.search.params import SearchParams
 from aotc.search.records import UNTUNED_PREFERENCE, Record, append_results, load_records
 from aotc.target import Target, as_target
@@ -140,7 +140,7 @@ class TaskSearch:
         self._untuned = untuned
         self._untuned_key = None if untuned is None else _measured_key(untuned)
         self._untuned_measurements = 0
-        self.last_measured: list[State] = []
+        self.last_batch: BatchStats | None = None  # the last round's batch, re-timings aside
         # one of each schedule (the first): a transferred record may hold the default schedule's steps
         unique: dict[str, State] = {}
         for st in ([untuned] if untuned is not None else []) + list(initial_states):
@@ -160,7 +160,8 @@ class TaskSearch:
 
     def resume(self, records: Iterable[Record], train: bool = True) -> int:
         """Seed the measured set, the best state and (if `train`) the cost model from earlier records of
-        this task: nothing they hold is measured again. Returns how many records were taken."""
+        this task: nothing they hold is measured again. Returns how many trials they were (records, less
+        the untuned schedule's re-timings)."""
         dag, target = self.task.dag, str(self.task.target)
         states, results = [], []
         for rec in records:
@@ -174,12 +175,15 @@ class TaskSearch:
             results.append(MeasureResult(list(rec.costs), rec.error, rec.error_msg))
         if states and train:
             self.model.update(dag, states, results)
-        if states:
-            trials = self.result.trials
-            self._absorb(states, results)
-            self.result.trials = trials
-            self.resumed += len(states)
-        return len(states)
+        if not states:
+            return 0
+        timed_before = self._untuned_measurements
+        trials = self.result.trials
+        self._absorb(states, results)
+        self.result.trials = trials
+        retimings = self._untuned_measurements - max(timed_before, 1) if self._untuned_measurements else 0
+        self.resumed += len(states) - retimings
+        return len(states) - retimings
 
     def _fresh_initial(self) -> list[State]:
         """The initial states not measured yet (resumed records may hold some)."""
@@ -245,18 +249,18 @@ class TaskSearch:
 
     def measure(self, measurer: Measurer, states: list[State]) -> RoundInfo:
         """Measure `states`, then the untuned schedule again while a tuned program measures clearly
-        faster than it (`_untuned_again`); `last_measured` lists what was measured, in order."""
+        faster than it (`_untuned_again`). A re-timing is a record but not a trial: it spends no budget
+        that the task scheduler gives a round, so every task still gets its first rounds."""
         result = self.result
         results = self._measure(measurer, states)
+        self.last_batch = measurer.last_batch
         batch_best = self._absorb(states, results)
-        self.last_measured = list(states)
         while again := self._untuned_again():
             try:
                 timed = self._measure(measurer, again)
             except MeasureError:  # the runner is gone: the batch's results stand, the next round says why
                 break
-            batch_best = min(batch_best, self._absorb(again, timed))
-            self.last_measured += again
+            batch_best = min(batch_best, self._absorb(again, timed, trials=False))
         self.rounds += 1
         info = RoundInfo(
             self.rounds,
@@ -283,7 +287,7 @@ class TaskSearch:
             append_results(self.records, self.task.dag, self.task.target, states, results, untuned=untuned)
         return results
 
-    def _absorb(self, states: list[State], results: list[MeasureResult]) -> float:
+    def _absorb(self, states: list[State], results: list[MeasureResult], trials: bool = True) -> float:
         result = self.result
         batch_best = float("inf")
         for state, res in zip(states, results):
@@ -297,7 +301,8 @@ class TaskSearch:
             batch_best = min(batch_best, cost)
             if cost < result.best_cost:
                 result.best_cost, result.best_state = cost, state
-        result.trials += len(states)
+        if trials:
+            result.trials += len(states)
         return batch_best
 
     def progress(self, info: RoundInfo, trials: int) -> str:
