@@ -144,3 +144,10 @@ def test_retimings_spend_none_of_the_budget_that_every_task_needs_for_its_first_
     assert opened["t32"].batches == [[True, False], [True]]  # its first round, then the re-timing
     assert opened["t48"].batches == [[True, False], [True]]
     assert len(load_records(tmp_path / "r.jsonl")) == 6
+
+
+def test_a_resumed_log_counts_the_untuned_schedules_re_timings_as_no_trials(tmp_path):
+    dag, untuned, search, measurer, records = tuning(tmp_path, [2e-5], 1.5e-5, rounds=3)
+    assert sum(r.untuned for r in records) == UNTUNED_MEASUREMENTS  # one timing, then two re-timings
+    again = TaskSearch(SearchTask(dag, host_target()), RandomCostModel(0), None, PARAMS, untuned=untuned)
+    assert again.resume(records) == search.trials == len(records) - (UNTUNED_MEASUREMENTS - 1)

@@ -181,7 +181,8 @@ class TaskSearch:
         trials = self.result.trials
         self._absorb(states, results)
         self.result.trials = trials
-        retimings = self._untuned_measurements - max(timed_before, 1) if self._untuned_measurements else 0
+        timings = self._untuned_measurements - timed_before  # of the untuned schedule, in these records
+        retimings = timings - 1 if timings and not timed_before else timings  # all but its first timing
         self.resumed += len(states) - retimings
         return len(states) - retimings
 
